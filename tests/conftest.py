@@ -1,0 +1,32 @@
+"""Shared test helpers: build a Config straight from a dict, run it, compare."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # reference_torch, random_configs
+
+from trace_tf.config import Config, Document, OpConfig, build
+from trace_tf.loader import Lines
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+
+
+def config_from(data: dict[str, Any], **kw: Any) -> Config | OpConfig:
+    """A config built from plain data, as if read from a file named test.yaml."""
+    return build(Document("test.yaml", data, Lines()), **kw)
+
+
+@pytest.fixture
+def tmp_yaml(tmp_path: Path):  # type: ignore[no-untyped-def]
+    def write(text: str, name: str = "c.yaml") -> str:
+        p = tmp_path / name
+        p.write_text(text, encoding="utf-8")
+        return str(p)
+
+    return write

@@ -1,0 +1,202 @@
+"""Random trace-tf configs (SPEC section 2) with every array given explicitly.
+
+`random_config` builds a small model of any shape SPEC allows, so the engine
+and tests/reference_torch.py can be run on the same file and compared.
+Weights are scaled by 1/sqrt(fan_in) so activations stay of order one and
+the softmaxes are not saturated; gamma and beta are random too, so the norm
+parameters are exercised. All values are plain Python lists (YAML and JSON
+serialisable). `to_per_head` turns fused attention weights into the per-head
+form.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+# The SPEC section 2 defaults: keys equal to these are left out of `model`, so
+# the generated files also exercise the defaults of whatever reads them.
+DEFAULTS: dict[str, Any] = {
+    "positional": "sinusoidal",
+    "norm_position": "post",
+    "norm": "layer",
+    "activation": "relu",
+    "embed_scale": 1,
+    "tie_embeddings": False,
+}
+WORDS = [f"t{i}" for i in range(6)]
+BOS, EOS, PAD = "t0", "t1", "PAD"
+
+
+def random_config(
+    rng: np.random.Generator,
+    *,
+    d_model: int,
+    n_heads: int,
+    d_k: int | None = None,
+    d_v: int | None = None,
+    d_ff: int | None = None,
+    encoder_layers: int = 1,
+    decoder_layers: int = 0,
+    norm_position: str = "post",
+    norm: str = "layer",
+    activation: str = "relu",
+    positional: str = "sinusoidal",
+    biases: bool = True,
+    fused: bool = False,
+    src_len: int = 3,
+    tgt_len: int = 2,
+    pad: bool = False,
+    tie_embeddings: bool = False,
+    embed_scale: float | str = 1,
+    final_norm: bool | None = None,
+    scale: float | str | None = None,
+) -> dict[str, Any]:
+    """A config for the model described by the arguments, every array drawn from `rng`.
+
+    `src_len` and `tgt_len` are the sequence lengths including trailing pads
+    (pad=True pads about a third of each sequence, never its first token).
+    `source` is present when there is an encoder, `target` (starting with the
+    bos token t0) when there is a decoder. None means "leave it to SPEC's default".
+    """
+    if d_k is None and d_model % n_heads:
+        raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+    dk = d_k if d_k is not None else d_model // n_heads
+    dv = d_v if d_v is not None else dk
+    dff = d_ff if d_ff is not None else 4 * d_model
+    final_on = final_norm if final_norm is not None else norm_position == "pre"
+
+    def matrix(n_in: int, n_out: int) -> list[list[float]]:
+        values: list[list[float]] = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).tolist()
+        return values
+
+    def vector(n: int, mean: float = 0.0) -> list[float]:
+        values: list[float] = (mean + 0.2 * rng.standard_normal(n)).tolist()
+        return values
+
+    def norm_params() -> dict[str, Any]:
+        return {"gamma": vector(d_model, mean=1.0), "beta": vector(d_model)}
+
+    def attention_block() -> dict[str, Any]:
+        widths = {"q": dk, "k": dk, "v": dv}
+        block: dict[str, Any] = {}
+        if fused:
+            for p, w in widths.items():
+                block[f"W_{p}"] = matrix(d_model, n_heads * w)
+                if biases:
+                    block[f"b_{p}"] = vector(n_heads * w)
+        else:
+            heads = []
+            for _ in range(n_heads):
+                head: dict[str, Any] = {f"W_{p}": matrix(d_model, w) for p, w in widths.items()}
+                if biases:
+                    head.update({f"b_{p}": vector(w) for p, w in widths.items()})
+                heads.append(head)
+            block["heads"] = heads
+        block["W_o"] = matrix(n_heads * dv, d_model)
+        if biases:
+            block["b_o"] = vector(d_model)
+        block["norm"] = norm_params()
+        return block
+
+    def ffn_block() -> dict[str, Any]:
+        ffn: dict[str, Any] = {"W_1": matrix(d_model, dff), "W_2": matrix(dff, d_model)}
+        if biases:
+            ffn["b_1"], ffn["b_2"] = vector(dff), vector(d_model)
+        ffn["norm"] = norm_params()
+        return ffn
+
+    def layer(cross: bool) -> dict[str, Any]:
+        block = {"self_attn": attention_block()}
+        if cross:
+            block["cross_attn"] = attention_block()
+        block["ffn"] = ffn_block()
+        return block
+
+    def sequence(length: int, first: str | None = None) -> list[str]:
+        n_pad = max(1, length // 3) if pad and length >= 2 else 0
+        words = [str(w) for w in rng.choice(WORDS, size=length - n_pad)]
+        if first is not None and words:
+            words[0] = first
+        return words + [PAD] * n_pad
+
+    vocab = WORDS + ([PAD] if pad else [])
+    model: dict[str, Any] = {
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "encoder_layers": encoder_layers,
+        "decoder_layers": decoder_layers,
+    }
+    given = {"d_k": d_k, "d_v": d_v, "d_ff": d_ff, "final_norm": final_norm, "scale": scale}
+    model.update({key: value for key, value in given.items() if value is not None})
+    chosen = {
+        "positional": positional,
+        "norm_position": norm_position,
+        "norm": norm,
+        "activation": activation,
+        "embed_scale": embed_scale,
+        "tie_embeddings": tie_embeddings,
+    }
+    model.update({key: value for key, value in chosen.items() if value != DEFAULTS[key]})
+
+    weights: dict[str, Any] = {}
+    if encoder_layers:
+        weights["encoder"] = [layer(cross=False) for _ in range(encoder_layers)]
+    if decoder_layers:
+        weights["decoder"] = [layer(cross=encoder_layers > 0) for _ in range(decoder_layers)]
+    if final_on:
+        for stack, n_layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+            if n_layers:
+                weights[f"{stack}_final_norm"] = norm_params()
+    if positional == "learned":
+        model["max_len"] = max(src_len, tgt_len) + 2  # more rows than used: only 0..L-1 are read
+        weights["positional"] = (0.5 * rng.standard_normal((model["max_len"], d_model))).tolist()
+    output: dict[str, Any] = {} if tie_embeddings else {"W": matrix(d_model, len(vocab))}
+    if biases:
+        output["b"] = vector(len(vocab))
+    if output:
+        weights["output"] = output
+
+    cfg: dict[str, Any] = {
+        "title": "random config",
+        "model": model,
+        "vocab": vocab,
+        "tokens": {"bos": BOS, "eos": EOS, "pad": PAD if pad else None},
+        "embeddings": {token: rng.standard_normal(d_model).tolist() for token in vocab},
+    }
+    if encoder_layers:
+        cfg["source"] = sequence(src_len)
+    if decoder_layers:
+        cfg["target"] = sequence(tgt_len, first=BOS)
+    cfg["weights"] = weights
+    return cfg
+
+
+def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `cfg` with every fused attention block in per-head form:
+    head h takes columns h*d_k..(h+1)*d_k of W_q, W_k, b_q, b_k (h*d_v.. for W_v, b_v)."""
+    cfg = copy.deepcopy(cfg)
+    model = cfg["model"]
+    n_heads = int(model.get("n_heads", 1))
+    d_k = int(model.get("d_k", model["d_model"] // n_heads))
+    d_v = int(model.get("d_v", d_k))
+    widths = {"q": d_k, "k": d_k, "v": d_v}
+    for stack in ("encoder", "decoder"):
+        for layer in cfg.get("weights", {}).get(stack, []):
+            for name in ("self_attn", "cross_attn"):
+                block = layer.get(name)
+                if block is None or "heads" in block:
+                    continue
+                heads: list[dict[str, Any]] = [{} for _ in range(n_heads)]
+                for p, w in widths.items():
+                    for kind in ("W", "b"):
+                        key = f"{kind}_{p}"
+                        if key not in block:
+                            continue
+                        fused = np.asarray(block.pop(key), dtype=float)
+                        for h, head in enumerate(heads):
+                            head[key] = fused[..., h * w : (h + 1) * w].tolist()
+                layer[name] = {"heads": heads, **block}
+    return cfg

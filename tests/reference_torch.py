@@ -1,0 +1,415 @@
+"""An independent float64 PyTorch reference of the trace-tf forward pass.
+
+Written from /work/shared/SPEC.md (sections 1-3) alone, without importing
+trace_tf, so that the engine can be tested against a second implementation.
+`reference_forward(cfg)` runs the model a config describes and returns every
+intermediate under its SPEC section 3 step path, in execution order.
+
+The config must give every array explicitly (nothing is drawn from the seed):
+this reference checks the arithmetic, not the initialisation. Each head's
+context is computed twice, once step by step (paper eq. 1) and once with
+`torch.nn.functional.scaled_dot_product_attention`, and the two must agree
+within 1e-10, so the reference is itself checked against torch's attention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+DTYPE = torch.float64
+SDPA_ATOL = 1e-10
+
+
+# ---------------------------------------------------------------- the config
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """The `model` section with SPEC section 2 defaults filled in."""
+
+    d_model: int
+    n_heads: int
+    d_k: int
+    d_v: int
+    d_ff: int
+    encoder_layers: int
+    decoder_layers: int
+    positional: str
+    pe_base: float
+    embed_scale: float
+    norm_position: str
+    final_norm: bool
+    norm: str
+    norm_eps: float
+    activation: str
+    scale: float  # scores are divided by this
+
+
+def hyper(model: dict[str, Any]) -> Hyper:
+    """Read `model`, applying the defaults of SPEC section 2."""
+    d_model = int(model["d_model"])
+    n_heads = int(model.get("n_heads", 1))
+    if "d_k" in model:
+        d_k = int(model["d_k"])
+    elif d_model % n_heads == 0:
+        d_k = d_model // n_heads
+    else:
+        raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+    norm_position = model.get("norm_position", "post")
+    embed_scale = model.get("embed_scale", 1)
+    scale = model.get("scale", "sqrt_dk")
+    return Hyper(
+        d_model=d_model,
+        n_heads=n_heads,
+        d_k=d_k,
+        d_v=int(model.get("d_v", d_k)),
+        d_ff=int(model.get("d_ff", 4 * d_model)),
+        encoder_layers=int(model.get("encoder_layers", 1)),
+        decoder_layers=int(model.get("decoder_layers", 0)),
+        positional=model.get("positional", "sinusoidal"),
+        pe_base=float(model.get("pe_base", 10000)),
+        embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
+        norm_position=norm_position,
+        final_norm=bool(model.get("final_norm", norm_position == "pre")),
+        norm=model.get("norm", "layer"),
+        norm_eps=float(model.get("norm_eps", 1e-5)),
+        activation=model.get("activation", "relu"),
+        scale=math.sqrt(d_k) if scale == "sqrt_dk" else float(scale),
+    )
+
+
+def tensor(value: Any) -> Tensor:
+    """A config array (nested lists) as a float64 tensor."""
+    return torch.tensor(value, dtype=DTYPE)
+
+
+def param(
+    block: dict[str, Any], key: str, shape: tuple[int, ...], default: float | None = None
+) -> Tensor:
+    """`block[key]` with its shape checked; a missing bias is zeros, a missing gamma ones."""
+    if key not in block:
+        if default is None:
+            raise KeyError(f"missing weight {key!r}")
+        return torch.full(shape, default, dtype=DTYPE)
+    value = tensor(block[key])
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{key}: expected shape {shape}, found {tuple(value.shape)}")
+    return value
+
+
+class Trace:
+    """Ordered path -> value; `rec` stores a copy and returns the value unchanged."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, Tensor] = {}
+
+    def rec(self, path: str, value: Tensor) -> Tensor:
+        self.steps[path] = value.detach().clone()
+        return value
+
+
+# ---------------------------------------------------------------- the operations
+
+
+def sinusoidal(length: int, d: int, base: float = 10000.0) -> Tensor:
+    """PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(same) (paper 3.5). [length, d]
+
+    For an odd d the last column (index d-1, even) is a sine.
+    """
+    pos = torch.arange(length, dtype=DTYPE)[:, None]  # [length, 1]
+    col = torch.arange(d)
+    two_i = (col // 2 * 2).to(DTYPE)  # 0, 0, 2, 2, 4, ...: the 2i shared by a sin/cos pair
+    angle = pos / base ** (two_i / d)  # [length, d]
+    return torch.where(col % 2 == 0, torch.sin(angle), torch.cos(angle))
+
+
+def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool) -> Tensor:
+    """0 where a query may look, -inf where it may not (SPEC 1): pad keys, and later positions
+    when causal. Query rows are never masked. [n_q, n_k]"""
+    n_k = len(key_is_pad)
+    blocked = torch.tensor(key_is_pad, dtype=torch.bool)[None, :].expand(n_q, n_k)
+    if causal:  # position i sees positions 0..i only
+        blocked = blocked | torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal=1)
+    return torch.zeros(n_q, n_k, dtype=DTYPE).masked_fill(blocked, -math.inf)
+
+
+def normalise(x: Tensor, params: dict[str, Any], hp: Hyper) -> Tensor:
+    """Per row: LayerNorm (x - mean) / sqrt(var + eps) * gamma + beta (biased variance),
+    or RMSNorm x / sqrt(mean(x^2) + eps) * gamma + beta (SPEC 1). [n, d] -> [n, d]"""
+    d = hp.d_model
+    gamma = param(params, "gamma", (d,), 1.0)
+    beta = param(params, "beta", (d,), 0.0)
+    if hp.norm == "layer":
+        return F.layer_norm(x, (d,), weight=gamma, bias=beta, eps=hp.norm_eps)
+    if hp.norm == "rms":
+        return F.rms_norm(x, (d,), weight=gamma, eps=hp.norm_eps) + beta
+    raise ValueError(f"unknown norm {hp.norm!r}")
+
+
+def activation(x: Tensor, hp: Hyper) -> Tensor:
+    """relu, exact (erf) gelu, or the tanh approximation of gelu."""
+    if hp.activation == "relu":
+        return F.relu(x)
+    if hp.activation == "gelu":
+        return F.gelu(x, approximate="none")
+    if hp.activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown activation {hp.activation!r}")
+
+
+# ---------------------------------------------------------------- attention
+
+
+def head_weights(block: dict[str, Any], hp: Hyper) -> list[dict[str, Tensor]]:
+    """Each head's W_q, W_k, W_v, b_q, b_k, b_v, from the per-head or the fused form (SPEC 2)."""
+    d, dk, dv, n_heads = hp.d_model, hp.d_k, hp.d_v, hp.n_heads
+    widths = {"q": dk, "k": dk, "v": dv}
+    if "heads" in block:
+        if len(block["heads"]) != n_heads:
+            raise ValueError(f"expected {n_heads} heads, found {len(block['heads'])}")
+        return [
+            {
+                **{f"W_{p}": param(head, f"W_{p}", (d, w)) for p, w in widths.items()},
+                **{f"b_{p}": param(head, f"b_{p}", (w,), 0.0) for p, w in widths.items()},
+            }
+            for head in block["heads"]
+        ]
+    # Fused: head h owns columns h*w..(h+1)*w, i.e. index h of a [d, H, w] view.
+    fused_w = {
+        p: param(block, f"W_{p}", (d, n_heads * w)).reshape(d, n_heads, w)
+        for p, w in widths.items()
+    }
+    fused_b = {
+        p: param(block, f"b_{p}", (n_heads * w,), 0.0).reshape(n_heads, w)
+        for p, w in widths.items()
+    }
+    return [
+        {
+            **{f"W_{p}": fused_w[p][:, h, :] for p in widths},
+            **{f"b_{p}": fused_b[p][h] for p in widths},
+        }
+        for h in range(n_heads)
+    ]
+
+
+def check_against_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, context: Tensor
+) -> None:
+    """Recompute the head with torch's fused attention; rows with no visible key are skipped
+    (there the step-by-step softmax is NaN, as SPEC 1 asks, while SDPA returns zeros)."""
+    # SDPA's `scale` multiplies the scores; ours divides them.
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / scale)
+    rows = (
+        torch.ones(q.shape[0], dtype=torch.bool)
+        if mask is None
+        else torch.isfinite(mask).any(dim=1)
+    )
+    error = (sdpa[rows] - context[rows]).abs().max().item() if rows.any() else 0.0
+    if not error <= SDPA_ATOL:
+        raise AssertionError(f"attention disagrees with F.scaled_dot_product_attention by {error}")
+
+
+def attention_head(
+    x_q: Tensor,
+    x_kv: Tensor,
+    w: dict[str, Tensor],
+    mask: Tensor | None,
+    hp: Hyper,
+    tr: Trace,
+    path: str,
+) -> Tensor:
+    """softmax(Q K^T / scale + mask) V (paper eq. 1).
+    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    q = tr.rec(f"{path}.q", x_q @ w["W_q"] + w["b_q"])  # [n_q, d_k]
+    k = tr.rec(f"{path}.k", x_kv @ w["W_k"] + w["b_k"])  # [n_kv, d_k]
+    v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"])  # [n_kv, d_v]
+    scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
+    scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
+    if mask is not None:
+        scaled = tr.rec(f"{path}.masked", scaled + mask)
+    # torch.softmax is the stable one (it subtracts the row max); a fully masked row is NaN.
+    weights = tr.rec(f"{path}.softmax", torch.softmax(scaled, dim=-1))
+    context = tr.rec(f"{path}.context", weights @ v)  # [n_q, d_v]
+    check_against_sdpa(q, k, v, mask, hp.scale, context)
+    return context
+
+
+def multi_head_attention(
+    x_q: Tensor,
+    x_kv: Tensor,
+    block: dict[str, Any],
+    mask: Tensor | None,
+    hp: Hyper,
+    tr: Trace,
+    path: str,
+) -> Tensor:
+    """Concat(head_1..head_H) W_o + b_o (paper 3.2.2); one function for self- and cross-attention.
+    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_model]"""
+    heads = [
+        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}")
+        for n, w in enumerate(head_weights(block, hp))
+    ]
+    concat = tr.rec(f"{path}.concat", torch.cat(heads, dim=1))  # [n_q, H*d_v]
+    w_o = param(block, "W_o", (hp.n_heads * hp.d_v, hp.d_model))
+    b_o = param(block, "b_o", (hp.d_model,), 0.0)
+    return tr.rec(f"{path}.wo", concat @ w_o + b_o)
+
+
+# ---------------------------------------------------------------- layers and stacks
+
+
+def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
+    """act(x W_1 + b_1) W_2 + b_2 (paper 3.3). [n, d_model] -> [n, d_model]"""
+    d, d_ff = hp.d_model, hp.d_ff
+    hidden = tr.rec(
+        f"{path}.hidden", x @ param(ffn, "W_1", (d, d_ff)) + param(ffn, "b_1", (d_ff,), 0.0)
+    )
+    act = tr.rec(f"{path}.act", activation(hidden, hp))
+    return tr.rec(f"{path}.out", act @ param(ffn, "W_2", (d_ff, d)) + param(ffn, "b_2", (d,), 0.0))
+
+
+def sublayer_input(x: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
+    """What a sublayer reads: x with post-norm (the paper, 3.1), Norm(x) with pre-norm. [n, d]"""
+    if hp.norm_position == "post":
+        return x
+    if hp.norm_position == "pre":
+        return tr.rec(f"{path}.norm", normalise(x, block.get("norm", {}), hp))
+    raise ValueError(f"unknown norm_position {hp.norm_position!r}")
+
+
+def sublayer_output(
+    x: Tensor, y: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str
+) -> Tensor:
+    """Add & Norm: post-norm Norm(x + y), pre-norm x + y, with y the sublayer's output. [n, d]"""
+    residual = tr.rec(f"{path}.residual", x + y)
+    if hp.norm_position == "post":
+        return tr.rec(f"{path}.norm", normalise(residual, block.get("norm", {}), hp))
+    return residual
+
+
+def run_stack(
+    name: str,
+    x: Tensor,
+    weights: dict[str, Any],
+    n_layers: int,
+    self_mask: Tensor | None,
+    hp: Hyper,
+    tr: Trace,
+    memory: Tensor | None = None,
+    cross_mask: Tensor | None = None,
+) -> Tensor:
+    """N layers of self-attention, cross-attention (when `memory`, the encoder output, is
+    given) and FFN, each with its Add & Norm; then the final norm when on. [n, d] -> [n, d]"""
+    layers = weights[name]
+    if len(layers) != n_layers:
+        raise ValueError(f"weights.{name}: expected {n_layers} layers, found {len(layers)}")
+    for n, layer in enumerate(layers):
+        path = f"{name}.{n}"
+        attn, ffn = layer["self_attn"], layer["ffn"]
+        h = sublayer_input(x, attn, hp, tr, f"{path}.self_attn")
+        y = multi_head_attention(h, h, attn, self_mask, hp, tr, f"{path}.self_attn")
+        x = sublayer_output(x, y, attn, hp, tr, f"{path}.self_attn")
+        if memory is not None:  # queries from the decoder, keys and values from the encoder output
+            cross = layer["cross_attn"]
+            h = sublayer_input(x, cross, hp, tr, f"{path}.cross_attn")
+            y = multi_head_attention(h, memory, cross, cross_mask, hp, tr, f"{path}.cross_attn")
+            x = sublayer_output(x, y, cross, hp, tr, f"{path}.cross_attn")
+        h = sublayer_input(x, ffn, hp, tr, f"{path}.ffn")
+        y = feed_forward(h, ffn, hp, tr, f"{path}.ffn")
+        x = sublayer_output(x, y, ffn, hp, tr, f"{path}.ffn")
+    if hp.final_norm:
+        x = tr.rec(f"{name}.final_norm", normalise(x, weights.get(f"{name}_final_norm", {}), hp))
+    return tr.rec(f"{name}.output", x)
+
+
+# ---------------------------------------------------------------- inputs and outputs
+
+
+def token_list(sequence: Any) -> list[str] | None:
+    """A token list or a whitespace-separated string as token names; None for a numeric matrix."""
+    if isinstance(sequence, str):
+        return sequence.split()
+    if all(isinstance(row, list) for row in sequence):
+        return None
+    return [str(token) for token in sequence]
+
+
+def embed_sequence(
+    name: str, sequence: Any, cfg: dict[str, Any], hp: Hyper, tr: Trace
+) -> tuple[Tensor, list[bool]]:
+    """Embedding lookup (or the given numeric matrix) x embed_scale + positions (paper 3.4, 3.5).
+    Returns what layer 0 sees [n, d_model] and which positions hold the pad token."""
+    tokens = token_list(sequence)
+    if tokens is None:
+        embed = tensor(sequence)
+        is_pad = [False] * embed.shape[0]
+    else:
+        table = {str(token): vector for token, vector in cfg.get("embeddings", {}).items()}
+        embed = torch.stack([param(table, token, (hp.d_model,)) for token in tokens])
+        pad = (cfg.get("tokens") or {}).get("pad")
+        is_pad = [pad is not None and token == str(pad) for token in tokens]
+    tr.rec(f"{name}.embed", embed)
+    x = embed * hp.embed_scale
+    length = embed.shape[0]
+    if hp.positional == "sinusoidal":
+        x = x + tr.rec(f"{name}.pe", sinusoidal(length, hp.d_model, hp.pe_base))
+    elif hp.positional == "learned":  # rows 0..L-1 of the table both stacks share
+        x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
+    elif hp.positional != "none":
+        raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
+    return tr.rec(f"{name}.input", x), is_pad
+
+
+def output_weight(cfg: dict[str, Any], hp: Hyper) -> Tensor:
+    """output.W, or with tied embeddings the unscaled embedding table of the vocab,
+    transposed (weight tying, as in the paper 3.4). [d_model, V]"""
+    if cfg["model"].get("tie_embeddings", False):
+        table = {str(token): vector for token, vector in cfg["embeddings"].items()}
+        return torch.stack([param(table, str(token), (hp.d_model,)) for token in cfg["vocab"]]).T
+    return param(cfg["weights"]["output"], "W", (hp.d_model, len(cfg["vocab"])))
+
+
+def reference_forward(cfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Run the model `cfg` describes (SPEC section 2 format, every array given) and return
+    every step under its SPEC section 3 path, as float64 numpy arrays in execution order."""
+    hp = hyper(cfg["model"])
+    if hp.encoder_layers == 0 and hp.decoder_layers == 0:
+        raise ValueError("a model needs at least one encoder or decoder layer")
+    weights = cfg.get("weights", {})
+    tr = Trace()
+    last: Tensor
+    memory: Tensor | None = None
+    source_pads: list[bool] = []
+    if hp.encoder_layers > 0:
+        x, source_pads = embed_sequence("encoder", cfg["source"], cfg, hp, tr)
+        n_src = len(source_pads)
+        enc_mask = None
+        if any(source_pads):
+            enc_mask = tr.rec("encoder.mask", additive_mask(n_src, source_pads, causal=False))
+        memory = last = run_stack("encoder", x, weights, hp.encoder_layers, enc_mask, hp, tr)
+    if hp.decoder_layers > 0:
+        bos = (cfg.get("tokens") or {}).get("bos")
+        y, target_pads = embed_sequence("decoder", cfg.get("target", [bos]), cfg, hp, tr)
+        n_tgt = len(target_pads)
+        dec_mask = tr.rec("decoder.mask", additive_mask(n_tgt, target_pads, causal=True))
+        cross_mask = None
+        if memory is not None and any(source_pads):
+            cross_mask = tr.rec(
+                "decoder.cross_mask", additive_mask(n_tgt, source_pads, causal=False)
+            )
+        last = run_stack(
+            "decoder", y, weights, hp.decoder_layers, dec_mask, hp, tr, memory, cross_mask
+        )
+    if "vocab" in cfg:
+        output = weights.get("output", {})
+        b = param(output, "b", (len(cfg["vocab"]),), 0.0)
+        logits = tr.rec("logits", last @ output_weight(cfg, hp) + b)  # [n, V]
+        tr.rec("probs", torch.softmax(logits, dim=-1))
+    return {path: value.numpy() for path, value in tr.steps.items()}

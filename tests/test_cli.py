@@ -1,0 +1,184 @@
+"""The command line through typer's CliRunner: every command, JSON, exit codes 0, 1, 2, 3."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_encode_default_example_shows_every_encoder_step() -> None:
+    code, out, err = invoke("encode")
+    assert code == 0, err
+    for text in (
+        "encoder.pe",
+        "encoder.0.self_attn.h0.softmax",
+        "encoder.0.ffn.norm",
+        "encoder.output",
+        "post-norm",
+    ):
+        assert text in out
+    assert "decoder.0.self_attn.h0" not in out and "logits" not in out
+
+
+def test_encode_document_variant_prints_the_documents_K1() -> None:
+    code, out, _ = invoke("encode", "--variant", "document", "--precision", "2")
+    assert code == 0
+    assert "6.84" in out and "9.99" in out
+
+
+def test_decode_json_matches_spec_section_5() -> None:
+    code, out, err = invoke("decode", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["trace_tf"] == "0.1.0" and data["title"].startswith("Hello World")
+    assert data["tokens"] == {"source": ["hello", "world"], "target": ["SOS"]}
+    paths = [s["path"] for s in data["steps"]]
+    assert paths[0] == "encoder.embed" and paths[-2:] == ["logits", "probs"]
+    q = next(s for s in data["steps"] if s["path"] == "encoder.0.self_attn.h0.q")
+    assert q["stage"] == "q" and q["formula"] == "Q = X W_q" and q["shape"] == [2, 3]
+    assert q["value"][0] == [8.0, 3.0, 3.0]  # hello + PE(0) = [1, 3, 3, 5] times W_q1
+    mask = next(s for s in data["steps"] if s["path"] == "decoder.mask")
+    assert mask["value"] == [[0.0]]
+    probs = data["steps"][-1]["value"][0]
+    assert math.isclose(sum(probs), 1.0, abs_tol=1e-12) and len(probs) == 10
+
+
+def test_json_writes_infinities_as_strings(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(
+        "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, b]\ntarget: [a, b]\n"
+    )
+    code, out, _ = invoke("decode", path, "--format", "json")
+    assert code == 0
+    mask = next(s for s in json.loads(out)["steps"] if s["path"] == "decoder.mask")
+    assert mask["value"] == [[0.0, "-inf"], [0.0, 0.0]]
+
+
+def test_step_selects_by_stage_layer_and_head() -> None:
+    code, out, _ = invoke("step", "--stage", "softmax", "--head", "1", "--format", "json")
+    assert code == 0
+    paths = [s["path"] for s in json.loads(out)["steps"]]
+    assert paths == [
+        "encoder.0.self_attn.h1.softmax",
+        "decoder.0.self_attn.h1.softmax",
+        "decoder.0.cross_attn.h1.softmax",
+    ]
+    code, out, _ = invoke("step", "--stage", "cross", "--format", "json")
+    assert code == 0 and all(".cross_attn." in s["path"] for s in json.loads(out)["steps"])
+
+
+def test_step_table_shows_inputs_and_formula() -> None:
+    code, out, _ = invoke("step", "--stage", "scores", "--layer", "0", "--head", "0")
+    assert code == 0
+    assert "computed from: encoder.0.self_attn.h0.q, encoder.0.self_attn.h0.k" in out
+    assert "S = Q Kᵀ" in out
+
+
+def test_step_qkv_group_shows_weights_as_inputs() -> None:
+    code, out, _ = invoke("step", "--stage", "q", "--layer", "0", "--head", "0")
+    assert code == 0 and "weights.encoder.0.self_attn.heads.0.W_q" in out
+
+
+def test_unknown_stage_exits_2_with_suggestion() -> None:
+    code, _, err = invoke("step", "--stage", "softmx")
+    assert code == 2 and "did you mean 'softmax'" in err and "Traceback" not in err
+
+
+def test_check_passes_on_fixtures_and_fails_with_exit_1(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = invoke("check", str(FIXTURES / "hello.yaml"))
+    assert code == 0 and "passed, 0 failed" in out
+    bad = tmp_yaml(
+        "pe: {length: 2, d_model: 2}\nexpect:\n  - {step: pe, value: [[0, 1], [0.84, 0.99]], atol: 1.0e-6}\n"
+    )
+    code, out, _ = invoke("check", bad, "--format", "json")
+    assert code == 1
+    result = json.loads(out)["results"][0]
+    assert result["ok"] is False and math.isclose(
+        result["max_abs_error"], 0.99 - math.cos(1), abs_tol=1e-12
+    )
+
+
+def test_bad_input_exits_2_naming_file_and_key(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml("model: {d_model: 4, n_head: 2}\nsource: [[1, 2, 3, 4]]\n")
+    code, _, err = invoke("encode", path)
+    assert code == 2
+    assert path in err and "model.n_head" in err and "did you mean 'n_heads'" in err
+    assert "Traceback" not in err
+
+
+def test_missing_file_and_bad_set_exit_2() -> None:
+    assert invoke("encode", "no/such/file.yaml")[0] == 2
+    code, _, err = invoke("encode", "--set", "model.scale")
+    assert code == 2 and "KEY=VALUE" in err
+
+
+def test_encode_on_decoder_only_is_an_error(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(
+        "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a]\ntarget: [a]\n"
+    )
+    code, _, err = invoke("encode", path)
+    assert code == 2 and "decoder-only" in err
+
+
+def test_internal_error_exits_3_and_debug_shows_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trace_tf.runner
+
+    def boom(*a: object, **k: object) -> None:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(trace_tf.runner, "run", boom)
+    code, _, err = invoke("encode")
+    assert code == 3 and "internal error" in err and "--debug" in err and "Traceback" not in err
+    result = runner.invoke(app, ["encode", "--debug"])
+    assert isinstance(result.exception, ZeroDivisionError)
+
+
+def test_fully_masked_row_warns_and_strict_fails(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    text = "model: {d_model: 2}\nvocab: [a, P]\ntokens: {pad: P}\nsource: [P, P]\n"
+    path = tmp_yaml(text)
+    code, _, err = invoke("encode", path)
+    assert code == 0 and "NaN first appears in step encoder.0.self_attn.h0.softmax" in err
+    code, _, err = invoke("encode", path, "--strict")
+    assert code == 2 and "NaN" in err
+
+
+def test_output_never_overwrites_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    assert invoke("encode", "--format", "json", "--output", str(out))[0] == 0
+    before = out.read_text()
+    assert json.loads(before)["steps"]
+    code, _, err = invoke("encode", "--output", str(out))
+    assert code == 2 and "exists" in err and out.read_text() == before
+    assert invoke("encode", "--output", str(out), "--force")[0] == 0
+    assert out.read_text() != before
+
+
+def test_large_matrices_are_elided_unless_full(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(
+        "model: {d_model: 64, n_heads: 4}\nsource: "
+        + str([[0.01 * i] * 64 for i in range(40)])
+        + "\n"
+    )
+    code, out, _ = invoke("step", path, "--stage", "input")
+    assert code == 0 and "…" in out
+    lines_elided = len(out.splitlines())
+    code, out, _ = invoke("step", path, "--stage", "input", "--full")
+    assert code == 0 and len(out.splitlines()) > lines_elided + 20
+
+
+def test_examples_lists_hello() -> None:
+    code, out, _ = invoke("examples")
+    assert code == 0 and out.startswith("hello") and "Hello World" in out

@@ -1,0 +1,172 @@
+"""Loading: defaults, drawing, overrides, and clear errors with key paths and lines."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from conftest import config_from
+
+from trace_tf.config import Config, load, parse_set
+from trace_tf.errors import InputError
+
+BASE = """\
+model:
+  d_model: 4
+  n_heads: 2
+vocab: [a, b, c]
+source: [a, b]
+"""
+
+
+def test_defaults_follow_the_spec() -> None:
+    cfg = config_from({"model": {"d_model": 8, "n_heads": 2}, "vocab": ["a"], "source": ["a"]})
+    assert isinstance(cfg, Config)
+    m = cfg.model
+    assert (m.d_k, m.d_v, m.d_ff, m.encoder_layers, m.decoder_layers) == (4, 4, 32, 1, 0)
+    assert (m.positional, m.norm_position, m.final_norm, m.norm, m.norm_eps) == (
+        "sinusoidal",
+        "post",
+        False,
+        "layer",
+        1e-5,
+    )
+    assert m.scale == pytest.approx(2.0) and m.activation == "relu" and m.seed == 0
+    assert config_from(
+        {"model": {"d_model": 4, "norm_position": "pre"}, "source": [[1, 2, 3, 4]]}
+    ).model.final_norm  # type: ignore[union-attr]
+
+
+def test_drawn_weights_follow_the_spec_formula() -> None:
+    cfg = config_from(
+        {
+            "model": {"d_model": 4, "n_heads": 2, "seed": 5, "init_std": 0.5},
+            "vocab": ["a"],
+            "source": ["a"],
+        }
+    )
+    assert isinstance(cfg, Config)
+    path = "encoder.0.self_attn.heads.1.W_k"
+    rng = np.random.default_rng([5, zlib.crc32(path.encode())])
+    np.testing.assert_array_equal(
+        cfg.encoder[0].self_attn.heads[1].W_k, rng.standard_normal((4, 2)) * 0.5
+    )
+    rng = np.random.default_rng([5, zlib.crc32(b"embeddings.a")])
+    np.testing.assert_array_equal(cfg.embeddings["a"], rng.standard_normal(4) * 0.5)
+    assert path in cfg.drawn and "encoder.0.ffn.W_2" in cfg.drawn
+
+
+def test_giving_one_weight_does_not_change_another_drawn_one() -> None:
+    base = {"model": {"d_model": 4}, "vocab": ["a"], "source": ["a"]}
+    a = config_from(base)
+    b = config_from(
+        {**base, "weights": {"encoder": [{"ffn": {"W_1": np.zeros((4, 16)).tolist()}}]}}
+    )
+    assert isinstance(a, Config) and isinstance(b, Config)
+    np.testing.assert_array_equal(a.encoder[0].ffn.W_2, b.encoder[0].ffn.W_2)
+    np.testing.assert_array_equal(a.encoder[0].self_attn.W_o, b.encoder[0].self_attn.W_o)
+
+
+def test_fused_weights_split_by_columns() -> None:
+    Wq = np.arange(16.0).reshape(4, 4)
+    cfg = config_from(
+        {
+            "model": {"d_model": 4, "n_heads": 2},
+            "source": [[1, 2, 3, 4]],
+            "weights": {"encoder": [{"self_attn": {"W_q": Wq.tolist()}}]},
+        }
+    )
+    assert isinstance(cfg, Config)
+    np.testing.assert_array_equal(cfg.encoder[0].self_attn.heads[1].W_q, Wq[:, 2:4])
+
+
+def test_set_overrides_read_yaml(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    cfg = load(tmp_yaml(BASE), ["model.scale=30", "model.norm_eps=1e-6", "source=[b, c]"])
+    assert isinstance(cfg, Config)
+    assert cfg.model.scale == 30 and cfg.model.norm_eps == 1e-6
+    assert cfg.source is not None and cfg.source.tokens == ("b", "c")
+
+
+def test_string_source_is_split() -> None:
+    cfg = config_from({"model": {"d_model": 4}, "vocab": ["a", "b"], "source": "a b a"})
+    assert isinstance(cfg, Config) and cfg.source is not None
+    assert cfg.source.tokens == ("a", "b", "a")
+
+
+def _error(tmp_yaml, text: str, *sets: str) -> InputError:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(text)
+    with pytest.raises(InputError) as info:
+        load(path, list(sets))
+    err = info.value
+    assert path in str(err)
+    return err
+
+
+def test_unknown_key_suggests_the_nearest(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE.replace("n_heads", "n_head"))
+    assert err.path == "model.n_head" and "did you mean 'n_heads'" in str(err) and err.line == 3
+
+
+def test_wrong_shape_names_path_expected_and_found(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    text = BASE + "embeddings:\n  a: [1, 2, 3]\n"
+    err = _error(tmp_yaml, text)
+    assert (
+        err.path == "embeddings.a"
+        and err.expected == "shape 4"
+        and err.found == "shape 3"
+        and err.line == 7
+    )
+
+
+def test_duplicate_key_is_refused(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE + "vocab: [a]\n")
+    assert "duplicate key" in str(err) and err.line == 6
+
+
+def test_unknown_token(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE.replace("[a, b]", "[a, d]"))
+    assert err.path == "source.1" and "unknown token 'd'" in str(err)
+
+
+def test_non_numeric_and_non_finite_numbers(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE + "embeddings:\n  a: [1, x, 3, 4]\n")
+    assert err.path == "embeddings.a.1" and "not a number" in str(err)
+    err = _error(tmp_yaml, BASE + "embeddings:\n  a: [1, .nan, 3, 4]\n")
+    assert "finite" in str(err)
+    err = _error(tmp_yaml, BASE + "embeddings:\n  a: [1, true, 3, 4]\n")
+    assert "boolean" in str(err)
+
+
+def test_heads_not_dividing_d_model(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE.replace("n_heads: 2", "n_heads: 3"))
+    assert err.path == "model.n_heads" and "not divisible" in str(err)
+
+
+def test_python_tags_are_refused_and_never_run(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, "model: !!python/object/apply:os.system ['echo pwned']\n")
+    assert "tag" in str(err)
+
+
+def test_alias_bomb_is_refused(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
+    err = _error(tmp_yaml, "\n".join(lines) + "\n")
+    assert "alias" in str(err)
+
+
+def test_size_limit_is_checked_before_allocating(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, "model: {d_model: 100000, encoder_layers: 50}\nsource: [[1]]\n")
+    assert "limit" in str(err)
+
+
+def test_malformed_set() -> None:
+    with pytest.raises(InputError):
+        parse_set("model.scale")
+
+
+def test_error_from_set_names_the_override(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    err = _error(tmp_yaml, BASE, "model.scale=-1")
+    assert err.path == "model.scale" and "--set" in str(err)

@@ -1,0 +1,126 @@
+"""Each op against numbers computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_tf import ops
+
+
+def test_softmax_by_hand() -> None:
+    e = math.e
+    got = ops.softmax(np.array([[1.0, 1.0, 0.0, 1.0]]))
+    want = np.array([[e, e, 1, e]]) / (3 * e + 1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+
+
+def test_softmax_is_stable_for_huge_scores() -> None:
+    got = ops.softmax(np.array([[1000.0, 1000.0]]))
+    np.testing.assert_array_equal(got, [[0.5, 0.5]])
+
+
+def test_softmax_temperature_divides_the_scores() -> None:
+    got = ops.softmax(np.array([[2.0, 0.0]]), temperature=2.0)
+    want = math.e / (math.e + 1)  # softmax([1, 0])
+    assert got[0, 0] == pytest.approx(want, abs=1e-15)
+
+
+def test_fully_masked_row_is_nan() -> None:
+    got = ops.softmax(np.array([[-np.inf, -np.inf], [0.0, -np.inf]]))
+    assert np.isnan(got[0]).all()
+    np.testing.assert_array_equal(got[1], [1.0, 0.0])
+
+
+def test_layer_norm_by_hand() -> None:
+    # x = [1, 2, 3, 4]: mean 2.5, biased var 1.25
+    got = ops.layer_norm(np.array([[1.0, 2, 3, 4]]), np.ones(4), np.zeros(4), 0.0)
+    want = (np.array([1, 2, 3, 4]) - 2.5) / math.sqrt(1.25)
+    np.testing.assert_allclose(got[0], want, atol=1e-15)
+
+
+def test_layer_norm_eps_inside_the_root_and_gamma_beta() -> None:
+    got = ops.layer_norm(np.array([[0.0, 2.0]]), np.array([2.0, 3.0]), np.array([1.0, -1.0]), 1.0)
+    # mean 1, var 1: (x - 1) / sqrt(2)
+    s = 1 / math.sqrt(2)
+    np.testing.assert_allclose(got[0], [-s * 2 + 1, s * 3 - 1], atol=1e-15)
+
+
+def test_rms_norm_by_hand() -> None:
+    # x = [1, 2]: mean(x^2) = 2.5
+    got = ops.rms_norm(np.array([[1.0, 2.0]]), np.ones(2), np.array([0.5, 0.0]), 0.0)
+    r = math.sqrt(2.5)
+    np.testing.assert_allclose(got[0], [1 / r + 0.5, 2 / r], atol=1e-15)
+
+
+def test_activations_by_hand() -> None:
+    x = np.array([-1.0, 0.0, 2.0])
+    np.testing.assert_array_equal(ops.relu(x), [0.0, 0.0, 2.0])
+    want_gelu = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    np.testing.assert_allclose(ops.gelu(x), want_gelu, atol=1e-15)
+    c = math.sqrt(2 / math.pi)
+    want_tanh = [0.5 * v * (1 + math.tanh(c * (v + 0.044715 * v**3))) for v in x]
+    np.testing.assert_allclose(ops.gelu_tanh(x), want_tanh, atol=1e-15)
+    assert ops.gelu(np.array([1.0]))[0] == pytest.approx(0.8413447460685429, abs=1e-15)
+
+
+def test_sinusoidal_pe_by_hand() -> None:
+    pe = ops.sinusoidal_pe(2, 4)
+    np.testing.assert_allclose(pe[0], [0, 1, 0, 1], atol=0)
+    np.testing.assert_allclose(
+        pe[1], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)], atol=1e-15
+    )
+
+
+def test_sinusoidal_pe_odd_d_ends_with_a_sine() -> None:
+    pe = ops.sinusoidal_pe(3, 5, base=100.0)
+    want = [
+        math.sin(2),
+        math.cos(2),
+        math.sin(2 / 100 ** (2 / 5)),
+        math.cos(2 / 100 ** (2 / 5)),
+        math.sin(2 / 100 ** (4 / 5)),
+    ]
+    np.testing.assert_allclose(pe[2], want, atol=1e-15)
+
+
+def test_causal_mask_by_hand() -> None:
+    inf = -np.inf
+    np.testing.assert_array_equal(ops.causal_mask(3), [[0, inf, inf], [0, 0, inf], [0, 0, 0]])
+    np.testing.assert_array_equal(ops.causal_mask(1), [[0.0]])
+
+
+def test_key_padding_mask_masks_columns_only() -> None:
+    got = ops.key_padding_mask(2, np.array([False, True, False]))
+    np.testing.assert_array_equal(got, [[0, -np.inf, 0], [0, -np.inf, 0]])
+
+
+def test_rope_rotates_pairs_by_position() -> None:
+    x = np.array([[1.0, 0.0, 1.0, 0.0]] * 2)
+    got = ops.rope(x, np.array([0, 1]), base=10000.0)
+    np.testing.assert_allclose(got[0], x[0], atol=0)
+    # position 1: pair 0 by 1 rad, pair 1 by 10000^(-2/4) = 0.01 rad
+    np.testing.assert_allclose(
+        got[1], [math.cos(1), math.sin(1), math.cos(0.01), math.sin(0.01)], atol=1e-15
+    )
+
+
+def test_rope_relative_position_identity() -> None:
+    """<R_m q, R_n k> depends only on n - m (000, RoPE section)."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 6)), rng.standard_normal((1, 6))
+
+    def score(m: int, n: int) -> float:
+        return float(ops.rope(q, np.array([m]))[0] @ ops.rope(k, np.array([n]))[0])
+
+    assert score(2, 5) == pytest.approx(score(10, 13), abs=1e-12)
+    assert score(0, 3) == pytest.approx(score(7, 10), abs=1e-12)
+    assert abs(score(0, 3) - score(0, 4)) > 1e-6
+
+
+def test_moments_over_columns() -> None:
+    mean, var = ops.moments(np.array([[1.0, 2.0], [3.0, 6.0]]), 0)
+    np.testing.assert_array_equal(mean, [[2.0, 4.0]])
+    np.testing.assert_array_equal(var, [[1.0, 4.0]])

@@ -1,0 +1,3 @@
+from trace_tf.cli import main
+
+main()

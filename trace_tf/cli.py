@@ -1,0 +1,450 @@
+"""The `trace-tf` command line: parse -> load -> run -> render. Nothing else.
+
+Heavy modules (numpy, the engine) are imported inside the commands, so that
+`trace-tf --help` and `trace-tf examples` start quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from trace_tf.config import Config, OpConfig
+    from trace_tf.render import View
+    from trace_tf.trace import Step, Trace
+
+app = typer.Typer(
+    name="trace-tf",
+    help="Trace every step of a Transformer, number by number.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# ---------------------------------------------------------------------------
+# The options every running command takes (SPEC section 4)
+# ---------------------------------------------------------------------------
+
+ConfigArg = Annotated[
+    Optional[str],  # noqa: UP045 (typer needs Optional on Python 3.10)
+    typer.Argument(
+        help="Config file, or the name of a packaged example (default: hello).", show_default=False
+    ),
+]
+SetOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--set",
+        help="Override a config key: KEY=VALUE, VALUE read as YAML (repeatable).",
+        metavar="KEY=VALUE",
+    ),
+]
+VariantOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--variant", help="Apply one of the file's named variants before --set.", show_default=False
+    ),
+]
+FormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
+OutputOpt = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--output",
+        help="Write to this file instead of stdout (never overwrites without --force).",
+        show_default=False,
+    ),
+]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Allow --output to overwrite an existing file.")
+]
+PrecisionOpt = Annotated[
+    int,
+    typer.Option("--precision", min=0, max=17, help="Digits after the decimal point in tables."),
+]
+FullOpt = Annotated[bool, typer.Option("--full", help="Show every row and column, however large.")]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Make NaN and overflow warnings errors (exit 2).")
+]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", help="Show the Python traceback of an internal error.")
+]
+MaxElementsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-elements",
+        min=1,
+        help="Refuse configs whose arrays would hold more numbers than this.",
+    ),
+]
+
+
+@dataclass
+class Common:
+    sets: list[str]
+    variant: str | None
+    fmt: str
+    output: Path | None
+    force: bool
+    precision: int
+    full: bool
+    strict: bool
+    debug: bool
+    max_elements: int
+
+    def view(self) -> View:
+        from trace_tf.render import View
+
+        return View(precision=self.precision, full=self.full)
+
+
+def _common(**kw: Any) -> Common:
+    """The shared options out of a command's locals (its own arguments are ignored)."""
+    kw = {k: v for k, v in kw.items() if k in Common.__dataclass_fields__ or k == "sets"}
+    fmt = kw["fmt"]
+    if fmt not in ("table", "json"):
+        _fail(f"--format must be table or json, not {fmt!r}")
+    return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
+
+
+def _fail(message: str) -> None:
+    from trace_tf.errors import InputError
+
+    raise InputError(message)
+
+
+@contextmanager
+def guarded(debug: bool) -> Iterator[None]:
+    """Bad input: one line on stderr, exit 2. A bug: one line, exit 3 (--debug: traceback)."""
+    from trace_tf.errors import InputError
+
+    try:
+        yield
+    except InputError as exc:
+        if debug:
+            raise
+        typer.echo(f"trace-tf: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        typer.echo(
+            f"trace-tf: internal error ({type(exc).__name__}: {exc}); this is a bug. "
+            "Run again with --debug to see the traceback.",
+            err=True,
+        )
+        raise typer.Exit(3) from None
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _sink(c: Common) -> Iterator[Any]:
+    if c.output is None:
+        yield sys.stdout
+        return
+    if c.output.exists() and not c.force:
+        _fail(f"{c.output} exists; pass --force to overwrite it")
+    if c.output.is_dir():
+        _fail(f"{c.output} is a directory")
+    try:
+        with open(c.output, "w", encoding="utf-8") as fh:
+            yield fh
+    except OSError as exc:
+        _fail(f"cannot write {c.output}: {exc.strerror}")
+
+
+def console(file: Any) -> Console:
+    from rich.console import Console
+
+    if file is sys.stdout:
+        return Console(highlight=False)
+    return Console(file=file, highlight=False, color_system=None, width=160)
+
+
+def emit(c: Common, renderables: list[RenderableType], data: dict[str, Any]) -> None:
+    """Print tables, or the JSON object, to stdout or --output."""
+    with _sink(c) as fh:
+        if c.fmt == "json":
+            fh.write(json.dumps(data, allow_nan=False) + "\n")
+        else:
+            con = console(fh)
+            for r in renderables:
+                con.print(r)
+
+
+def warn(c: Common, trace: Trace) -> None:
+    """NaN and overflow: a warning on stderr, or an error with --strict."""
+    from trace_tf.errors import NumericalError
+
+    for w in trace.warnings:
+        if c.strict:
+            raise NumericalError(w + " (--strict)")
+        typer.echo(f"trace-tf: warning: {w}", err=True)
+
+
+# ---------------------------------------------------------------------------
+# Model commands
+# ---------------------------------------------------------------------------
+
+
+def _load(config: str | None, c: Common) -> Config | OpConfig:
+    from trace_tf.config import load
+
+    return load(config, c.sets, c.variant, c.max_elements)
+
+
+def _show(
+    cfg: Config | OpConfig,
+    trace: Trace,
+    steps: list[Step],
+    c: Common,
+    body: Callable[[], list[RenderableType]] | None = None,
+) -> None:
+    from trace_tf import render
+    from trace_tf.config import Config
+    from trace_tf.runner import conventions
+
+    warn(c, trace)
+    tokens: dict[str, Any] = {}
+    if isinstance(cfg, Config):
+        tgt = cfg.target
+        if tgt is None and cfg.model.decoder_layers and cfg.tokens.bos:
+            from trace_tf.model import target_of
+
+            tgt = target_of(cfg)
+        tokens = {
+            "source": cfg.source.labels if cfg.source else None,
+            "target": tgt.labels if tgt else None,
+        }
+    data = render.trace_json(
+        cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
+    )
+    if c.fmt == "json":
+        emit(c, [], data)
+        return
+    head = render.header(cfg.title or cfg.file, conventions(cfg), trace.warnings)
+    items = body() if body is not None else [render.trace_view(steps, c.view())]
+    emit(c, [head, *items], data)
+
+
+def _trace_command(command: str, config: str | None, c: Common) -> None:
+    from trace_tf.runner import require_model, run
+
+    cfg = require_model(_load(config, c), command)
+    trace = run(cfg, command)
+    _show(cfg, trace, list(trace), c)
+
+
+@app.command()
+def encode(
+    config: ConfigArg = None,
+    sets: SetOpt = None,
+    variant: VariantOpt = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    force: ForceOpt = False,
+    precision: PrecisionOpt = 4,
+    full: FullOpt = False,
+    strict: StrictOpt = False,
+    debug: DebugOpt = False,
+    max_elements: MaxElementsOpt = 2**28,
+) -> None:
+    """Run the encoder on `source` and show every step in order."""
+    with guarded(debug):
+        _trace_command("encode", config, _common(**locals()))
+
+
+@app.command()
+def decode(
+    config: ConfigArg = None,
+    sets: SetOpt = None,
+    variant: VariantOpt = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    force: ForceOpt = False,
+    precision: PrecisionOpt = 4,
+    full: FullOpt = False,
+    strict: StrictOpt = False,
+    debug: DebugOpt = False,
+    max_elements: MaxElementsOpt = 2**28,
+) -> None:
+    """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
+    with guarded(debug):
+        _trace_command("decode", config, _common(**locals()))
+
+
+@app.command()
+def step(
+    config: ConfigArg = None,
+    stage: Annotated[
+        str,
+        typer.Option(
+            "--stage",
+            help="A step name (softmax, q, ...), a group (qkv, add_norm, ffn, cross, attention) or a pattern with *.",
+        ),
+    ] = "softmax",
+    layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
+    head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
+    sets: SetOpt = None,
+    variant: VariantOpt = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    force: ForceOpt = False,
+    precision: PrecisionOpt = 4,
+    full: FullOpt = False,
+    strict: StrictOpt = False,
+    debug: DebugOpt = False,
+    max_elements: MaxElementsOpt = 2**28,
+) -> None:
+    """Only the matching steps, each with the inputs it was computed from and its formula."""
+    with guarded(debug):
+        c = _common(**locals())
+        from trace_tf import render
+        from trace_tf.config import Config
+        from trace_tf.errors import InputError
+        from trace_tf.runner import run
+        from trace_tf.trace import check_stage
+
+        cfg = _load(config, c)
+        trace = run(cfg, "full")
+        check_stage(stage, trace.stages())
+        steps = trace.select(stage, layer, head)
+        if not steps:
+            raise InputError(
+                f"no step matches --stage {stage}"
+                + (f" --layer {layer}" if layer is not None else "")
+                + (f" --head {head}" if head is not None else ""),
+                expected="a layer and head the model has",
+            )
+        weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
+        view = c.view()
+        _show(
+            cfg,
+            trace,
+            steps,
+            c,
+            lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+        )
+
+
+@app.command()
+def check(
+    configs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Config files with `expect` entries (default: hello).", show_default=False
+        ),
+    ] = None,
+    sets: SetOpt = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    force: ForceOpt = False,
+    precision: PrecisionOpt = 4,
+    debug: DebugOpt = False,
+    max_elements: MaxElementsOpt = 2**28,
+) -> None:
+    """Evaluate every `expect` entry; exit 1 if any does not match."""
+    with guarded(debug):
+        from rich.table import Table
+
+        from trace_tf.config import parse_set, read_document
+        from trace_tf.runner import check as run_check
+
+        c = _common(
+            sets=sets,
+            variant=None,
+            fmt=fmt,
+            output=output,
+            force=force,
+            precision=precision,
+            full=False,
+            strict=False,
+            debug=debug,
+            max_elements=max_elements,
+        )
+        pairs = [parse_set(s) for s in c.sets]
+        results = []
+        for name in configs or [None]:  # type: ignore[list-item]
+            doc = read_document(name)
+            results.extend(run_check(doc, pairs, c.max_elements))
+        table = Table(title="trace-tf check", title_justify="left")
+        for col in ("config", "step", "variant", "ok", "max abs error", "atol"):
+            table.add_column(col, justify="right" if col in ("max abs error", "atol") else "left")
+        table.add_column("note", max_width=60, no_wrap=True, overflow="ellipsis")
+        for r in results:
+            err = "—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
+            table.add_row(
+                Path(r.config).name,
+                r.step,
+                r.variant or "",
+                "[green]ok[/]" if r.ok else "[bold red]FAIL[/]",
+                err,
+                f"{r.atol:g}",
+                r.problem or r.note,
+            )
+        failed = sum(not r.ok for r in results)
+        summary = f"{len(results) - failed} passed, {failed} failed"
+        data = {
+            "trace_tf": _version(),
+            "results": [
+                {
+                    "config": r.config,
+                    "step": r.step,
+                    "variant": r.variant,
+                    "ok": r.ok,
+                    "max_abs_error": r.max_abs_error,
+                    "atol": r.atol,
+                    "note": r.note,
+                    **({"problem": r.problem} if r.problem else {}),
+                }
+                for r in results
+            ],
+        }
+        from rich.text import Text
+
+        emit(c, [table, Text(summary)], data)
+        if failed:
+            raise typer.Exit(1)
+
+
+@app.command()
+def examples() -> None:
+    """List the packaged examples."""
+    from trace_tf.config import example_names, examples_dir
+
+    for name in example_names():
+        title = ""
+        for line in (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+            if line.startswith("title:"):
+                title = line.partition(":")[2].strip()
+                break
+        typer.echo(f"{name:12s} {title}")
+
+
+def _version() -> str:
+    from trace_tf import __version__
+
+    return __version__
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1308 @@
+"""YAML config -> validated, frozen model description and weights (SPEC section 2).
+
+Every check happens here, at load time, with the key path (and line) in the
+message; the engine downstream never meets bad input. Weights the file does not
+give are drawn, each from its own generator seeded by `model.seed` and the
+array's key path, so giving one weight never changes another drawn one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trace_tf.errors import InputError
+from trace_tf.loader import Lines, join, parse_yaml, read_text
+
+DEFAULT_MAX_ELEMENTS = 2**28
+
+MODEL_KEYS = [
+    "d_model",
+    "n_heads",
+    "d_k",
+    "d_v",
+    "d_ff",
+    "encoder_layers",
+    "decoder_layers",
+    "positional",
+    "pe_base",
+    "max_len",
+    "embed_scale",
+    "norm_position",
+    "final_norm",
+    "norm",
+    "norm_eps",
+    "activation",
+    "scale",
+    "temperature",
+    "seed",
+    "init_std",
+    "tie_embeddings",
+]
+TOP_KEYS = [
+    "title",
+    "reference",
+    "model",
+    "vocab",
+    "tokens",
+    "embeddings",
+    "source",
+    "target",
+    "weights",
+    "expect",
+    "variants",
+    "attention",
+    "norm",
+    "pe",
+]
+OP_KINDS = ("attention", "norm", "pe")
+POSITIONAL = ("sinusoidal", "learned", "rope", "none")
+NORM_KINDS = ("layer", "rms")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+# ---------------------------------------------------------------------------
+# The validated description
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The `model:` section with every default filled in."""
+
+    d_model: int
+    n_heads: int = 1
+    d_k: int = 0
+    d_v: int = 0
+    d_ff: int = 0
+    encoder_layers: int = 1
+    decoder_layers: int = 0
+    positional: str = "sinusoidal"
+    pe_base: float = 10000.0
+    max_len: int = 128
+    embed_scale: float = 1.0
+    embed_scale_text: str = "1"  # as written, for the conventions header
+    norm_position: str = "post"
+    final_norm: bool = False
+    norm: str = "layer"
+    norm_eps: float = 1e-5
+    activation: str = "relu"
+    scale: float = 1.0
+    scale_text: str = "sqrt_dk"
+    temperature: float = 1.0  # divides the scaled scores inside the softmax only
+    seed: int = 0
+    init_std: float = 1.0
+    tie_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class NormWeights:
+    gamma: np.ndarray  # [d_model]
+    beta: np.ndarray  # [d_model]
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    W_q: np.ndarray  # [d_model, d_k]
+    W_k: np.ndarray  # [d_model, d_k]
+    W_v: np.ndarray  # [d_model, d_v]
+    b_q: np.ndarray | None = None  # [d_k]
+    b_k: np.ndarray | None = None  # [d_k]
+    b_v: np.ndarray | None = None  # [d_v]
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    heads: tuple[HeadWeights, ...]
+    W_o: np.ndarray  # [H * d_v, d_model]
+    b_o: np.ndarray | None
+    norm: NormWeights
+
+
+@dataclass(frozen=True)
+class FFNWeights:
+    W_1: np.ndarray  # [d_model, d_ff]
+    b_1: np.ndarray | None  # [d_ff]
+    W_2: np.ndarray  # [d_ff, d_model]
+    b_2: np.ndarray | None  # [d_model]
+    norm: NormWeights
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    self_attn: AttentionWeights
+    ffn: FFNWeights
+    cross_attn: AttentionWeights | None = None  # decoder layers of an encoder-decoder only
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    """An input sequence: tokens (looked up) or a numeric matrix used as the embeddings."""
+
+    tokens: tuple[str, ...] | None
+    matrix: np.ndarray | None = None  # [L, d_model], when given as numbers
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        if self.tokens is not None:
+            return self.tokens
+        assert self.matrix is not None
+        return tuple(f"x{i}" for i in range(self.matrix.shape[0]))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
+class Expect:
+    step: str
+    value: np.ndarray
+    atol: float
+    note: str
+    variant: str | None
+    line: int | None
+
+
+@dataclass(frozen=True)
+class Tokens:
+    bos: str | None = None
+    eos: str | None = None
+    pad: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole model: its description, every weight, and the inputs to run."""
+
+    file: str
+    title: str
+    reference: str
+    model: ModelConfig
+    vocab: tuple[str, ...]
+    tokens: Tokens
+    embeddings: Mapping[str, np.ndarray]  # token -> [d_model]
+    source: Sequence_ | None
+    target: Sequence_ | None
+    encoder: tuple[LayerWeights, ...]
+    decoder: tuple[LayerWeights, ...]
+    encoder_final_norm: NormWeights | None
+    decoder_final_norm: NormWeights | None
+    positional: np.ndarray | None  # [max_len, d_model] when learned
+    output_W: np.ndarray | None  # [d_model, vocab]
+    output_b: np.ndarray | None  # [vocab]
+    expect: tuple[Expect, ...] = ()
+    drawn: tuple[str, ...] = ()  # key paths of the arrays drawn rather than given
+    variant: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def embedding_matrix(self) -> np.ndarray:
+        """The vocabulary's embeddings as rows, in vocabulary order. [V, d_model]"""
+        return np.stack([self.embeddings[t] for t in self.vocab])
+
+    def named_arrays(self) -> dict[str, np.ndarray]:
+        """Every weight under its key path, so traced steps can name their inputs."""
+        out: dict[str, np.ndarray] = {}
+        for tok, vec in self.embeddings.items():
+            out[f"embeddings.{tok}"] = vec
+        for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
+            for l, layer in enumerate(layers):
+                for block in ("self_attn", "cross_attn"):
+                    aw: AttentionWeights | None = getattr(layer, block)
+                    if aw is None:
+                        continue
+                    base = f"weights.{stack}.{l}.{block}"
+                    for h, hw in enumerate(aw.heads):
+                        for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"):
+                            if getattr(hw, k) is not None:
+                                out[f"{base}.heads.{h}.{k}"] = getattr(hw, k)
+                    out[f"{base}.W_o"] = aw.W_o
+                    if aw.b_o is not None:
+                        out[f"{base}.b_o"] = aw.b_o
+                    out[f"{base}.norm.gamma"] = aw.norm.gamma
+                    out[f"{base}.norm.beta"] = aw.norm.beta
+                base = f"weights.{stack}.{l}.ffn"
+                f = layer.ffn
+                for k in ("W_1", "b_1", "W_2", "b_2"):
+                    if getattr(f, k) is not None:
+                        out[f"{base}.{k}"] = getattr(f, k)
+                out[f"{base}.norm.gamma"] = f.norm.gamma
+                out[f"{base}.norm.beta"] = f.norm.beta
+        for name in ("encoder_final_norm", "decoder_final_norm"):
+            nw: NormWeights | None = getattr(self, name)
+            if nw is not None:
+                out[f"weights.{name}.gamma"] = nw.gamma
+                out[f"weights.{name}.beta"] = nw.beta
+        if self.positional is not None:
+            out["weights.positional"] = self.positional
+        if self.output_W is not None:
+            out["weights.output.W"] = self.output_W
+        if self.output_b is not None:
+            out["weights.output.b"] = self.output_b
+        return out
+
+
+@dataclass(frozen=True)
+class OpConfig:
+    """A single-operation file for the calculator commands (attention, norm, pe)."""
+
+    file: str
+    title: str
+    reference: str
+    kind: str  # attention | norm | pe
+    params: Mapping[str, Any]
+    expect: tuple[Expect, ...] = ()
+    variant: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Reading a document (raw data + lines), overrides and variants
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Document:
+    """A config file as read: plain data, where each key was, and what was overridden."""
+
+    file: str
+    data: dict[str, Any]
+    lines: Lines
+    overridden: list[str] = field(default_factory=list)
+
+
+def examples_dir() -> Path:
+    return Path(str(resources.files("trace_tf") / "examples"))
+
+
+def example_names() -> list[str]:
+    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
+
+
+def resolve(name: str | None) -> Path:
+    """A config path, or the packaged example of that name (default: hello)."""
+    if name is None:
+        return examples_dir() / "hello.yaml"
+    path = Path(name)
+    if path.exists() or any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
+        return path
+    packaged = examples_dir() / f"{name}.yaml"
+    if packaged.exists():
+        return packaged
+    raise InputError(
+        "no such file or packaged example",
+        file=name,
+        expected="a config file path or one of: " + ", ".join(example_names()),
+        found=repr(name),
+    )
+
+
+def read_document(name: str | None) -> Document:
+    path = resolve(name)
+    file = str(path) if name is not None else "hello (packaged example)"
+    text = read_text(path)
+    data, lines = parse_yaml(text, file)
+    if data is None:
+        raise InputError("the config is empty", file=file, expected="a YAML mapping")
+    if not isinstance(data, dict):
+        raise InputError("the config must be a mapping of keys", file=file, found=_kind(data))
+    return Document(file=file, data=data, lines=lines)
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE` from --set, the value read as YAML."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise InputError(
+            "malformed --set",
+            path=None,
+            expected="KEY=VALUE with a dotted KEY, e.g. model.scale=30",
+            found=repr(item),
+        )
+    value, _ = parse_yaml(text, f"--set {key}")
+    return key, value
+
+
+def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
+    """Set a dotted key inside the document's data, creating mappings as needed."""
+    parts = key.split(".")
+    node: Any = doc.data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        here = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            if not part.isdigit():
+                raise InputError(
+                    f"cannot set {key}: {'.'.join(parts[:i])} is a list",
+                    path=key,
+                    expected="a list index",
+                    found=repr(part),
+                    file=origin,
+                )
+            idx = int(part)
+            while len(node) <= idx:
+                node.append({})
+            if last:
+                node[idx] = value
+            else:
+                if not isinstance(node[idx], dict | list):
+                    node[idx] = {}
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                nxt = parts[i + 1]
+                if not isinstance(node.get(part), dict | list):
+                    node[part] = [] if nxt.isdigit() else {}
+                node = node[part]
+        else:
+            raise InputError(f"cannot set {key}: {here} is not a mapping", path=key, file=origin)
+    doc.overridden.append(key)
+
+
+def apply_variant(doc: Document, name: str) -> None:
+    variants = doc.data.get("variants") or {}
+    if not isinstance(variants, dict) or name not in variants:
+        known = sorted(variants) if isinstance(variants, dict) else []
+        raise InputError(
+            f"unknown variant {name!r}",
+            file=doc.file,
+            path="variants",
+            expected="one of: " + (", ".join(known) or "(the file defines none)"),
+            found=repr(name),
+        )
+    body = variants[name]
+    if not isinstance(body, dict):
+        raise _ctx(doc).err(f"variants.{name}", "a variant must map dotted keys to values", body)
+    for key, value in body.items():
+        if key in ("variants", "expect") or key.startswith(("variants.", "expect.")):
+            raise _ctx(doc).err(
+                f"variants.{name}.{key}", "a variant cannot change variants or expect", value
+            )
+        apply_override(doc, key, _deepcopy(value), f"{doc.file} (variant {name})")
+
+
+def _deepcopy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deepcopy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deepcopy(v) for v in value]
+    return value
+
+
+def load(
+    name: str | None,
+    sets: Iterable[str] = (),
+    variant: str | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> Config | OpConfig:
+    """Read, override and validate a config: the whole front door of the engine."""
+    doc = read_document(name)
+    return build(doc, [parse_set(s) for s in sets], variant, max_elements)
+
+
+def build(
+    doc: Document,
+    sets: Sequence[tuple[str, Any]] = (),
+    variant: str | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> Config | OpConfig:
+    """Validate a document (after a variant and --set overrides) into a Config or OpConfig."""
+    doc = Document(doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden))
+    if variant is not None:
+        apply_variant(doc, variant)
+    for key, value in sets:
+        apply_override(doc, key, value, "--set")
+    ctx = _ctx(doc)
+    return _Validator(ctx, max_elements).document(doc.data, variant)
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    """A short description of what a value is, for 'found ...'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {text!r}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+@dataclass
+class _Ctx:
+    file: str
+    lines: Lines
+    overridden: list[str]
+
+    def err(
+        self,
+        path: str,
+        message: str,
+        found: Any = ...,
+        expected: str | None = None,
+        found_text: str | None = None,
+    ) -> InputError:
+        """An InputError at `path`; `found` is described, or `found_text` given as is."""
+        origin = next((k for k in self.overridden if path == k or path.startswith(k + ".")), None)
+        msg = message + (f" (set by --set/variant {origin})" if origin else "")
+        return InputError(
+            msg,
+            file=self.file,
+            path=path or None,
+            line=None if origin else self.lines.get(path),
+            expected=expected,
+            found=found_text if found is ... else _kind(found),
+        )
+
+
+def _ctx(doc: Document) -> _Ctx:
+    return _Ctx(doc.file, doc.lines, doc.overridden)
+
+
+def _suggest(key: str, valid: Sequence[str]) -> str:
+    near = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+class _Validator:
+    def __init__(self, ctx: _Ctx, max_elements: int) -> None:
+        self.ctx = ctx
+        self.max_elements = max_elements
+        self.drawn: list[str] = []
+        self.seed = 0
+        self.init_std = 1.0
+
+    # -- primitives ---------------------------------------------------------
+
+    def mapping(self, value: Any, path: str, allowed: Sequence[str]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.ctx.err(path, "expected a mapping", value, "a mapping of keys")
+        for key in value:
+            if key not in allowed:
+                raise self.ctx.err(
+                    join(path, key),
+                    f"unknown key {key!r}{_suggest(key, allowed)}",
+                    expected="one of: " + ", ".join(allowed),
+                )
+        return value
+
+    def number(
+        self, value: Any, path: str, *, positive: bool = False, minimum: float | None = None
+    ) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.ctx.err(path, "not a number", value, "a number")
+        if not math.isfinite(value):
+            raise self.ctx.err(path, "not a finite number", value, "a finite number")
+        if positive and value <= 0:
+            raise self.ctx.err(path, "must be positive", value, "a number > 0")
+        if minimum is not None and value < minimum:
+            raise self.ctx.err(path, f"must be at least {minimum}", value, f"a number >= {minimum}")
+        return float(value)
+
+    def integer(self, value: Any, path: str, minimum: int = 0) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.ctx.err(path, "not a whole number", value, "a whole number")
+        if value < minimum:
+            raise self.ctx.err(
+                path, f"must be at least {minimum}", value, f"a whole number >= {minimum}"
+            )
+        return value
+
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.ctx.err(path, "not a boolean", value, "true or false")
+        return value
+
+    def choice(self, value: Any, path: str, options: Sequence[str]) -> str:
+        if not isinstance(value, str) or value not in options:
+            hint = _suggest(value, options) if isinstance(value, str) else ""
+            raise self.ctx.err(
+                path, f"not a valid choice{hint}", value, "one of: " + ", ".join(options)
+            )
+        return value
+
+    def text(self, value: Any, path: str) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise self.ctx.err(path, "not text", value, "a string")
+        return str(value)
+
+    def array(
+        self,
+        value: Any,
+        path: str,
+        shape: tuple[int, ...] | None,
+        *,
+        finite: bool = True,
+    ) -> np.ndarray:
+        """A nested list of numbers as a float64 array, checked for raggedness and shape."""
+        self._shape(value, path)
+        arr = np.array(value, dtype=np.float64)
+        if finite and not np.isfinite(arr).all():
+            bad = np.argwhere(~np.isfinite(arr))[0]
+            where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
+            raise self.ctx.err(
+                where, "not a finite number", float(arr[tuple(bad)]), "a finite number"
+            )
+        if shape is not None and tuple(arr.shape) != shape:
+            raise self.ctx.err(
+                path,
+                "wrong shape",
+                expected=f"shape {_shape_text(shape)}",
+                found_text=f"shape {_shape_text(tuple(arr.shape))}",
+            )
+        return arr
+
+    def _shape(self, value: Any, path: str) -> tuple[int, ...]:
+        """Shape of a nested list of numbers; refuses ragged rows and non-numbers."""
+        if isinstance(value, bool) or value is None or isinstance(value, str | dict):
+            raise self.ctx.err(path, "not a number", value, "a number")
+        if isinstance(value, int | float):
+            return ()
+        if not isinstance(value, list):
+            raise self.ctx.err(path, "not a number", value, "a number")
+        if not value:
+            return (0,)
+        first = self._shape(value[0], join(path, 0))
+        if not first:  # a vector: check every entry quickly
+            for i, v in enumerate(value):
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    if isinstance(v, list):
+                        raise self.ctx.err(
+                            join(path, i), "ragged matrix: a list among numbers", v, "a number"
+                        )
+                    raise self.ctx.err(join(path, i), "not a number", v, "a number")
+            return (len(value),)
+        for i, v in enumerate(value[1:], start=1):
+            s = self._shape(v, join(path, i))
+            if s != first:
+                raise self.ctx.err(
+                    join(path, i),
+                    "ragged matrix: rows differ in length",
+                    expected=f"shape {_shape_text(first)} like row 0",
+                    found_text=f"shape {_shape_text(s)}",
+                )
+        return (len(value), *first)
+
+    def draw(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
+        """An array the file does not give: N(0, init_std^2), seeded by seed and key path."""
+        rng = np.random.default_rng([self.seed, zlib.crc32(path.encode())])
+        self.drawn.append(path)
+        return rng.standard_normal(shape) * self.init_std
+
+    def weight(
+        self, block: dict[str, Any], key: str, path: str, draw_path: str, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        if block.get(key) is None:
+            return self.draw(draw_path, shape)
+        return self.array(block[key], path, shape)
+
+    def bias(self, block: dict[str, Any], key: str, path: str, size: int) -> np.ndarray | None:
+        if block.get(key) is None:
+            return None
+        return self.array(block[key], path, (size,))
+
+    # -- the document -------------------------------------------------------
+
+    def document(self, data: dict[str, Any], variant: str | None) -> Config | OpConfig:
+        self.mapping(data, "", TOP_KEYS)
+        ops = [k for k in OP_KINDS if k in data]
+        if "model" not in data:
+            if not ops:
+                raise self.ctx.err(
+                    "model",
+                    "missing required section 'model'",
+                    expected="a 'model:' mapping with d_model (or a single operation: "
+                    + ", ".join(OP_KINDS)
+                    + ")",
+                )
+            if len(ops) > 1:
+                raise self.ctx.err(
+                    ops[1], "a file holds one operation", expected=f"only {ops[0]!r}"
+                )
+            variants = self.variants(data.get("variants"))
+            return OpConfig(
+                file=self.ctx.file,
+                title=self.text(data.get("title"), "title"),
+                reference=self.text(data.get("reference"), "reference"),
+                kind=ops[0],
+                params=self.operation(ops[0], data[ops[0]]),
+                expect=self.expect(data.get("expect"), variants),
+                variant=variant,
+            )
+        if ops:
+            raise self.ctx.err(ops[0], "a model config cannot also hold a single operation")
+        return self.model_document(data, variant)
+
+    def operation(self, kind: str, value: Any) -> dict[str, Any]:
+        """The parameters of a single-operation file, validated."""
+        if kind == "attention":
+            a = self.mapping(value, kind, ("Q", "K", "V", "scale", "temperature", "mask"))
+            for key in ("Q", "K", "V"):
+                if a.get(key) is None:
+                    raise self.ctx.err(
+                        f"attention.{key}", f"missing {key}", expected="a matrix (rows of numbers)"
+                    )
+            Q = self.matrix(a["Q"], "attention.Q")
+            K = self.matrix(a["K"], "attention.K", cols=Q.shape[1], what="columns as Q (d_k)")
+            V = self.matrix(
+                a["V"], "attention.V", rows=K.shape[0], what="rows as K (one value per key)"
+            )
+            scale_raw = a.get("scale", "sqrt_dk")
+            if scale_raw == "sqrt_dk":
+                scale, text = math.sqrt(Q.shape[1]), f"sqrt(d_k) = {math.sqrt(Q.shape[1]):.6g}"
+            else:
+                scale = self.number(scale_raw, "attention.scale", positive=True)
+                text = f"{scale:g}"
+            mask = None
+            if a.get("mask") is not None:
+                mask = self.array(
+                    a["mask"], "attention.mask", (Q.shape[0], K.shape[0]), finite=False
+                )
+                if np.isnan(mask).any() or (mask == np.inf).any():
+                    raise self.ctx.err(
+                        "attention.mask",
+                        "a mask holds 0 or -inf (or finite numbers)",
+                        expected="no NaN or +inf",
+                    )
+            return {
+                "Q": Q,
+                "K": K,
+                "V": V,
+                "scale": scale,
+                "scale_text": text,
+                "mask": mask,
+                "temperature": self.number(
+                    a.get("temperature", 1), "attention.temperature", positive=True
+                ),
+            }
+        if kind == "norm":
+            n = self.mapping(value, kind, ("kind", "x", "eps", "gamma", "beta"))
+            norm_kind = self.choice(
+                n.get("kind", "layer"), "norm.kind", ("layer", "rms", "batch", "instance")
+            )
+            if n.get("x") is None:
+                raise self.ctx.err("norm.x", "missing x", expected="a matrix")
+            x = self.array(n["x"], "norm.x", None)
+            want = 3 if norm_kind == "instance" else 2
+            if x.ndim != want or 0 in x.shape:
+                raise self.ctx.err(
+                    "norm.x",
+                    f"wrong shape for {norm_kind} norm",
+                    expected="a 3-D batch x channels x n array"
+                    if want == 3
+                    else "a non-empty matrix",
+                    found_text=f"shape {_shape_text(x.shape)}",
+                )
+            size = x.shape[1]
+            gamma = (
+                self.array(n["gamma"], "norm.gamma", (size,))
+                if n.get("gamma") is not None
+                else None
+            )
+            beta = (
+                self.array(n["beta"], "norm.beta", (size,)) if n.get("beta") is not None else None
+            )
+            return {
+                "kind": norm_kind,
+                "x": x,
+                "gamma": gamma,
+                "beta": beta,
+                "eps": self.number(n.get("eps", 1e-5), "norm.eps", minimum=0),
+            }
+        p = self.mapping(value, kind, ("length", "d_model", "kind", "base"))
+        for key in ("length", "d_model"):
+            if p.get(key) is None:
+                raise self.ctx.err(f"pe.{key}", f"missing {key}", expected="a whole number >= 1")
+        length = self.integer(p["length"], "pe.length", 1)
+        d_model = self.integer(p["d_model"], "pe.d_model", 1)
+        if length * d_model > self.max_elements:
+            raise self.ctx.err(
+                "pe",
+                f"{length} x {d_model} is over the limit of {self.max_elements:,} numbers (raise it with --max-elements)",
+            )
+        return {
+            "length": length,
+            "d_model": d_model,
+            "kind": self.choice(p.get("kind", "sinusoidal"), "pe.kind", ("sinusoidal", "rope")),
+            "base": self.number(p.get("base", 10000), "pe.base", positive=True),
+        }
+
+    def matrix(
+        self,
+        value: Any,
+        path: str,
+        rows: int | None = None,
+        cols: int | None = None,
+        what: str = "",
+    ) -> np.ndarray:
+        """A non-empty 2-D matrix, optionally with a given number of rows or columns."""
+        arr = self.array(value, path, None)
+        if arr.ndim == 1 and arr.size:
+            arr = arr[:, None] if (rows is not None and arr.shape[0] == rows) else arr[None, :]
+        bad = arr.ndim != 2 or 0 in arr.shape
+        bad = (
+            bad
+            or (rows is not None and arr.shape[0] != rows)
+            or (cols is not None and arr.shape[1] != cols)
+        )
+        if bad:
+            want = "a non-empty matrix" + (f" with as many {what}" if what else "")
+            if rows is not None:
+                want += f" ({rows} rows)"
+            if cols is not None:
+                want += f" ({cols} columns)"
+            raise self.ctx.err(
+                path, "wrong shape", expected=want, found_text=f"shape {_shape_text(arr.shape)}"
+            )
+        return arr
+
+    def variants(self, value: Any) -> set[str]:
+        if value is None:
+            return set()
+        if not isinstance(value, dict):
+            raise self.ctx.err(
+                "variants", "expected a mapping of variant names", value, "a mapping"
+            )
+        for name, body in value.items():
+            if not isinstance(body, dict):
+                raise self.ctx.err(
+                    f"variants.{name}", "a variant maps dotted keys to values", body, "a mapping"
+                )
+        return set(value)
+
+    def expect(self, value: Any, variants: set[str]) -> tuple[Expect, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.ctx.err("expect", "expected a list of checks", value, "a list")
+        out = []
+        for i, item in enumerate(value):
+            path = f"expect.{i}"
+            item = self.mapping(item, path, ("step", "value", "atol", "note", "variant"))
+            if not isinstance(item.get("step"), str):
+                raise self.ctx.err(
+                    join(path, "step"),
+                    "missing or not a step path",
+                    item.get("step"),
+                    "a step path",
+                )
+            if "value" not in item:
+                raise self.ctx.err(
+                    join(path, "value"), "missing the expected value", expected="a number or matrix"
+                )
+            var = item.get("variant")
+            if var is not None and var not in variants:
+                raise self.ctx.err(
+                    join(path, "variant"),
+                    f"unknown variant{_suggest(str(var), sorted(variants))}",
+                    var,
+                    "one of: " + (", ".join(sorted(variants)) or "(none defined under 'variants')"),
+                )
+            out.append(
+                Expect(
+                    step=item["step"],
+                    value=self.array(item["value"], join(path, "value"), None, finite=False),
+                    atol=self.number(item.get("atol", 1e-6), join(path, "atol"), minimum=0),
+                    note=self.text(item.get("note"), join(path, "note")),
+                    variant=var,
+                    line=self.ctx.lines.get(path),
+                )
+            )
+        return tuple(out)
+
+    def model_section(self, value: Any) -> ModelConfig:
+        m = self.mapping(value, "model", MODEL_KEYS)
+        p = "model."
+        if "d_model" not in m:
+            raise self.ctx.err(
+                "model.d_model", "missing required key d_model", expected="a whole number >= 1"
+            )
+        d_model = self.integer(m["d_model"], p + "d_model", 1)
+        n_heads = self.integer(m.get("n_heads", 1), p + "n_heads", 1)
+        if "d_k" in m:
+            d_k = self.integer(m["d_k"], p + "d_k", 1)
+        else:
+            if d_model % n_heads:
+                raise self.ctx.err(
+                    p + "n_heads",
+                    f"d_model {d_model} is not divisible by n_heads {n_heads}, so d_k has no default",
+                    expected="n_heads dividing d_model, or an explicit model.d_k",
+                )
+            d_k = d_model // n_heads
+        d_v = self.integer(m.get("d_v", d_k), p + "d_v", 1)
+        d_ff = self.integer(m.get("d_ff", 4 * d_model), p + "d_ff", 1)
+        enc = self.integer(m.get("encoder_layers", 1), p + "encoder_layers", 0)
+        dec = self.integer(m.get("decoder_layers", 0), p + "decoder_layers", 0)
+        if enc == 0 and dec == 0:
+            raise self.ctx.err(
+                p + "encoder_layers",
+                "the model has no layers",
+                expected="encoder_layers or decoder_layers >= 1",
+            )
+        norm_position = self.choice(
+            m.get("norm_position", "post"), p + "norm_position", ("post", "pre")
+        )
+        embed_scale_raw = m.get("embed_scale", 1)
+        if embed_scale_raw == "sqrt_d_model":
+            embed_scale, embed_text = (
+                math.sqrt(d_model),
+                f"sqrt(d_model) = {math.sqrt(d_model):.6g}",
+            )
+        else:
+            if isinstance(embed_scale_raw, str):
+                raise self.ctx.err(
+                    p + "embed_scale",
+                    "not a number or sqrt_d_model",
+                    embed_scale_raw,
+                    "a number or sqrt_d_model",
+                )
+            embed_scale = self.number(embed_scale_raw, p + "embed_scale")
+            embed_text = f"{embed_scale:g}"
+        scale_raw = m.get("scale", "sqrt_dk")
+        if scale_raw == "sqrt_dk":
+            scale, scale_text = math.sqrt(d_k), f"sqrt(d_k) = {math.sqrt(d_k):.6g}"
+        else:
+            if isinstance(scale_raw, str):
+                raise self.ctx.err(
+                    p + "scale",
+                    f"not a number or sqrt_dk{_suggest(scale_raw, ['sqrt_dk'])}",
+                    scale_raw,
+                    "a positive number or sqrt_dk",
+                )
+            scale = self.number(scale_raw, p + "scale", positive=True)
+            scale_text = f"{scale:g}"
+        return ModelConfig(
+            d_model=d_model,
+            n_heads=n_heads,
+            d_k=d_k,
+            d_v=d_v,
+            d_ff=d_ff,
+            encoder_layers=enc,
+            decoder_layers=dec,
+            positional=self.choice(m.get("positional", "sinusoidal"), p + "positional", POSITIONAL),
+            pe_base=self.number(m.get("pe_base", 10000), p + "pe_base", positive=True),
+            max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
+            embed_scale=embed_scale,
+            embed_scale_text=embed_text,
+            norm_position=norm_position,
+            final_norm=self.boolean(m.get("final_norm", norm_position == "pre"), p + "final_norm"),
+            norm=self.choice(m.get("norm", "layer"), p + "norm", NORM_KINDS),
+            norm_eps=self.number(m.get("norm_eps", 1e-5), p + "norm_eps", minimum=0),
+            activation=self.choice(m.get("activation", "relu"), p + "activation", ACTIVATIONS),
+            scale=scale,
+            scale_text=scale_text,
+            temperature=self.number(m.get("temperature", 1), p + "temperature", positive=True),
+            seed=self.integer(m.get("seed", 0), p + "seed", 0),
+            init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
+            tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
+        )
+
+    def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
+        """Refuse, before allocating anything, a model whose arrays would be too large."""
+        d, H = m.d_model, m.n_heads
+        attn = H * d * (2 * m.d_k + m.d_v) + H * m.d_v * d + 2 * d
+        ffn = 2 * d * m.d_ff + 2 * d
+        total = m.encoder_layers * (attn + ffn) + m.decoder_layers * (
+            attn * (2 if m.encoder_layers else 1) + ffn
+        )
+        total += 2 * n_vocab * d + m.max_len * d
+        L = max(lengths, default=1)
+        per_layer_trace = L * (8 * d + 2 * m.d_ff + H * (4 * L + 2 * m.d_k + 2 * m.d_v))
+        total += (m.encoder_layers + 2 * m.decoder_layers) * per_layer_trace + L * n_vocab * 2
+        if total > self.max_elements:
+            raise self.ctx.err(
+                "model",
+                f"the model's arrays would hold about {total:,} numbers, over the limit of "
+                f"{self.max_elements:,} (raise it with --max-elements)",
+            )
+
+    def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
+        m = self.model_section(data["model"])
+        self.seed, self.init_std = m.seed, m.init_std
+        d = m.d_model
+        vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
+        vocab_set = set(vocab)
+        tokens = self.tokens(data.get("tokens"), vocab_set)
+
+        src_raw, tgt_raw = data.get("source"), data.get("target")
+        # Rough sizes first (before any array is built) for the element limit.
+        lengths = [
+            len(v) if isinstance(v, list) else len(str(v).split())
+            for v in (src_raw, tgt_raw)
+            if v is not None
+        ]
+        self.check_size(m, len(vocab), lengths)
+
+        embeddings = self.embeddings(data.get("embeddings"), vocab, d)
+        source = target = None
+        if m.encoder_layers:
+            if src_raw is None:
+                raise self.ctx.err(
+                    "source",
+                    "missing source: the encoder needs an input",
+                    expected="tokens, a string or an L x d_model matrix",
+                )
+            source = self.sequence(src_raw, "source", vocab_set, d)
+        elif src_raw is not None:
+            raise self.ctx.err(
+                "source",
+                "a decoder-only model (encoder_layers: 0) reads target, not source",
+                src_raw,
+                "no source",
+            )
+        if m.decoder_layers:
+            if tgt_raw is not None:
+                target = self.sequence(tgt_raw, "target", vocab_set, d)
+        elif tgt_raw is not None:
+            raise self.ctx.err(
+                "target",
+                "an encoder-only model (decoder_layers: 0) has no target",
+                tgt_raw,
+                "no target",
+            )
+        for seq, name in ((source, "source"), (target, "target")):
+            if seq is not None and m.positional == "learned" and len(seq) > m.max_len:
+                raise self.ctx.err(
+                    name,
+                    f"longer than model.max_len ({m.max_len}) learned positions",
+                    expected=f"at most {m.max_len} tokens",
+                    found=f"{len(seq)} tokens",
+                )
+
+        w = self.mapping(
+            data.get("weights"),
+            "weights",
+            (
+                "encoder",
+                "decoder",
+                "encoder_final_norm",
+                "decoder_final_norm",
+                "positional",
+                "output",
+            ),
+        )
+        encoder = self.layers(w.get("encoder"), "encoder", m.encoder_layers, m, cross=False)
+        decoder = self.layers(
+            w.get("decoder"), "decoder", m.decoder_layers, m, cross=m.encoder_layers > 0
+        )
+        enc_final = self.final_norm(w, "encoder_final_norm", m, m.encoder_layers > 0)
+        dec_final = self.final_norm(w, "decoder_final_norm", m, m.decoder_layers > 0)
+        positional = None
+        if m.positional == "learned":
+            positional = self.weight(
+                w, "positional", "weights.positional", "positional", (m.max_len, d)
+            )
+        elif w.get("positional") is not None:
+            raise self.ctx.err(
+                "weights.positional",
+                f"learned positions given, but model.positional is {m.positional}",
+                expected="model.positional: learned",
+            )
+        output_W, output_b = self.output(w.get("output"), m, vocab)
+        variants = self.variants(data.get("variants"))
+        return Config(
+            file=self.ctx.file,
+            title=self.text(data.get("title"), "title"),
+            reference=self.text(data.get("reference"), "reference"),
+            model=m,
+            vocab=vocab,
+            tokens=tokens,
+            embeddings=embeddings,
+            source=source,
+            target=target,
+            encoder=encoder,
+            decoder=decoder,
+            encoder_final_norm=enc_final,
+            decoder_final_norm=dec_final,
+            positional=positional,
+            output_W=output_W,
+            output_b=output_b,
+            expect=self.expect(data.get("expect"), variants),
+            drawn=tuple(self.drawn),
+            variant=variant,
+            overrides=tuple(self.ctx.overridden),
+        )
+
+    def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
+        if value is None:
+            return tuple(str(k) for k in embeddings) if isinstance(embeddings, dict) else ()
+        if not isinstance(value, list):
+            raise self.ctx.err("vocab", "expected a list of tokens", value, "a list of tokens")
+        out: list[str] = []
+        for i, tok in enumerate(value):
+            if not isinstance(tok, str | int | float) or isinstance(tok, bool):
+                raise self.ctx.err(f"vocab.{i}", "not a token", tok, "a string")
+            tok = _token_text(tok)
+            if tok in out:
+                raise self.ctx.err(
+                    f"vocab.{i}", f"duplicate token {tok!r}", expected="each token once"
+                )
+            out.append(tok)
+        return tuple(out)
+
+    def tokens(self, value: Any, vocab: set[str]) -> Tokens:
+        t = self.mapping(value, "tokens", ("bos", "eos", "pad"))
+        out: dict[str, str | None] = {}
+        for key in ("bos", "eos", "pad"):
+            tok = t.get(key)
+            if tok is not None:
+                tok = _token_text(tok)
+                if tok not in vocab:
+                    raise self.ctx.err(
+                        f"tokens.{key}",
+                        f"token {tok!r} is not in the vocabulary{_suggest(tok, sorted(vocab))}",
+                        expected="a token of vocab",
+                    )
+            out[key] = tok
+        return Tokens(**out)
+
+    def embeddings(self, value: Any, vocab: tuple[str, ...], d: int) -> dict[str, np.ndarray]:
+        given = value if value is not None else {}
+        if not isinstance(given, dict):
+            raise self.ctx.err(
+                "embeddings", "expected a mapping token -> vector", given, "a mapping"
+            )
+        out: dict[str, np.ndarray] = {}
+        for tok in given:
+            if tok not in vocab:
+                raise self.ctx.err(
+                    f"embeddings.{tok}",
+                    f"token {tok!r} is not in the vocabulary{_suggest(tok, vocab)}",
+                    expected="a token of vocab",
+                )
+        for tok in vocab:
+            if tok in given and given[tok] is not None:
+                out[tok] = self.array(given[tok], f"embeddings.{tok}", (d,))
+            else:
+                out[tok] = self.draw(f"embeddings.{tok}", (d,))
+        return out
+
+    def sequence(self, value: Any, path: str, vocab: set[str], d: int) -> Sequence_:
+        if isinstance(value, str):
+            toks: list[Any] = value.split()
+        elif isinstance(value, list):
+            if value and all(isinstance(v, list) for v in value):
+                matrix = self.array(value, path, None)
+                if matrix.ndim != 2 or matrix.shape[1] != d:
+                    raise self.ctx.err(
+                        path,
+                        "wrong shape for a numeric sequence",
+                        expected=f"shape L x {d} (d_model {d})",
+                        found_text=f"shape {_shape_text(matrix.shape)}",
+                    )
+                return Sequence_(tokens=None, matrix=matrix)
+            toks = value
+        else:
+            raise self.ctx.err(
+                path, "not a sequence", value, "a list of tokens, a string or a matrix"
+            )
+        if not toks:
+            raise self.ctx.err(path, "empty sequence", expected="at least one token")
+        out = []
+        for i, tok in enumerate(toks):
+            if isinstance(tok, list | dict) or tok is None or isinstance(tok, bool):
+                raise self.ctx.err(join(path, i), "not a token", tok, "a token of vocab")
+            tok = _token_text(tok)
+            if tok not in vocab:
+                raise self.ctx.err(
+                    join(path, i),
+                    f"unknown token {tok!r}{_suggest(tok, sorted(vocab))}",
+                    expected="a token of vocab"
+                    if vocab
+                    else "a token (the file has no vocab or embeddings)",
+                )
+            out.append(tok)
+        return Sequence_(tokens=tuple(out))
+
+    def norm(self, value: Any, path: str, d: int) -> NormWeights:
+        n = self.mapping(value, path, ("gamma", "beta"))
+        gamma = (
+            self.array(n["gamma"], f"{path}.gamma", (d,))
+            if n.get("gamma") is not None
+            else np.ones(d)
+        )
+        beta = (
+            self.array(n["beta"], f"{path}.beta", (d,))
+            if n.get("beta") is not None
+            else np.zeros(d)
+        )
+        return NormWeights(gamma, beta)
+
+    def attention(self, value: Any, path: str, m: ModelConfig) -> AttentionWeights:
+        """Per-head or fused attention weights; fused W_q/W_k/W_v are split by columns."""
+        p = f"weights.{path}"
+        a = self.mapping(
+            value, p, ("heads", "W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o", "norm")
+        )
+        d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
+        fused_keys = [k for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v") if a.get(k) is not None]
+        heads_raw = a.get("heads")
+        if heads_raw is not None and fused_keys:
+            raise self.ctx.err(
+                f"{p}.{fused_keys[0]}",
+                "one form per block: per-head 'heads' and fused weights are both given",
+                expected="either heads: [...] or fused W_q/W_k/W_v",
+            )
+        sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
+        fused: dict[str, np.ndarray] = {}
+        for k in fused_keys:
+            shape = (d, H * sizes[k]) if k.startswith("W") else (H * sizes[k],)
+            fused[k] = self.array(a[k], f"{p}.{k}", shape)
+        if heads_raw is not None and not isinstance(heads_raw, list):
+            raise self.ctx.err(
+                f"{p}.heads", "expected a list with one entry per head", heads_raw, f"a list of {H}"
+            )
+        heads_list = heads_raw or []
+        if len(heads_list) > H:
+            raise self.ctx.err(
+                f"{p}.heads.{H}",
+                f"more heads than model.n_heads ({H})",
+                expected=f"at most {H} heads",
+                found=f"{len(heads_list)} heads",
+            )
+        heads = []
+        for h in range(H):
+            hp = f"{p}.heads.{h}"
+            hd = self.mapping(
+                heads_list[h] if h < len(heads_list) else None,
+                hp,
+                ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"),
+            )
+            arrays: dict[str, np.ndarray | None] = {}
+            for k, size in sizes.items():
+                if k in fused:
+                    cols = slice(h * size, (h + 1) * size)
+                    arrays[k] = fused[k][:, cols] if k.startswith("W") else fused[k][cols]
+                elif k.startswith("W"):
+                    arrays[k] = self.weight(hd, k, f"{hp}.{k}", f"{path}.heads.{h}.{k}", (d, size))
+                else:
+                    arrays[k] = self.bias(hd, k, f"{hp}.{k}", size)
+            heads.append(HeadWeights(**arrays))  # type: ignore[arg-type]
+        return AttentionWeights(
+            heads=tuple(heads),
+            W_o=self.weight(a, "W_o", f"{p}.W_o", f"{path}.W_o", (H * dv, d)),
+            b_o=self.bias(a, "b_o", f"{p}.b_o", d),
+            norm=self.norm(a.get("norm"), f"{p}.norm", d),
+        )
+
+    def ffn(self, value: Any, path: str, m: ModelConfig) -> FFNWeights:
+        p = f"weights.{path}"
+        f = self.mapping(value, p, ("W_1", "b_1", "W_2", "b_2", "norm"))
+        return FFNWeights(
+            W_1=self.weight(f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, m.d_ff)),
+            b_1=self.bias(f, "b_1", f"{p}.b_1", m.d_ff),
+            W_2=self.weight(f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model)),
+            b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model),
+            norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model),
+        )
+
+    def layers(
+        self, value: Any, stack: str, n: int, m: ModelConfig, cross: bool
+    ) -> tuple[LayerWeights, ...]:
+        p = f"weights.{stack}"
+        if value is None:
+            value = []
+        if not isinstance(value, list):
+            raise self.ctx.err(
+                p, "expected a list with one entry per layer", value, f"a list of {n}"
+            )
+        if len(value) > n:
+            raise self.ctx.err(
+                f"{p}.{n}",
+                f"more {stack} layers than model.{stack}_layers ({n})",
+                expected=f"at most {n} layers",
+                found=f"{len(value)} layers",
+            )
+        keys = ("self_attn", "cross_attn", "ffn") if stack == "decoder" else ("self_attn", "ffn")
+        out = []
+        for l in range(n):
+            layer = self.mapping(value[l] if l < len(value) else None, f"{p}.{l}", keys)
+            if not cross and layer.get("cross_attn") is not None:
+                raise self.ctx.err(
+                    f"{p}.{l}.cross_attn",
+                    "a decoder-only model (encoder_layers: 0) has no cross-attention",
+                    expected="no cross_attn",
+                )
+            out.append(
+                LayerWeights(
+                    self_attn=self.attention(layer.get("self_attn"), f"{stack}.{l}.self_attn", m),
+                    ffn=self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m),
+                    cross_attn=self.attention(layer.get("cross_attn"), f"{stack}.{l}.cross_attn", m)
+                    if cross
+                    else None,
+                )
+            )
+        return tuple(out)
+
+    def final_norm(
+        self, w: dict[str, Any], key: str, m: ModelConfig, has_stack: bool
+    ) -> NormWeights | None:
+        if m.final_norm and has_stack:
+            return self.norm(w.get(key), f"weights.{key}", m.d_model)
+        if w.get(key) is not None:
+            reason = "model.final_norm is off" if has_stack else "the model has no such stack"
+            raise self.ctx.err(
+                f"weights.{key}", f"a final norm is given but {reason}", expected="no " + key
+            )
+        return None
+
+    def output(
+        self, value: Any, m: ModelConfig, vocab: tuple[str, ...]
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        o = self.mapping(value, "weights.output", ("W", "b"))
+        V = len(vocab)
+        if m.tie_embeddings and o.get("W") is not None:
+            raise self.ctx.err(
+                "weights.output.W",
+                "output.W is given but model.tie_embeddings is on (the output uses the embeddings)",
+                expected="no output.W with tied embeddings",
+            )
+        if V == 0:
+            if o:
+                raise self.ctx.err(
+                    "weights.output", "output weights need a vocab", expected="a vocab"
+                )
+            return None, None
+        W = (
+            None
+            if m.tie_embeddings
+            else self.weight(o, "W", "weights.output.W", "output.W", (m.d_model, V))
+        )
+        return W, self.bias(o, "b", "weights.output.b", V)
+
+
+def _token_text(tok: Any) -> str:
+    if isinstance(tok, float) and tok.is_integer():
+        return str(int(tok))
+    return str(tok)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return " x ".join(str(s) for s in shape) if len(shape) else "scalar"

@@ -1,0 +1,440 @@
+"""The Transformer of Vaswani et al. (2017), composed from ops in the paper's order.
+
+Every function is plain math on numpy arrays; each intermediate passes through
+`tr.rec(...)`, which records it (or, with NULL_TRACER, does nothing) and returns
+it unchanged. One attention serves self- and cross-attention, called under two
+scopes; one add-and-norm serves every sublayer.
+
+Shapes: L_q query positions, L_k key positions, d = d_model, H heads of d_k / d_v.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from trace_tf import ops
+from trace_tf.config import (
+    AttentionWeights,
+    Config,
+    FFNWeights,
+    HeadWeights,
+    LayerWeights,
+    ModelConfig,
+    NormWeights,
+    Sequence_,
+)
+from trace_tf.errors import InputError
+from trace_tf.trace import NULL_TRACER, Tracer
+
+Array = np.ndarray
+
+
+# ---------------------------------------------------------------------------
+# Formulas as shown to the user: one place, so the trace and the docs agree
+# ---------------------------------------------------------------------------
+
+
+def _plus(bias: Array | None, name: str) -> str:
+    return f" + {name}" if bias is not None else ""
+
+
+def norm_formula(m: ModelConfig, of: str) -> str:
+    if m.norm == "rms":
+        return f"{of} / √(mean({of}²) + ε) · γ + β,  ε = {m.norm_eps:g}"
+    return f"({of} − mean) / √(var + ε) · γ + β,  ε = {m.norm_eps:g}, biased var"
+
+
+# ---------------------------------------------------------------------------
+# 3.5 Embeddings and positional encoding
+# ---------------------------------------------------------------------------
+
+
+def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER) -> Array:
+    """Token embeddings (x embed_scale) + positional encoding. tokens -> [L, d]"""
+    m = cfg.model
+    if seq.matrix is not None:
+        e = tr.rec("embed", seq.matrix, "E = the given matrix")
+    else:
+        assert seq.tokens is not None
+        e = tr.rec(
+            "embed", np.stack([cfg.embeddings[t] for t in seq.tokens]), "E = embedding[token]"
+        )
+    x = e * m.embed_scale if m.embed_scale != 1.0 else e
+    scale = f" · {m.embed_scale_text}" if m.embed_scale != 1.0 else ""
+    L = len(seq)
+    if m.positional == "sinusoidal":
+        pe = tr.rec(
+            "pe",
+            ops.sinusoidal_pe(L, m.d_model, m.pe_base),
+            f"PE[pos,2i] = sin(pos/{m.pe_base:g}^(2i/d)), PE[pos,2i+1] = cos(…)",
+        )
+    elif m.positional == "learned":
+        assert cfg.positional is not None
+        pe = tr.rec("pe", cfg.positional[:L], "PE = positional[pos] (learned)", cfg.positional)
+    else:
+        return tr.rec("input", x if x is not e else e.copy(), f"X = E{scale}", e)
+    return tr.rec("input", x + pe, f"X = E{scale} + PE", e, pe)
+
+
+# ---------------------------------------------------------------------------
+# 3.2.1 Scaled dot-product attention, 3.2.2 multi-head attention
+# ---------------------------------------------------------------------------
+
+
+def project(x: Array, W: Array, b: Array | None) -> Array:
+    """x W + b. [L, d] -> [L, d_head]"""
+    return ops.linear(x, W, b)
+
+
+def attention_head(
+    x_q: Array,
+    x_kv: Array,
+    hw: HeadWeights,
+    mask: Array | None,
+    m: ModelConfig,
+    rotary: bool,
+    tr: Tracer = NULL_TRACER,
+) -> Array:
+    """softmax(Q Kᵀ / scale + M) V for one head (eq. 1). [L_q, d] x [L_k, d] -> [L_q, d_v]"""
+    src = "X" if x_q is x_kv else "Enc"
+    if rotary:
+        q_raw = tr.rec(
+            "q_raw", project(x_q, hw.W_q, hw.b_q), "Q = X W_q" + _plus(hw.b_q, "b_q"), x_q, hw.W_q
+        )
+        k_raw = tr.rec(
+            "k_raw", project(x_kv, hw.W_k, hw.b_k), "K = X W_k" + _plus(hw.b_k, "b_k"), x_kv, hw.W_k
+        )
+        q = tr.rec(
+            "q", ops.rope(q_raw, np.arange(len(q_raw)), m.pe_base), "Q = RoPE(Q_raw, pos)", q_raw
+        )
+        k = tr.rec(
+            "k", ops.rope(k_raw, np.arange(len(k_raw)), m.pe_base), "K = RoPE(K_raw, pos)", k_raw
+        )
+    else:
+        q = tr.rec(
+            "q", project(x_q, hw.W_q, hw.b_q), "Q = X W_q" + _plus(hw.b_q, "b_q"), x_q, hw.W_q
+        )
+        k = tr.rec(
+            "k",
+            project(x_kv, hw.W_k, hw.b_k),
+            f"K = {src} W_k" + _plus(hw.b_k, "b_k"),
+            x_kv,
+            hw.W_k,
+        )
+    v = tr.rec(
+        "v", project(x_kv, hw.W_v, hw.b_v), f"V = {src} W_v" + _plus(hw.b_v, "b_v"), x_kv, hw.W_v
+    )
+    return attend(q, k, v, mask, m.scale, m.scale_text, m.temperature, tr)
+
+
+def attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    scale: float,
+    scale_text: str,
+    temperature: float = 1.0,
+    tr: Tracer = NULL_TRACER,
+) -> Array:
+    """softmax((Q Kᵀ / scale + M) / T) V. [L_q, d_k] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]"""
+    scores = tr.rec("scores", q @ k.T, "S = Q Kᵀ", q, k, cols="keys")
+    scaled = tr.rec("scaled", scores / scale, f"S / {scale_text}", scores, cols="keys")
+    if mask is not None:
+        with np.errstate(invalid="ignore"):
+            scaled = tr.rec(
+                "masked", scaled + mask, "S / scale + M  (M: 0 or −inf)", scaled, mask, cols="keys"
+            )
+    temp = f" / T, T = {temperature:g}" if temperature != 1.0 else ""
+    weights = tr.rec(
+        "softmax", ops.softmax(scaled, temperature), f"A = softmax(row{temp})", scaled, cols="keys"
+    )
+    return tr.rec("context", weights @ v, "A V", weights, v)
+
+
+def multi_head_attention(
+    x_q: Array,
+    x_kv: Array,
+    aw: AttentionWeights,
+    mask: Array | None,
+    m: ModelConfig,
+    rotary: bool,
+    tr: Tracer = NULL_TRACER,
+) -> Array:
+    """Concat(head_1..head_H) W_o + b_o (section 3.2.2). [L_q, d] x [L_k, d] -> [L_q, d]"""
+    heads = []
+    for h, hw in enumerate(aw.heads):
+        with tr.scope(f"h{h}"):
+            heads.append(attention_head(x_q, x_kv, hw, mask, m, rotary, tr))
+    concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
+    return tr.rec(
+        "wo",
+        ops.linear(concat, aw.W_o, aw.b_o),
+        "concat W_o" + _plus(aw.b_o, "b_o"),
+        concat,
+        aw.W_o,
+    )
+
+
+# ---------------------------------------------------------------------------
+# 3.3 Position-wise feed-forward
+# ---------------------------------------------------------------------------
+
+
+def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
+    """act(x W_1 + b_1) W_2 + b_2 (eq. 2). [L, d] -> [L, d_ff] -> [L, d]"""
+    hidden = tr.rec(
+        "hidden", ops.linear(x, fw.W_1, fw.b_1), "H = X W_1" + _plus(fw.b_1, "b_1"), x, fw.W_1
+    )
+    act_name = {
+        "relu": "ReLU(H)",
+        "gelu": "GELU(H) (exact, erf)",
+        "gelu_tanh": "GELU(H) (tanh approx.)",
+    }
+    act = tr.rec("act", ops.ACTIVATIONS[m.activation](hidden), act_name[m.activation], hidden)
+    return tr.rec(
+        "out", ops.linear(act, fw.W_2, fw.b_2), "act W_2" + _plus(fw.b_2, "b_2"), act, fw.W_2
+    )
+
+
+# ---------------------------------------------------------------------------
+# 5.4 / 3.1 Residual connection and normalisation around each sublayer
+# ---------------------------------------------------------------------------
+
+
+def normalize(
+    x: Array, nw: NormWeights, m: ModelConfig, name: str, tr: Tracer = NULL_TRACER
+) -> Array:
+    """LayerNorm or RMSNorm of each row, its statistics recorded under `name`. [L, d] -> [L, d]"""
+    with tr.scope(name):
+        if m.norm == "rms":
+            r = tr.rec("rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {m.norm_eps:g}", x)
+            out = ops.rms_scale(x, r, nw.gamma, nw.beta)
+        else:
+            mean, var = ops.row_mean_var(x)
+            tr.rec("mean", mean, "mean of each row", x)
+            tr.rec("var", var, "biased variance of each row (÷ d)", x)
+            out = ops.standardize(x, mean, var, nw.gamma, nw.beta, m.norm_eps)
+    kind = "RMSNorm" if m.norm == "rms" else "LayerNorm"
+    return tr.rec(name, out, f"{kind}(x) = " + norm_formula(m, "x"), x, nw.gamma, nw.beta)
+
+
+def add_and_norm(
+    x: Array,
+    sublayer: Callable[[Array], Array],
+    nw: NormWeights,
+    m: ModelConfig,
+    tr: Tracer = NULL_TRACER,
+) -> Array:
+    """Post-norm: Norm(x + sublayer(x)) (the paper). Pre-norm: x + sublayer(Norm(x)). [L, d] -> [L, d]"""
+    if m.norm_position == "pre":
+        y = sublayer(normalize(x, nw, m, "norm", tr))
+        return tr.rec("residual", x + y, "x + sublayer(Norm(x))", x, y)
+    y = sublayer(x)
+    residual = tr.rec("residual", x + y, "x + sublayer(x)", x, y)
+    return normalize(residual, nw, m, "norm", tr)
+
+
+# ---------------------------------------------------------------------------
+# 3.1 Encoder and decoder stacks
+# ---------------------------------------------------------------------------
+
+
+def _self_attention(
+    x: Array, aw: AttentionWeights, mask: Array | None, m: ModelConfig, tr: Tracer
+) -> Array:
+    rotary = m.positional == "rope"
+    return add_and_norm(
+        x, lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr), aw.norm, m, tr
+    )
+
+
+def encoder_layer(
+    x: Array, lw: LayerWeights, mask: Array | None, m: ModelConfig, tr: Tracer = NULL_TRACER
+) -> Array:
+    """Self-attention, then feed-forward, each with add & norm. [L, d] -> [L, d]"""
+    with tr.scope("self_attn"):
+        x = _self_attention(x, lw.self_attn, mask, m, tr)
+    with tr.scope("ffn"):
+        return add_and_norm(x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr)
+
+
+def decoder_layer(
+    x: Array,
+    enc: Array | None,
+    lw: LayerWeights,
+    mask: Array,
+    cross_mask: Array | None,
+    m: ModelConfig,
+    src_labels: tuple[str, ...] | None,
+    tr: Tracer = NULL_TRACER,
+) -> Array:
+    """Masked self-attention, cross-attention over the encoder output, feed-forward. [L, d] -> [L, d]"""
+    with tr.scope("self_attn"):
+        x = _self_attention(x, lw.self_attn, mask, m, tr)
+    if lw.cross_attn is not None and enc is not None:
+        aw = lw.cross_attn
+        with tr.scope("cross_attn", keys=src_labels):
+            # Queries from the decoder, keys and values from the encoder output (3.2.3).
+            x = add_and_norm(
+                x,
+                lambda h: multi_head_attention(h, enc, aw, cross_mask, m, False, tr),
+                aw.norm,
+                m,
+                tr,
+            )
+    with tr.scope("ffn"):
+        return add_and_norm(x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr)
+
+
+def padding(cfg: Config, seq: Sequence_) -> np.ndarray | None:
+    """Which positions hold the pad token, or None when none do."""
+    pad = cfg.tokens.pad
+    if pad is None or seq.tokens is None or pad not in seq.tokens:
+        return None
+    return np.array([t == pad for t in seq.tokens])
+
+
+def _final(x: Array, nw: NormWeights | None, m: ModelConfig, tr: Tracer) -> Array:
+    return x if nw is None else normalize(x, nw, m, "final_norm", tr)
+
+
+def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
+    """The encoder stack on `source`. -> [L_src, d]"""
+    m, seq = cfg.model, cfg.source
+    assert seq is not None
+    labels = seq.labels
+    with tr.scope("encoder", rows=labels, keys=labels):
+        x = embed(cfg, seq, tr)
+        pads = padding(cfg, seq)
+        mask = None
+        if pads is not None:
+            mask = tr.rec(
+                "mask",
+                ops.key_padding_mask(len(seq), pads),
+                "M[i,j] = −inf where key j is a pad",
+                cols="keys",
+            )
+        for l, lw in enumerate(cfg.encoder):
+            with tr.scope(l):
+                x = encoder_layer(x, lw, mask, m, tr)
+        x = _final(x, cfg.encoder_final_norm, m, tr)
+        return tr.rec("output", x, "encoder output", x)
+
+
+def decoder(cfg: Config, target: Sequence_, enc: Array | None, tr: Tracer = NULL_TRACER) -> Array:
+    """The decoder stack on `target` (teacher forcing), attending to `enc`. -> [L_tgt, d]"""
+    m = cfg.model
+    labels = target.labels
+    src_labels = cfg.source.labels if cfg.source is not None else None
+    with tr.scope("decoder", rows=labels, keys=labels):
+        x = embed(cfg, target, tr)
+        L = len(target)
+        # The decoder's self-attention is always causal (3.2.3), also for one token.
+        mask = ops.causal_mask(L)
+        pads = padding(cfg, target)
+        formula = "M[i,j] = −inf for j > i (causal)"
+        if pads is not None:
+            mask = mask + ops.key_padding_mask(L, pads)
+            formula += " or key j a pad"
+        mask = tr.rec("mask", mask, formula, cols="keys")
+        cross_mask = None
+        src_pads = padding(cfg, cfg.source) if cfg.source is not None and enc is not None else None
+        if src_pads is not None:
+            with tr.scope(None, keys=src_labels):
+                cross_mask = tr.rec(
+                    "cross_mask",
+                    ops.key_padding_mask(L, src_pads),
+                    "M[i,j] = −inf where source key j is a pad",
+                    cols="keys",
+                )
+        for l, lw in enumerate(cfg.decoder):
+            with tr.scope(l):
+                x = decoder_layer(x, enc, lw, mask, cross_mask, m, src_labels, tr)
+        x = _final(x, cfg.decoder_final_norm, m, tr)
+        return tr.rec("output", x, "decoder output", x)
+
+
+def output_weights(cfg: Config) -> tuple[Array, Array | None]:
+    """The output projection; tied weights reuse the (unscaled) embedding table (3.4)."""
+    if cfg.model.tie_embeddings:
+        return cfg.embedding_matrix.T, cfg.output_b
+    assert cfg.output_W is not None
+    return cfg.output_W, cfg.output_b
+
+
+def head(cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER) -> Array:
+    """Logits = x W + b and their row softmax over the vocabulary. [L, d] -> [L, V]"""
+    W, b = output_weights(cfg)
+    tied = " (W = embeddingsᵀ, tied)" if cfg.model.tie_embeddings else ""
+    with tr.scope(None, rows=rows.labels if rows is not None else None):
+        logits = tr.rec(
+            "logits",
+            ops.linear(x, W, b),
+            "logits = out W" + _plus(b, "b") + tied,
+            x,
+            W,
+            cols=cfg.vocab,
+        )
+        return tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
+
+
+# ---------------------------------------------------------------------------
+# Whole runs
+# ---------------------------------------------------------------------------
+
+
+def target_of(cfg: Config) -> Sequence_:
+    """The decoder input: `target`, or [tokens.bos] when the file gives none."""
+    if cfg.target is not None:
+        return cfg.target
+    if cfg.tokens.bos is None:
+        raise InputError(
+            "no target and no tokens.bos to start the decoder from",
+            file=cfg.file,
+            path="target",
+            expected="a target sequence or tokens.bos",
+        )
+    return Sequence_(tokens=(cfg.tokens.bos,))
+
+
+def run_encode(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
+    """The encoder on `source`; an encoder-only model with a vocabulary also gets logits."""
+    if cfg.model.encoder_layers == 0:
+        raise InputError(
+            "encode needs an encoder, and this model is decoder-only (encoder_layers: 0); use decode",
+            file=cfg.file,
+            path="model.encoder_layers",
+        )
+    enc = encoder(cfg, tr)
+    if cfg.model.decoder_layers == 0 and cfg.vocab:
+        return head(cfg, enc, cfg.source, tr)
+    return enc
+
+
+def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None = None) -> Array:
+    """Encoder (if any), decoder on the target, logits and probabilities. -> [L_tgt, V]"""
+    if cfg.model.decoder_layers == 0:
+        raise InputError(
+            "decode needs a decoder, and this model is encoder-only (decoder_layers: 0); use encode",
+            file=cfg.file,
+            path="model.decoder_layers",
+        )
+    if not cfg.vocab:
+        raise InputError(
+            "decode needs a vocab for the logits",
+            file=cfg.file,
+            path="vocab",
+            expected="a vocab list",
+        )
+    tgt = target if target is not None else target_of(cfg)
+    enc = encoder(cfg, tr) if cfg.model.encoder_layers else None
+    dec = decoder(cfg, tgt, enc, tr)
+    return head(cfg, dec, tgt, tr)
+
+
+def run_full(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
+    """Everything the model computes: decode when it has a decoder, else encode."""
+    return run_decode(cfg, tr) if cfg.model.decoder_layers else run_encode(cfg, tr)

@@ -1,0 +1,205 @@
+"""From a loaded config to a trace: which parts run for which command, the
+conventions in force, and the `expect` checks. No printing here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trace_tf import model
+from trace_tf.calc import run_op
+from trace_tf.config import Config, Document, OpConfig, build
+from trace_tf.errors import InputError
+from trace_tf.trace import Trace, Tracer
+
+COMMANDS = ("encode", "decode", "full")
+
+
+def run(
+    cfg: Config | OpConfig, command: str = "full", keep: Callable[[str], bool] | None = None
+) -> Trace:
+    """Trace what `command` computes: encode, decode, or everything the config holds."""
+    tr = Tracer(keep=keep)
+    if isinstance(cfg, OpConfig):
+        run_op(cfg, tr)
+        return tr.trace
+    tr.name_all(cfg.named_arrays())
+    if command == "encode":
+        model.run_encode(cfg, tr)
+    elif command == "decode":
+        model.run_decode(cfg, tr)
+    else:
+        model.run_full(cfg, tr)
+    return tr.trace
+
+
+def require_model(cfg: Config | OpConfig, command: str) -> Config:
+    if isinstance(cfg, OpConfig):
+        raise InputError(
+            f"{command} needs a model config, and this file holds a single {cfg.kind} operation",
+            file=cfg.file,
+            expected="a config with a 'model:' section",
+            found=f"'{cfg.kind}:'",
+        )
+    return cfg
+
+
+def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
+    """Every convention behind the numbers, stated (the README explains each)."""
+    if isinstance(cfg, OpConfig):
+        p = cfg.params
+        if cfg.kind == "attention":
+            return [
+                ("operation", "attention: softmax((Q Kᵀ / scale + M) / T) V, row softmax, stable"),
+                ("scale", str(p["scale_text"])),
+                (
+                    "temperature",
+                    f"{p['temperature']:g} (divides the scaled scores inside the softmax only)",
+                ),
+            ]
+        if cfg.kind == "norm":
+            from trace_tf.calc import NORM_AXES
+
+            return [
+                ("operation", f"{p['kind']} norm over {NORM_AXES[str(p['kind'])][1]}"),
+                ("eps", f"{p['eps']:g}, inside the square root; biased variance"),
+            ]
+        return [("operation", f"{p['kind']} positional encoding, base {p['base']:g}")]
+    m = cfg.model
+    norm_kind = (
+        "LayerNorm (x−mean)/√(var+ε)·γ+β, biased var"
+        if m.norm == "layer"
+        else "RMSNorm x/√(mean(x²)+ε)·γ+β"
+    )
+    masks = ["decoder self-attention causal (0 / −inf, additive)"] if m.decoder_layers else []
+    if cfg.tokens.pad:
+        masks.append(f"pad token {cfg.tokens.pad!r} masked as a key")
+    pos = {
+        "sinusoidal": f"sinusoidal, added to the embeddings, base {m.pe_base:g}",
+        "learned": f"learned table weights.positional ({m.max_len} rows), added",
+        "rope": f"RoPE on q and k in self-attention, pairs (2i, 2i+1), base {m.pe_base:g}",
+        "none": "none",
+    }[m.positional]
+    drawn = _summarize(cfg.drawn)
+    rows = [
+        (
+            "model",
+            f"d_model {m.d_model}, {m.n_heads} head(s) of d_k {m.d_k} / d_v {m.d_v}, d_ff {m.d_ff}, "
+            f"{m.encoder_layers} encoder + {m.decoder_layers} decoder layer(s)",
+        ),
+        (
+            "norm",
+            f"{m.norm_position}-norm, {norm_kind}, ε = {m.norm_eps:g}"
+            + (", final norm on" if m.final_norm else ""),
+        ),
+        (
+            "attention",
+            f"scores / {m.scale_text}"
+            + (f", softmax temperature {m.temperature:g}" if m.temperature != 1 else "")
+            + "; stable row softmax",
+        ),
+        ("positions", pos),
+        (
+            "embeddings",
+            f"scaled by {m.embed_scale_text}"
+            + ("; output tied to the embeddings" if m.tie_embeddings else ""),
+        ),
+        (
+            "activation",
+            {"relu": "ReLU", "gelu": "GELU (exact, erf)", "gelu_tanh": "GELU (tanh approximation)"}[
+                m.activation
+            ],
+        ),
+        ("masks", "; ".join(masks) or "none"),
+        (
+            "weights",
+            f"drawn with seed {m.seed}, N(0, {m.init_std:g}²): {drawn}"
+            if cfg.drawn
+            else "all given in the file",
+        ),
+        ("numbers", "float64; rows are tokens (x W + b, row vectors)"),
+    ]
+    if cfg.variant or cfg.overrides:
+        rows.append(("overrides", ", ".join(cfg.overrides)))
+    return rows
+
+
+def _summarize(paths: Sequence[str], limit: int = 6) -> str:
+    """A short list of drawn arrays, grouped by their kind."""
+    groups: dict[str, int] = {}
+    for p in paths:
+        parts = p.split(".")
+        key = (
+            parts[0] if parts[0] in ("embeddings", "positional", "output") else ".".join(parts[:3])
+        )
+        groups[key] = groups.get(key, 0) + 1
+    items = [f"{k} ({n})" if n > 1 else k for k, n in groups.items()]
+    return ", ".join(items[:limit]) + (
+        f", … {len(items) - limit} more" if len(items) > limit else ""
+    )
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    config: str
+    step: str
+    variant: str | None
+    ok: bool
+    max_abs_error: float | None  # None when the step is missing or the shape differs
+    atol: float
+    note: str
+    problem: str = ""
+
+
+def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Largest |actual - expected|; equal infinities and NaN against NaN count as 0."""
+    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(actual - expected))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    return float(diff.max()) if diff.size else 0.0
+
+
+def check(
+    doc: Document, sets: Sequence[tuple[str, object]] = (), max_elements: int = 2**28
+) -> list[CheckResult]:
+    """Evaluate every `expect` entry of a document, each on its own variant."""
+    base = build(doc, sets, None, max_elements)
+    results: list[CheckResult] = []
+    traces: dict[str | None, Trace] = {}
+    for e in base.expect:
+        if e.variant not in traces:
+            cfg = base if e.variant is None else build(doc, sets, e.variant, max_elements)
+            traces[e.variant] = run(cfg, "full")
+        trace = traces[e.variant]
+        if e.step not in trace:
+            results.append(
+                CheckResult(
+                    doc.file, e.step, e.variant, False, None, e.atol, e.note, "no such step"
+                )
+            )
+            continue
+        actual = trace.value(e.step)
+        expected = e.value
+        if expected.shape != actual.shape:
+            if expected.size == actual.size and expected.ndim < actual.ndim:
+                expected = expected.reshape(actual.shape)  # a vector given for a 1 x n step
+            else:
+                results.append(
+                    CheckResult(
+                        doc.file,
+                        e.step,
+                        e.variant,
+                        False,
+                        None,
+                        e.atol,
+                        e.note,
+                        f"shape {actual.shape} but expected {expected.shape}",
+                    )
+                )
+                continue
+        err = max_abs_error(actual, expected)
+        results.append(CheckResult(doc.file, e.step, e.variant, err <= e.atol, err, e.atol, e.note))
+    return results
