@@ -113,7 +113,7 @@ def test_wrong_shape_names_path_expected_and_found(tmp_yaml) -> None:  # type: i
     err = _error(tmp_yaml, text)
     assert (
         err.path == "embeddings.a"
-        and err.expected == "shape 4"
+        and err.expected == "shape 4 (d_model)"
         and err.found == "shape 3"
         and err.line == 7
     )

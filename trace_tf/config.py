@@ -481,7 +481,8 @@ def _ctx(doc: Document) -> _Ctx:
 
 
 def _suggest(key: str, valid: Sequence[str]) -> str:
-    near = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    same_case = [v for v in valid if v.lower() == key.lower()]  # `w` for `W`
+    near = same_case or difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
@@ -499,7 +500,7 @@ class _Validator:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise self.ctx.err(path, "expected a mapping", value, "a mapping of keys")
+            raise self.ctx.err(path, "not a mapping", value, "a mapping of keys")
         for key in value:
             if key not in allowed:
                 raise self.ctx.err(
@@ -560,8 +561,12 @@ class _Validator:
         shape: tuple[int, ...] | None,
         *,
         finite: bool = True,
+        dims: str = "",
     ) -> np.ndarray:
-        """A nested list of numbers as a float64 array, checked for raggedness and shape."""
+        """A nested list of numbers as a float64 array, checked for raggedness and shape.
+
+        `dims` names the expected dimensions (`d_model x d_k`) for the error message,
+        so a wrong shape says which size of the model it disagrees with."""
         self._shape(value, path)
         arr = np.array(value, dtype=np.float64)
         if finite and not np.isfinite(arr).all():
@@ -574,7 +579,7 @@ class _Validator:
             raise self.ctx.err(
                 path,
                 "wrong shape",
-                expected=f"shape {_shape_text(shape)}",
+                expected=f"shape {_shape_text(shape)}" + (f" ({dims})" if dims else ""),
                 found_text=f"shape {_shape_text(tuple(arr.shape))}",
             )
         return arr
@@ -617,16 +622,24 @@ class _Validator:
         return rng.standard_normal(shape) * self.init_std
 
     def weight(
-        self, block: dict[str, Any], key: str, path: str, draw_path: str, shape: tuple[int, ...]
+        self,
+        block: dict[str, Any],
+        key: str,
+        path: str,
+        draw_path: str,
+        shape: tuple[int, ...],
+        dims: str = "",
     ) -> np.ndarray:
         if block.get(key) is None:
             return self.draw(draw_path, shape)
-        return self.array(block[key], path, shape)
+        return self.array(block[key], path, shape, dims=dims)
 
-    def bias(self, block: dict[str, Any], key: str, path: str, size: int) -> np.ndarray | None:
+    def bias(
+        self, block: dict[str, Any], key: str, path: str, size: int, dims: str = ""
+    ) -> np.ndarray | None:
         if block.get(key) is None:
             return None
-        return self.array(block[key], path, (size,))
+        return self.array(block[key], path, (size,), dims=dims)
 
     # -- the document -------------------------------------------------------
 
@@ -787,9 +800,7 @@ class _Validator:
         if value is None:
             return set()
         if not isinstance(value, dict):
-            raise self.ctx.err(
-                "variants", "expected a mapping of variant names", value, "a mapping"
-            )
+            raise self.ctx.err("variants", "not a mapping of variant names", value, "a mapping")
         for name, body in value.items():
             if not isinstance(body, dict):
                 raise self.ctx.err(
@@ -801,7 +812,7 @@ class _Validator:
         if value is None:
             return ()
         if not isinstance(value, list):
-            raise self.ctx.err("expect", "expected a list of checks", value, "a list")
+            raise self.ctx.err("expect", "not a list of checks", value, "a list")
         out = []
         for i, item in enumerate(value):
             path = f"expect.{i}"
@@ -993,7 +1004,7 @@ class _Validator:
                     name,
                     f"longer than model.max_len ({m.max_len}) learned positions",
                     expected=f"at most {m.max_len} tokens",
-                    found=f"{len(seq)} tokens",
+                    found_text=f"{len(seq)} tokens",
                 )
 
         w = self.mapping(
@@ -1017,7 +1028,12 @@ class _Validator:
         positional = None
         if m.positional == "learned":
             positional = self.weight(
-                w, "positional", "weights.positional", "positional", (m.max_len, d)
+                w,
+                "positional",
+                "weights.positional",
+                "positional",
+                (m.max_len, d),
+                "max_len x d_model",
             )
         elif w.get("positional") is not None:
             raise self.ctx.err(
@@ -1054,7 +1070,7 @@ class _Validator:
         if value is None:
             return tuple(str(k) for k in embeddings) if isinstance(embeddings, dict) else ()
         if not isinstance(value, list):
-            raise self.ctx.err("vocab", "expected a list of tokens", value, "a list of tokens")
+            raise self.ctx.err("vocab", "not a list", value, "a list of tokens")
         out: list[str] = []
         for i, tok in enumerate(value):
             if not isinstance(tok, str | int | float) or isinstance(tok, bool):
@@ -1086,9 +1102,7 @@ class _Validator:
     def embeddings(self, value: Any, vocab: tuple[str, ...], d: int) -> dict[str, np.ndarray]:
         given = value if value is not None else {}
         if not isinstance(given, dict):
-            raise self.ctx.err(
-                "embeddings", "expected a mapping token -> vector", given, "a mapping"
-            )
+            raise self.ctx.err("embeddings", "not a mapping", given, "a mapping token -> vector")
         out: dict[str, np.ndarray] = {}
         for tok in given:
             if tok not in vocab:
@@ -1099,7 +1113,7 @@ class _Validator:
                 )
         for tok in vocab:
             if tok in given and given[tok] is not None:
-                out[tok] = self.array(given[tok], f"embeddings.{tok}", (d,))
+                out[tok] = self.array(given[tok], f"embeddings.{tok}", (d,), dims="d_model")
             else:
                 out[tok] = self.draw(f"embeddings.{tok}", (d,))
         return out
@@ -1144,12 +1158,12 @@ class _Validator:
     def norm(self, value: Any, path: str, d: int) -> NormWeights:
         n = self.mapping(value, path, ("gamma", "beta"))
         gamma = (
-            self.array(n["gamma"], f"{path}.gamma", (d,))
+            self.array(n["gamma"], f"{path}.gamma", (d,), dims="d_model")
             if n.get("gamma") is not None
             else np.ones(d)
         )
         beta = (
-            self.array(n["beta"], f"{path}.beta", (d,))
+            self.array(n["beta"], f"{path}.beta", (d,), dims="d_model")
             if n.get("beta") is not None
             else np.zeros(d)
         )
@@ -1171,13 +1185,16 @@ class _Validator:
                 expected="either heads: [...] or fused W_q/W_k/W_v",
             )
         sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
+        names = {k: "d_v" if k.endswith("v") else "d_k" for k in sizes}
         fused: dict[str, np.ndarray] = {}
         for k in fused_keys:
             shape = (d, H * sizes[k]) if k.startswith("W") else (H * sizes[k],)
-            fused[k] = self.array(a[k], f"{p}.{k}", shape)
+            dims = f"n_heads·{names[k]}"
+            dims = f"d_model x {dims}" if k.startswith("W") else dims
+            fused[k] = self.array(a[k], f"{p}.{k}", shape, dims=dims)
         if heads_raw is not None and not isinstance(heads_raw, list):
             raise self.ctx.err(
-                f"{p}.heads", "expected a list with one entry per head", heads_raw, f"a list of {H}"
+                f"{p}.heads", "not a list", heads_raw, f"a list of {H} (one entry per head)"
             )
         heads_list = heads_raw or []
         if len(heads_list) > H:
@@ -1185,7 +1202,7 @@ class _Validator:
                 f"{p}.heads.{H}",
                 f"more heads than model.n_heads ({H})",
                 expected=f"at most {H} heads",
-                found=f"{len(heads_list)} heads",
+                found_text=f"{len(heads_list)} heads",
             )
         heads = []
         for h in range(H):
@@ -1201,14 +1218,23 @@ class _Validator:
                     cols = slice(h * size, (h + 1) * size)
                     arrays[k] = fused[k][:, cols] if k.startswith("W") else fused[k][cols]
                 elif k.startswith("W"):
-                    arrays[k] = self.weight(hd, k, f"{hp}.{k}", f"{path}.heads.{h}.{k}", (d, size))
+                    arrays[k] = self.weight(
+                        hd,
+                        k,
+                        f"{hp}.{k}",
+                        f"{path}.heads.{h}.{k}",
+                        (d, size),
+                        f"d_model x {names[k]}",
+                    )
                 else:
-                    arrays[k] = self.bias(hd, k, f"{hp}.{k}", size)
+                    arrays[k] = self.bias(hd, k, f"{hp}.{k}", size, names[k])
             heads.append(HeadWeights(**arrays))  # type: ignore[arg-type]
         return AttentionWeights(
             heads=tuple(heads),
-            W_o=self.weight(a, "W_o", f"{p}.W_o", f"{path}.W_o", (H * dv, d)),
-            b_o=self.bias(a, "b_o", f"{p}.b_o", d),
+            W_o=self.weight(
+                a, "W_o", f"{p}.W_o", f"{path}.W_o", (H * dv, d), "n_heads·d_v x d_model"
+            ),
+            b_o=self.bias(a, "b_o", f"{p}.b_o", d, "d_model"),
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
         )
 
@@ -1216,10 +1242,14 @@ class _Validator:
         p = f"weights.{path}"
         f = self.mapping(value, p, ("W_1", "b_1", "W_2", "b_2", "norm"))
         return FFNWeights(
-            W_1=self.weight(f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, m.d_ff)),
-            b_1=self.bias(f, "b_1", f"{p}.b_1", m.d_ff),
-            W_2=self.weight(f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model)),
-            b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model),
+            W_1=self.weight(
+                f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, m.d_ff), "d_model x d_ff"
+            ),
+            b_1=self.bias(f, "b_1", f"{p}.b_1", m.d_ff, "d_ff"),
+            W_2=self.weight(
+                f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model), "d_ff x d_model"
+            ),
+            b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
             norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model),
         )
 
@@ -1230,15 +1260,13 @@ class _Validator:
         if value is None:
             value = []
         if not isinstance(value, list):
-            raise self.ctx.err(
-                p, "expected a list with one entry per layer", value, f"a list of {n}"
-            )
+            raise self.ctx.err(p, "not a list", value, f"a list of {n} (one entry per layer)")
         if len(value) > n:
             raise self.ctx.err(
                 f"{p}.{n}",
                 f"more {stack} layers than model.{stack}_layers ({n})",
                 expected=f"at most {n} layers",
-                found=f"{len(value)} layers",
+                found_text=f"{len(value)} layers",
             )
         keys = ("self_attn", "cross_attn", "ffn") if stack == "decoder" else ("self_attn", "ffn")
         out = []
@@ -1293,9 +1321,11 @@ class _Validator:
         W = (
             None
             if m.tie_embeddings
-            else self.weight(o, "W", "weights.output.W", "output.W", (m.d_model, V))
+            else self.weight(
+                o, "W", "weights.output.W", "output.W", (m.d_model, V), "d_model x vocab size"
+            )
         )
-        return W, self.bias(o, "b", "weights.output.b", V)
+        return W, self.bias(o, "b", "weights.output.b", V, "vocab size")
 
 
 def _token_text(tok: Any) -> str:
