@@ -9,6 +9,7 @@ hand on carries the line it came from.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ _MAP = "tag:yaml.org,2002:map"
 _FLOAT_12 = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 
 MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an alias bomb
+MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
+MAX_INT_CHARS = 4000  # a longer integer literal is beyond float64 whatever its base
 
 
 class Lines:
@@ -55,19 +58,59 @@ def join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Number of nodes after alias expansion, computed in time linear in the graph."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    memo[key] = 1  # breaks recursive aliases, which are refused later anyway
-    size = 1
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, memo) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    memo[key] = min(size, MAX_NODES + 1)
-    return memo[key]
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _expanded_size(root: yaml.Node) -> tuple[int, int]:
+    """Nodes and nesting depth after alias expansion, in time linear in the graph.
+
+    Iterative (no Python recursion), so neither a long chain of aliases nor deep
+    nesting can exhaust the stack before it is measured and refused.
+    """
+    memo: dict[int, tuple[int, int]] = {}
+    active: set[int] = set()  # the nodes on the current path: a recursive alias meets one
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = [memo.get(id(c), (1, 1)) for c in _children(node)]  # (1, 1): recursive alias
+            size = 1 + sum(k[0] for k in kids)
+            depth = 1 + max((k[1] for k in kids), default=0)
+            memo[key] = (min(size, MAX_NODES + 1), depth)
+            active.discard(key)
+        elif key not in memo and key not in active:
+            active.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node))
+    return memo[id(root)]
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """PyYAML's safe composer, refusing nesting deeper than MAX_DEPTH before its
+    own recursion could exhaust the Python stack."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise InputError(
+                    "the YAML nests too deeply; refused",
+                    file=self.name,
+                    line=mark.line + 1,
+                    expected=f"at most {MAX_DEPTH} nested lists or mappings",
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 class _Builder:
@@ -104,13 +147,41 @@ class _Builder:
 
     def _scalar(self, node: yaml.ScalarNode, path: str) -> Any:
         tag = node.tag
+        if tag == _INT:
+            return self._int(node, path)
         if tag == _STR and node.style is None and _FLOAT_12.match(node.value):
             return float(node.value)
         if tag == _BOOL and node.value.lower() not in ("true", "false"):
             return node.value  # YAML 1.2: yes/no/on/off are words, not booleans
         if tag in (_STR, _INT, _FLOAT, _BOOL, _NULL):
-            return self._scalars.construct_object(node)
+            return self._construct(node, path)
         raise self.fail(node, path, f"YAML tag {tag} is not allowed (only plain data is read)")
+
+    def _int(self, node: yaml.ScalarNode, path: str) -> int:
+        """An integer, refused when beyond float64 (every number ends up as one)."""
+        value = None
+        if len(node.value) <= MAX_INT_CHARS:
+            value = self._construct(node, path)
+        if value is None or abs(value) > sys.float_info.max:
+            raise self.fail(
+                node,
+                path,
+                "integer too large",
+                expected=f"a number of magnitude at most {sys.float_info.max:.6g} (float64)",
+                found=f"an integer of {len(node.value)} characters",
+            )
+        return int(value)
+
+    def _construct(self, node: yaml.ScalarNode, path: str) -> Any:
+        """PyYAML's safe constructor for a plain scalar; `!!int abc` and the like are refused."""
+        try:
+            return self._scalars.construct_object(node)
+        except (ValueError, TypeError, IndexError, yaml.YAMLError):
+            kind = node.tag.rsplit(":", 1)[-1]
+            text = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+            raise self.fail(
+                node, path, f"not a valid {kind}", expected=f"a YAML {kind}", found=repr(text)
+            ) from None
 
     def _mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -137,7 +208,12 @@ class _Builder:
 def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
     """YAML text -> plain Python data and the line of each key path."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _DepthLimitedLoader(text)
+        loader.name = file
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "malformed YAML"
@@ -152,10 +228,18 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
         raise InputError(f"malformed YAML: {exc}", file=file) from None
     if node is None:
         return None, Lines()
-    if _expanded_size(node, {}) > MAX_NODES:
+    size, depth = _expanded_size(node)
+    if size > MAX_NODES:
         raise InputError(
             f"the YAML expands to more than {MAX_NODES:,} nodes (an alias bomb?); refused",
             file=file,
+            expected=f"at most {MAX_NODES:,} values after expanding aliases",
+        )
+    if depth > MAX_DEPTH:
+        raise InputError(
+            f"the YAML nests {depth} levels deep once its aliases are expanded; refused",
+            file=file,
+            expected=f"at most {MAX_DEPTH} nested lists or mappings",
         )
     builder = _Builder(file)
     return builder.build(node, ""), builder.lines
@@ -172,11 +256,13 @@ def read_text(path: Path) -> str:
     if path.is_dir():
         raise InputError("is a directory, not a config file", file=name)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name)
-        data = path.read_bytes()
+        # Read at most one byte past the limit: a device such as /dev/zero never ends.
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name)
     if b"\x00" in data:
         raise InputError("not a text file (binary data)", file=name)
     try:

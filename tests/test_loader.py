@@ -1,0 +1,126 @@
+"""The safe YAML loader: plain data only, bounded in size and depth, every error an InputError."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trace_tf import loader
+from trace_tf.errors import InputError
+from trace_tf.loader import MAX_DEPTH, parse_yaml, read_text
+
+
+def _refused(text: str) -> InputError:
+    with pytest.raises(InputError) as info:
+        parse_yaml(text, "f.yaml")
+    assert info.value.file == "f.yaml"
+    return info.value
+
+
+def test_yaml_1_2_numbers_and_words() -> None:
+    data, lines = parse_yaml("a: 1e-5\nb: yes\nc: 0x10\nd: -.inf\n", "f.yaml")
+    assert data == {"a": 1e-5, "b": "yes", "c": 16, "d": float("-inf")}
+    assert lines.get("c") == 3
+
+
+@pytest.mark.parametrize("opener, closer", [("[", "]"), ("{a: ", "}")])
+def test_deep_nesting_is_refused_not_a_recursion_error(opener: str, closer: str) -> None:
+    # PyYAML's composer recurses once per level: 5000 levels would exhaust the stack.
+    err = _refused("x: " + opener * 5000 + "1" + closer * 5000 + "\n")
+    assert "nests too deeply" in str(err) and err.line == 1
+    assert err.expected == f"at most {MAX_DEPTH} nested lists or mappings"
+
+
+def test_nesting_within_the_limit_is_read() -> None:
+    depth = MAX_DEPTH - 2  # the top mapping and its key take two levels
+    data, _ = parse_yaml("x: " + "[" * depth + "1" + "]" * depth + "\n", "f.yaml")
+    value = data["x"]
+    for _ in range(depth - 1):
+        value = value[0]
+    assert value == [1]
+
+
+def test_a_long_chain_of_aliases_is_refused_by_its_expanded_depth() -> None:
+    # Each anchor nests the previous one: shallow as written, 2000 levels once expanded.
+    text = "a0: &a0 [1]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 2000))
+    err = _refused(text)
+    assert "levels deep once its aliases are expanded" in str(err)
+
+
+def test_billion_laughs_is_refused_quickly() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    start = time.perf_counter()
+    err = _refused("\n".join(lines) + "\n")
+    assert time.perf_counter() - start < 2.0  # a bound on a hang, not a benchmark
+    assert "alias bomb" in str(err)
+
+
+@pytest.mark.parametrize(
+    "literal", ["9" * 400, "-" + "9" * 400, "0x" + "f" * 300, "9" * 5000, "1" + "0" * 309]
+)
+def test_integers_beyond_float64_are_refused_with_their_line(literal: str) -> None:
+    # 5000 digits would also trip Python's int-to-str limit (ValueError) in a naive loader.
+    err = _refused(f"a: 1\nb: [1, {literal}]\n")
+    assert err.path == "b.1" and err.line == 2 and "integer too large" in str(err)
+
+
+def test_the_largest_float64_integer_is_read() -> None:
+    big = int(sys.float_info.max)
+    data, _ = parse_yaml(f"a: {big}\n", "f.yaml")
+    assert data["a"] == big
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("a: !!int abc\n", "int"),
+        ("a: !!float abc\n", "float"),
+        ("a: !!int ''\n", "int"),
+        ("a: !!float ''\n", "float"),
+    ],
+)
+def test_explicit_scalar_tags_that_do_not_parse_are_refused(text: str, kind: str) -> None:
+    err = _refused(text)
+    assert err.path == "a" and f"not a valid {kind}" in str(err)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: !!python/object/apply:os.system ['true']\n",
+        "a: !!python/name:os.system\n",
+        "a: !!python/object:collections.OrderedDict {}\n",
+        "a: !!binary aGVsbG8=\n",
+        "a: !!timestamp 2001-12-14\n",
+        "a: !!set {x}\n",
+        "a: !custom 1\n",
+        "a: !custom [1]\n",
+        "a: !custom {b: 1}\n",
+    ],
+)
+def test_every_non_plain_tag_is_refused(text: str) -> None:
+    err = _refused(text)
+    assert "tag" in str(err) and err.path == "a" and err.line == 1
+
+
+def test_read_text_stops_one_byte_past_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loader, "MAX_FILE_BYTES", 10)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("a: 123456")  # 9 bytes
+    assert read_text(ok) == "a: 123456"
+    big = tmp_path / "big.yaml"
+    big.write_text("a: 12345678")  # 11 bytes
+    with pytest.raises(InputError, match="larger than"):
+        read_text(big)
+
+
+def test_an_endless_device_is_refused_not_read_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader, "MAX_FILE_BYTES", 1 << 16)
+    with pytest.raises(InputError, match="larger than"):
+        read_text(Path("/dev/zero"))
