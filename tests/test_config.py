@@ -170,3 +170,36 @@ def test_malformed_set() -> None:
 def test_error_from_set_names_the_override(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
     err = _error(tmp_yaml, BASE, "model.scale=-1")
     assert err.path == "model.scale" and "--set" in str(err)
+
+
+@pytest.mark.parametrize(
+    "item, through, line",
+    [("model.d_model.x=3", "model.d_model", 2), ("source.0.x=3", "source.0", 5)],
+)
+def test_set_through_a_scalar_is_refused_not_replacing_it(
+    tmp_yaml, item: str, through: str, line: int
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(BASE)
+    with pytest.raises(InputError) as info:
+        load(path, [item])
+    err = info.value
+    assert err.file == "--set" and err.path == item.partition("=")[0]
+    assert f"{through} is not a mapping or list (line {line} of {path})" in str(err)
+
+
+def test_set_far_past_the_end_of_a_list_is_refused_without_filling_it(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="far past the end of vocab"):
+        load(tmp_yaml(BASE), ["vocab.100000000000=z"])
+
+
+def test_set_with_a_non_ascii_digit_index_is_an_input_error(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="is a list"):
+        load(tmp_yaml(BASE), ["vocab.²=z"])
+
+
+def test_set_creates_missing_layers_to_reach_an_index(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    text = BASE.replace("n_heads: 2", "n_heads: 2\n  encoder_layers: 2")
+    cfg = load(tmp_yaml(text), ["weights.encoder.1.ffn.b_2=[1, 2, 3, 4]"])
+    assert isinstance(cfg, Config)
+    np.testing.assert_array_equal(cfg.encoder[1].ffn.b_2, [1, 2, 3, 4])
+    assert cfg.encoder[0].ffn.b_2 is None

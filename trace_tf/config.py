@@ -331,15 +331,21 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key, value
 
 
+MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing layers are drawn)
+
+
 def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
-    """Set a dotted key inside the document's data, creating mappings as needed."""
+    """Set a dotted key inside the document's data, creating mappings as needed.
+
+    A key through a value that is neither a mapping nor a list (`model.d_model.x`
+    when d_model is a number) is refused rather than silently replacing the value."""
     parts = key.split(".")
     node: Any = doc.data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
         if isinstance(node, list):
-            if not part.isdigit():
+            if not (part.isascii() and part.isdigit()):
                 raise InputError(
                     f"cannot set {key}: {'.'.join(parts[:i])} is a list",
                     path=key,
@@ -348,24 +354,41 @@ def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
                     file=origin,
                 )
             idx = int(part)
+            if idx > len(node) + MAX_SET_PAD:
+                raise InputError(
+                    f"cannot set {key}: index {idx} is far past the end of "
+                    f"{'.'.join(parts[:i])} ({len(node)} entries)",
+                    path=key,
+                    expected=f"an index below {len(node) + MAX_SET_PAD}",
+                    found=str(idx),
+                    file=origin,
+                )
             while len(node) <= idx:
                 node.append({})
             if last:
                 node[idx] = value
             else:
-                if not isinstance(node[idx], dict | list):
+                if node[idx] is None:
                     node[idx] = {}
                 node = node[idx]
         elif isinstance(node, dict):
             if last:
                 node[part] = value
             else:
-                nxt = parts[i + 1]
-                if not isinstance(node.get(part), dict | list):
-                    node[part] = [] if nxt.isdigit() else {}
+                if node.get(part) is None:
+                    nxt = parts[i + 1]
+                    node[part] = [] if nxt.isascii() and nxt.isdigit() else {}
                 node = node[part]
-        else:
-            raise InputError(f"cannot set {key}: {here} is not a mapping", path=key, file=origin)
+        if not last and not isinstance(node, dict | list):
+            line = doc.lines.get(here) if here not in doc.overridden else None
+            where = f" (line {line} of {doc.file})" if line else ""
+            raise InputError(
+                f"{here} is not a mapping or list{where}",
+                path=key,
+                expected=f"a mapping or list at {here}",
+                found=_kind(node),
+                file=origin,
+            )
     doc.overridden.append(key)
 
 
