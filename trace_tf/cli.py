@@ -322,13 +322,17 @@ def step(
 
         cfg = _load(config, c)
         trace = run(cfg, "full")
-        check_stage(stage, trace.stages())
+        try:
+            check_stage(stage, trace.stages())
+        except InputError as exc:
+            raise exc.with_file(cfg.file) from None
         steps = trace.select(stage, layer, head)
         if not steps:
             raise InputError(
                 f"no step matches --stage {stage}"
                 + (f" --layer {layer}" if layer is not None else "")
                 + (f" --head {head}" if head is not None else ""),
+                file=cfg.file,
                 expected="a layer and head the model has",
             )
         weights = cfg.named_arrays() if isinstance(cfg, Config) else {}

@@ -693,7 +693,12 @@ class _Validator:
                 variant=variant,
             )
         if ops:
-            raise self.ctx.err(ops[0], "a model config cannot also hold a single operation")
+            raise self.ctx.err(
+                ops[0],
+                "a model config cannot also hold a single operation",
+                expected="either a 'model:' section or one of " + ", ".join(OP_KINDS),
+                found_text=f"'model:' and '{ops[0]}:'",
+            )
         return self.model_document(data, variant)
 
     def operation(self, kind: str, value: Any) -> dict[str, Any]:
@@ -721,11 +726,14 @@ class _Validator:
                 mask = self.array(
                     a["mask"], "attention.mask", (Q.shape[0], K.shape[0]), finite=False
                 )
-                if np.isnan(mask).any() or (mask == np.inf).any():
+                bad = np.argwhere(np.isnan(mask) | (mask == np.inf))
+                if bad.size:
+                    i, j = (int(x) for x in bad[0])
                     raise self.ctx.err(
-                        "attention.mask",
+                        f"attention.mask.{i}.{j}",
                         "a mask holds 0 or -inf (or finite numbers)",
-                        expected="no NaN or +inf",
+                        float(mask[i, j]),
+                        "0, -inf or a finite number",
                     )
             return {
                 "Q": Q,
@@ -781,7 +789,10 @@ class _Validator:
         if length * d_model > self.max_elements:
             raise self.ctx.err(
                 "pe",
-                f"{length} x {d_model} is over the limit of {self.max_elements:,} numbers (raise it with --max-elements)",
+                f"too large: {length} x {d_model} numbers are more than the limit "
+                "(raise it with --max-elements)",
+                expected=f"at most {self.max_elements:,} numbers",
+                found_text=f"{length * d_model:,}",
             )
         return {
             "length": length,
@@ -973,8 +984,10 @@ class _Validator:
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",
-                f"the model's arrays would hold about {total:,} numbers, over the limit of "
-                f"{self.max_elements:,} (raise it with --max-elements)",
+                "too large: the model's arrays would hold more numbers than the limit "
+                "(raise it with --max-elements)",
+                expected=f"at most {self.max_elements:,} numbers",
+                found_text=f"about {total:,}",
             )
 
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
@@ -1117,7 +1130,7 @@ class _Validator:
                     raise self.ctx.err(
                         f"tokens.{key}",
                         f"token {tok!r} is not in the vocabulary{_suggest(tok, sorted(vocab))}",
-                        expected="a token of vocab",
+                        expected=_of_vocab(sorted(vocab)),
                     )
             out[key] = tok
         return Tokens(**out)
@@ -1132,7 +1145,7 @@ class _Validator:
                 raise self.ctx.err(
                     f"embeddings.{tok}",
                     f"token {tok!r} is not in the vocabulary{_suggest(tok, vocab)}",
-                    expected="a token of vocab",
+                    expected=_of_vocab(vocab),
                 )
         for tok in vocab:
             if tok in given and given[tok] is not None:
@@ -1171,9 +1184,7 @@ class _Validator:
                 raise self.ctx.err(
                     join(path, i),
                     f"unknown token {tok!r}{_suggest(tok, sorted(vocab))}",
-                    expected="a token of vocab"
-                    if vocab
-                    else "a token (the file has no vocab or embeddings)",
+                    expected=_of_vocab(sorted(vocab)),
                 )
             out.append(tok)
         return Sequence_(tokens=tuple(out))
@@ -1349,6 +1360,14 @@ class _Validator:
             )
         )
         return W, self.bias(o, "b", "weights.output.b", V, "vocab size")
+
+
+def _of_vocab(vocab: Sequence[str]) -> str:
+    """'a token of vocab', listing a short vocabulary."""
+    if not vocab:
+        return "a token (the file has no vocab or embeddings)"
+    shown = ", ".join(vocab[:12]) + (", …" if len(vocab) > 12 else "")
+    return f"a token of vocab ({shown})"
 
 
 def _token_text(tok: Any) -> str:

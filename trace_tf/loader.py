@@ -217,6 +217,8 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "malformed YAML"
+        if exc.context:  # "while parsing a flow mapping", "expected a single document ..."
+            problem = f"{exc.context}, {problem}"
         if "\\t" in problem or "'\\t'" in str(exc):
             problem += " (tabs cannot indent YAML; use spaces)"
         raise InputError(
@@ -263,6 +265,10 @@ def read_text(path: Path) -> str:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
     if len(data) > MAX_FILE_BYTES:
         raise InputError(f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name)
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # a UTF-16/32 byte-order mark
+        raise InputError(
+            "UTF-16 or UTF-32 text", file=name, expected="UTF-8 text", found="a UTF-16/32 BOM"
+        )
     if b"\x00" in data:
         raise InputError("not a text file (binary data)", file=name)
     try:

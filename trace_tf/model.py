@@ -407,6 +407,8 @@ def run_encode(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
             "encode needs an encoder, and this model is decoder-only (encoder_layers: 0); use decode",
             file=cfg.file,
             path="model.encoder_layers",
+            expected="encoder_layers >= 1",
+            found="encoder_layers: 0",
         )
     enc = encoder(cfg, tr)
     if cfg.model.decoder_layers == 0 and cfg.vocab:
@@ -421,6 +423,8 @@ def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None =
             "decode needs a decoder, and this model is encoder-only (decoder_layers: 0); use encode",
             file=cfg.file,
             path="model.decoder_layers",
+            expected="decoder_layers >= 1",
+            found="decoder_layers: 0",
         )
     if not cfg.vocab:
         raise InputError(

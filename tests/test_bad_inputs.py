@@ -1,0 +1,1425 @@
+"""A corpus of bad inputs (issue 5, SPEC section 6): each one must exit 2 with one line on
+stderr naming the file, the key path and (where the YAML parser knows it) the line, what
+was expected and what was found; never a traceback, never a word on stdout, and the
+input file is left exactly as it was.
+
+The expected line of each case is found in the case's own text (`at(text, needle)`),
+and the expected shapes follow from the model sizes the text declares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad input: a file's content and a command line (`{file}` is the file's path)."""
+
+    text: str | bytes | None  # None: no file is written
+    path: str | None  # the key path the message must name
+    line: int | None  # the line it must name, when the YAML parser knows it
+    says: tuple[str, ...] = ()  # message, expected and found parts
+    args: tuple[str, ...] = ("encode", "{file}")
+    names: str = "{file}"  # what the message must name as its source
+
+
+def at(text: str, needle: str, nth: int = 1) -> int:
+    """The 1-based line of the nth line of `text` containing `needle`."""
+    hits = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
+    return hits[nth - 1]
+
+
+def case(
+    id: str,
+    text: str | bytes | None,
+    path: str | None,
+    line: int | str | None,
+    *says: str,
+    args: tuple[str, ...] = ("encode", "{file}"),
+    names: str = "{file}",
+) -> object:
+    """A pytest param; `line` given as a string is the needle whose line is meant."""
+    if isinstance(line, str):
+        assert isinstance(text, str)
+        line = at(text, line)
+    return pytest.param(Bad(text, path, line, says, args, names), id=id)
+
+
+# Line 1-5; appended text starts on line 6.
+BASE = "model:\n  d_model: 4\n  n_heads: 2\nvocab: [a, b, c]\nsource: [a, b]\n"
+# Every size different, so each weight's expected shape is its own: d_k 3, d_v 5, d_ff 6.
+SIZES = (
+    "model:\n  d_model: 4\n  n_heads: 2\n  d_k: 3\n  d_v: 5\n  d_ff: 6\n"
+    "vocab: [a, b, c]\nsource: [a, b]\n"
+)
+ENC_DEC = (
+    "model:\n  d_model: 4\n  n_heads: 2\n  decoder_layers: 1\n"
+    "vocab: [a, b, c, S]\ntokens: {bos: S}\nsource: [a, b]\ntarget: [S, a]\n"
+)
+DEC_ONLY = "model: {d_model: 4, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, b]\ntarget: [a]\n"
+PRE = BASE.replace("n_heads: 2", "n_heads: 2\n  norm_position: pre")
+
+
+def _indent(body: str, n: int) -> str:
+    return "".join(" " * n + line + "\n" for line in body.splitlines())
+
+
+def attn(body: str, base: str = SIZES, block: str = "self_attn", stack: str = "encoder") -> str:
+    """`body` (lines of YAML) as the first attention block of the first layer."""
+    return base + f"weights:\n  {stack}:\n    - {block}:\n" + _indent(body, 8)
+
+
+def ffn(body: str, base: str = SIZES) -> str:
+    return base + "weights:\n  encoder:\n    - ffn:\n" + _indent(body, 8)
+
+
+M22 = "[[1, 2], [3, 4]]"  # a 2 x 2 matrix: the wrong shape for every weight below
+V2 = "[1, 2]"
+
+
+def wrong_shape(id: str, text: str, path: str, needle: str, expected: str, found: str) -> object:
+    return case(id, text, path, needle, "wrong shape", f"expected {expected}, found {found}")
+
+
+SHAPES = [
+    # per-head weights and biases (d_model 4, d_k 3, d_v 5)
+    *(
+        wrong_shape(
+            f"head-{k}",
+            attn(f"heads:\n  - {{{k}: {M22}}}"),
+            f"weights.encoder.0.self_attn.heads.0.{k}",
+            k,
+            f"shape 4 x {n} (d_model x {dim})",
+            "shape 2 x 2",
+        )
+        for k, n, dim in (("W_q", 3, "d_k"), ("W_k", 3, "d_k"), ("W_v", 5, "d_v"))
+    ),
+    *(
+        wrong_shape(
+            f"head-{k}",
+            attn(f"heads:\n  - {{{k}: {V2}}}"),
+            f"weights.encoder.0.self_attn.heads.0.{k}",
+            k,
+            f"shape {n} ({dim})",
+            "shape 2",
+        )
+        for k, n, dim in (("b_q", 3, "d_k"), ("b_k", 3, "d_k"), ("b_v", 5, "d_v"))
+    ),
+    # fused weights and biases: n_heads 2 side by side
+    *(
+        wrong_shape(
+            f"fused-{k}",
+            attn(f"{k}: {M22}"),
+            f"weights.encoder.0.self_attn.{k}",
+            k,
+            f"shape 4 x {n} (d_model x n_heads·{dim})",
+            "shape 2 x 2",
+        )
+        for k, n, dim in (("W_q", 6, "d_k"), ("W_k", 6, "d_k"), ("W_v", 10, "d_v"))
+    ),
+    *(
+        wrong_shape(
+            f"fused-{k}",
+            attn(f"{k}: {V2}"),
+            f"weights.encoder.0.self_attn.{k}",
+            k,
+            f"shape {n} (n_heads·{dim})",
+            "shape 2",
+        )
+        for k, n, dim in (("b_q", 6, "d_k"), ("b_k", 6, "d_k"), ("b_v", 10, "d_v"))
+    ),
+    wrong_shape(
+        "W_o",
+        attn(f"W_o: {M22}"),
+        "weights.encoder.0.self_attn.W_o",
+        "W_o",
+        "shape 10 x 4 (n_heads·d_v x d_model)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "b_o",
+        attn(f"b_o: {V2}"),
+        "weights.encoder.0.self_attn.b_o",
+        "b_o",
+        "shape 4 (d_model)",
+        "shape 2",
+    ),
+    *(
+        wrong_shape(
+            f"attn-norm-{k}",
+            attn(f"norm: {{{k}: {V2}}}"),
+            f"weights.encoder.0.self_attn.norm.{k}",
+            "norm",
+            "shape 4 (d_model)",
+            "shape 2",
+        )
+        for k in ("gamma", "beta")
+    ),
+    *(
+        wrong_shape(
+            f"ffn-norm-{k}",
+            ffn(f"norm: {{{k}: [1, 2, 3]}}"),
+            f"weights.encoder.0.ffn.norm.{k}",
+            "norm",
+            "shape 4 (d_model)",
+            "shape 3",
+        )
+        for k in ("gamma", "beta")
+    ),
+    wrong_shape(
+        "ffn-W_1",
+        ffn(f"W_1: {M22}"),
+        "weights.encoder.0.ffn.W_1",
+        "W_1",
+        "shape 4 x 6 (d_model x d_ff)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "ffn-b_1",
+        ffn(f"b_1: {V2}"),
+        "weights.encoder.0.ffn.b_1",
+        "b_1",
+        "shape 6 (d_ff)",
+        "shape 2",
+    ),
+    wrong_shape(
+        "ffn-W_2",
+        ffn(f"W_2: {M22}"),
+        "weights.encoder.0.ffn.W_2",
+        "W_2",
+        "shape 6 x 4 (d_ff x d_model)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "ffn-b_2",
+        ffn(f"b_2: {V2}"),
+        "weights.encoder.0.ffn.b_2",
+        "b_2",
+        "shape 4 (d_model)",
+        "shape 2",
+    ),
+    wrong_shape(
+        "cross-attn-W_k",
+        attn(f"heads:\n  - {{W_k: {M22}}}", ENC_DEC, "cross_attn", "decoder"),
+        "weights.decoder.0.cross_attn.heads.0.W_k",
+        "W_k",
+        "shape 4 x 2 (d_model x d_k)",
+        "shape 2 x 2",
+    ),
+    *(
+        wrong_shape(
+            f"encoder-final-norm-{k}",
+            PRE + f"weights:\n  encoder_final_norm: {{{k}: {V2}}}\n",
+            f"weights.encoder_final_norm.{k}",
+            "encoder_final_norm",
+            "shape 4 (d_model)",
+            "shape 2",
+        )
+        for k in ("gamma", "beta")
+    ),
+    wrong_shape(
+        "decoder-final-norm",
+        ENC_DEC.replace("decoder_layers: 1", "decoder_layers: 1\n  final_norm: true")
+        + f"weights:\n  decoder_final_norm: {{gamma: {V2}}}\n",
+        "weights.decoder_final_norm.gamma",
+        "decoder_final_norm",
+        "shape 4 (d_model)",
+        "shape 2",
+    ),
+    wrong_shape(
+        "positional",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: learned\n  max_len: 3")
+        + f"weights:\n  positional: {M22}\n",
+        "weights.positional",
+        "positional: [[",
+        "shape 3 x 4 (max_len x d_model)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "output-W",
+        BASE + f"weights:\n  output: {{W: {M22}}}\n",
+        "weights.output.W",
+        "output",
+        "shape 4 x 3 (d_model x vocab size)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "output-b",
+        BASE + f"weights:\n  output: {{b: {V2}}}\n",
+        "weights.output.b",
+        "output",
+        "shape 3 (vocab size)",
+        "shape 2",
+    ),
+    wrong_shape(
+        "embedding",
+        BASE + f"embeddings:\n  b: {V2}\n",
+        "embeddings.b",
+        "b: [1",
+        "shape 4 (d_model)",
+        "shape 2",
+    ),
+    case(
+        "numeric-source",
+        BASE.replace("source: [a, b]", f"source: {M22}"),
+        "source",
+        "source",
+        "wrong shape for a numeric sequence",
+        "expected shape L x 4 (d_model 4), found shape 2 x 2",
+    ),
+    case(
+        "numeric-target",
+        ENC_DEC.replace("target: [S, a]", "target: [[1, 2, 3]]"),
+        "target",
+        "target",
+        "expected shape L x 4 (d_model 4), found shape 1 x 3",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "numeric-source-no-columns",
+        BASE.replace("source: [a, b]", "source: [[]]"),
+        "source",
+        "source",
+        "found shape 1 x 0",
+    ),
+    wrong_shape(
+        "scalar-for-a-matrix",
+        attn("W_o: 3"),
+        "weights.encoder.0.self_attn.W_o",
+        "W_o",
+        "shape 10 x 4 (n_heads·d_v x d_model)",
+        "shape scalar",
+    ),
+    wrong_shape(
+        "3-D-for-a-matrix",
+        attn("W_o: [[[1]]]"),
+        "weights.encoder.0.self_attn.W_o",
+        "W_o",
+        "shape 10 x 4 (n_heads·d_v x d_model)",
+        "shape 1 x 1 x 1",
+    ),
+    wrong_shape(
+        "empty-matrix",
+        attn("W_o: []"),
+        "weights.encoder.0.self_attn.W_o",
+        "W_o",
+        "shape 10 x 4 (n_heads·d_v x d_model)",
+        "shape 0",
+    ),
+]
+
+MALFORMED = [
+    case("unclosed-flow", "model: {d_model: 4\nsource: [a]\n", None, 2, "malformed YAML"),
+    case("bad-indent", "model:\n  d_model: 4\n n_heads: 2\n", None, 3, "malformed YAML"),
+    case(
+        "tab-indent",
+        "model:\n\td_model: 4\n",
+        None,
+        2,
+        "malformed YAML",
+        "tabs cannot indent YAML; use spaces",
+    ),
+    case(
+        "tab-after-colon",
+        "model:\n  d_model:\t4\n  n_heads: 2\n",
+        None,
+        2,
+        "tabs cannot indent YAML",
+    ),
+    case("extra-bracket", "vocab: [a, b]]\nmodel: {d_model: 4}\n", None, 1, "malformed YAML"),
+    case(
+        "unterminated-string",
+        'title: "abc\nmodel: {d_model: 4}\n',
+        None,
+        None,
+        "malformed YAML",
+    ),
+    case(
+        "two-documents",
+        "model: {d_model: 4}\n---\nmodel: {d_model: 5}\n",
+        None,
+        2,
+        "malformed YAML: expected a single document in the stream, but found another document",
+    ),
+    case("undefined-alias", "model: *nope\n", None, 1, "malformed YAML", "undefined alias"),
+    case(
+        "merge-key",
+        "base: &b {d_model: 4}\nmodel:\n  <<: *b\n",
+        "model",
+        3,
+        "merge keys (<<) are not supported",
+    ),
+    case("complex-key", "? [a, b]\n: 1\n", None, 1, "a mapping key must be a plain scalar"),
+    case("recursive-alias", "model: &a [*a]\n", "model.0", 1, "recursive YAML alias"),
+    case(
+        "too-deep",
+        "model: " + "[" * 200 + "]" * 200 + "\n",
+        None,
+        1,
+        "nests too deeply",
+        "expected at most 64 nested lists or mappings",
+    ),
+    case(
+        "integer-beyond-float64",
+        BASE + "embeddings:\n  a: [1, 2, 3, " + "9" * 400 + "]\n",
+        "embeddings.a.3",
+        7,
+        "integer too large",
+        "found an integer of 400 characters",
+    ),
+    case(
+        "bad-explicit-int",
+        "model: {d_model: !!int four}\n",
+        "model.d_model",
+        1,
+        "not a valid int",
+        "found 'four'",
+    ),
+]
+
+DUPLICATES = [
+    case(
+        "duplicate-top",
+        BASE + "vocab: [a]\n",
+        "vocab",
+        6,
+        "duplicate key 'vocab' (first given on line 4)",
+    ),
+    case(
+        "duplicate-model",
+        "model:\n  d_model: 4\n  d_model: 2\n",
+        "model.d_model",
+        3,
+        "duplicate key 'd_model' (first given on line 2)",
+    ),
+    case(
+        "duplicate-flow",
+        "model: {d_model: 4, n_heads: 1, d_model: 4}\n",
+        "model.d_model",
+        1,
+        "duplicate key 'd_model' (first given on line 1)",
+    ),
+    case(
+        "duplicate-head-weight",
+        attn("heads:\n  - W_q: [[1]]\n    W_q: [[2]]"),
+        "weights.encoder.0.self_attn.heads.0.W_q",
+        at(attn("heads:\n  - W_q: [[1]]\n    W_q: [[2]]"), "W_q", 2),
+        "duplicate key 'W_q'",
+    ),
+    case(
+        "duplicate-layer-block",
+        SIZES + "weights:\n  encoder:\n    - ffn: {}\n      ffn: {}\n",
+        "weights.encoder.0.ffn",
+        12,
+        "duplicate key 'ffn' (first given on line 11)",
+    ),
+    case(
+        "duplicate-embedding",
+        BASE + "embeddings:\n  a: [1, 2, 3, 4]\n  a: [1, 2, 3, 4]\n",
+        "embeddings.a",
+        8,
+        "duplicate key 'a' (first given on line 7)",
+    ),
+    case(
+        "duplicate-expect-field",
+        BASE + "expect:\n  - {step: encoder.output, step: encoder.input, value: 1}\n",
+        "expect.0.step",
+        7,
+        "duplicate key 'step'",
+    ),
+    case(
+        "duplicate-number-keys",  # 1 and 1.0 are the same token
+        "model: {d_model: 2}\nvocab: [1, b]\nembeddings:\n  1: [1, 2]\n  1.0: [1, 2]\nsource: [1]\n",
+        "embeddings.1",
+        5,
+        "duplicate key '1' (first given on line 4)",
+    ),
+]
+
+RAGGED = [
+    case(
+        "ragged-W_o",
+        attn("W_o: [[1, 2, 3, 4], [1, 2, 3]]"),
+        "weights.encoder.0.self_attn.W_o.1",
+        "W_o",
+        "ragged matrix: rows differ in length",
+        "expected shape 4 like row 0, found shape 3",
+    ),
+    case(
+        "ragged-fused-W_q",
+        attn("W_q: [[1, 2, 3, 4, 5, 6], [1]]"),
+        "weights.encoder.0.self_attn.W_q.1",
+        "W_q",
+        "ragged matrix",
+        "found shape 1",
+    ),
+    case(
+        "ragged-source",
+        BASE.replace("source: [a, b]", "source: [[1, 2, 3, 4], [1, 2]]"),
+        "source.1",
+        5,
+        "ragged matrix",
+    ),
+    case(
+        "list-among-numbers",
+        BASE + "embeddings:\n  a: [1, [2], 3, 4]\n",
+        "embeddings.a.1",
+        7,
+        "ragged matrix: a list among numbers",
+        "found a list of 1",
+    ),
+]
+
+NOT_NUMBERS = [
+    case(
+        "string-in-matrix",
+        attn("heads:\n  - {W_q: [[1, x, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]]}"),
+        "weights.encoder.0.self_attn.heads.0.W_q.0.1",
+        "W_q",
+        "not a number",
+        "expected a number, found the string 'x'",
+    ),
+    case(
+        "boolean-in-vector",
+        BASE + "embeddings:\n  a: [1, true, 3, 4]\n",
+        "embeddings.a.1",
+        7,
+        "found a boolean (true)",
+    ),
+    case(
+        "null-in-vector",
+        BASE + "embeddings:\n  a: [1, ~, 3, 4]\n",
+        "embeddings.a.1",
+        7,
+        "expected a number, found null",
+    ),
+    case(
+        "null-row",
+        attn("W_o: [[1, 2, 3, 4], null]"),
+        "weights.encoder.0.self_attn.W_o.1",
+        "W_o",
+        "found null",
+    ),
+    case(
+        "string-for-a-matrix",
+        attn("W_o: hello"),
+        "weights.encoder.0.self_attn.W_o",
+        "W_o",
+        "found the string 'hello'",
+    ),
+    case(
+        "mapping-for-a-vector",
+        attn("norm: {gamma: {a: 1}}"),
+        "weights.encoder.0.self_attn.norm.gamma",
+        "gamma",
+        "expected a number, found a mapping",
+    ),
+    case(
+        "d_model-word",
+        "model: {d_model: four}\n",
+        "model.d_model",
+        1,
+        "expected a whole number, found the string 'four'",
+    ),
+    case(
+        "d_model-boolean",
+        "model: {d_model: true}\n",
+        "model.d_model",
+        1,
+        "found a boolean (true)",
+    ),
+    case("d_model-null", "model: {d_model: null}\n", "model.d_model", 1, "found null"),
+    case(
+        "d_model-fraction",
+        "model: {d_model: 4.5}\n",
+        "model.d_model",
+        1,
+        "not a whole number",
+        "found the number 4.5",
+    ),
+    case(
+        "scale-yes",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  scale: yes"),
+        "model.scale",
+        4,
+        "expected a positive number or sqrt_dk, found the string 'yes'",
+    ),
+    case(
+        "norm_eps-quoted",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  norm_eps: '1e-5'"),
+        "model.norm_eps",
+        4,
+        "expected a number, found the string '1e-5'",
+    ),
+    case(
+        "final_norm-number",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  final_norm: 1"),
+        "model.final_norm",
+        4,
+        "expected true or false, found the number 1",
+    ),
+    case(
+        "tie_embeddings-yes",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  tie_embeddings: yes"),
+        "model.tie_embeddings",
+        4,
+        "expected true or false, found the string 'yes'",
+    ),
+    case(
+        "atol-word",
+        BASE + "expect:\n  - {step: encoder.output, value: 1, atol: tight}\n",
+        "expect.0.atol",
+        7,
+        "found the string 'tight'",
+        args=("check", "{file}"),
+    ),
+    case(
+        "vocab-mapping",
+        "model: {d_model: 2}\nvocab: {a: 1}\nsource: [a]\n",
+        "vocab",
+        2,
+        "expected a list of tokens, found a mapping",
+    ),
+    case(
+        "model-list",
+        "model: [1, 2]\n",
+        "model",
+        1,
+        "not a mapping",
+        "expected a mapping of keys, found a list of 2",
+    ),
+]
+
+NON_FINITE = [
+    *(
+        case(
+            f"embedding-{name}",
+            BASE + f"embeddings:\n  a: [1, {lit}, 3, 4]\n",
+            "embeddings.a.1",
+            7,
+            "not a finite number",
+            f"expected a finite number, found the number {shown}",
+        )
+        for name, lit, shown in (
+            ("nan", ".nan", "nan"),
+            ("inf", ".inf", "inf"),
+            ("minus-inf", "-.inf", "-inf"),
+            ("NaN-spelling", ".NaN", "nan"),
+            ("1e400", "1e400", "inf"),
+        )
+    ),
+    case(
+        "weight-inf",
+        attn("heads:\n  - {W_k: [[1, 2, 3], [1, .inf, 3], [1, 2, 3], [1, 2, 3]]}"),
+        "weights.encoder.0.self_attn.heads.0.W_k.1.1",
+        "W_k",
+        "found the number inf",
+    ),
+    case(
+        "source-matrix-nan",
+        BASE.replace("source: [a, b]", "source: [[1, 2, 3, .nan]]"),
+        "source.0.3",
+        5,
+        "found the number nan",
+    ),
+    case(
+        "scale-inf",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  scale: .inf"),
+        "model.scale",
+        4,
+        "expected a finite number, found the number inf",
+    ),
+    case(
+        "norm_eps-nan",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  norm_eps: .nan"),
+        "model.norm_eps",
+        4,
+        "found the number nan",
+    ),
+    case(
+        "pe_base-minus-inf",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  pe_base: -.inf"),
+        "model.pe_base",
+        4,
+        "found the number -inf",
+    ),
+]
+
+UNKNOWN_KEYS = [
+    case(
+        "top",
+        BASE + "sorce: [a]\n",
+        "sorce",
+        6,
+        "unknown key 'sorce' (did you mean 'source'?)",
+        "expected one of: title,",
+    ),
+    case(
+        "model",
+        BASE.replace("n_heads", "n_head"),
+        "model.n_head",
+        3,
+        "did you mean 'n_heads'?",
+    ),
+    case("tokens", BASE + "tokens: {bso: a}\n", "tokens.bso", 6, "did you mean 'bos'?"),
+    case(
+        "weights",
+        BASE + "weights: {encoders: []}\n",
+        "weights.encoders",
+        6,
+        "did you mean 'encoder'?",
+    ),
+    case(
+        "layer",
+        SIZES + "weights:\n  encoder:\n    - self_atn: {}\n",
+        "weights.encoder.0.self_atn",
+        11,
+        "did you mean 'self_attn'?",
+        "expected one of: self_attn, ffn",
+    ),
+    case(
+        "decoder-layer",
+        attn("{}", ENC_DEC, "cross_atn", "decoder"),
+        "weights.decoder.0.cross_atn",
+        "cross_atn",
+        "did you mean 'cross_attn'?",
+        "expected one of: self_attn, cross_attn, ffn",
+    ),
+    case(
+        "block",
+        attn("Wo: [[1]]"),
+        "weights.encoder.0.self_attn.Wo",
+        "Wo",
+        "did you mean 'W_o'?",
+    ),
+    case(
+        "head",
+        attn("heads:\n  - {Wq: [[1]]}"),
+        "weights.encoder.0.self_attn.heads.0.Wq",
+        "Wq",
+        "did you mean 'W_q'?",
+    ),
+    case("ffn", ffn("W1: [[1]]"), "weights.encoder.0.ffn.W1", "W1", "did you mean 'W_1'?"),
+    case(
+        "norm",
+        ffn("norm: {gama: [1, 1, 1, 1]}"),
+        "weights.encoder.0.ffn.norm.gama",
+        "gama",
+        "did you mean 'gamma'?",
+    ),
+    case(
+        "final-norm",
+        PRE + "weights:\n  encoder_final_norm: {betta: [0, 0, 0, 0]}\n",
+        "weights.encoder_final_norm.betta",
+        "betta",
+        "did you mean 'beta'?",
+    ),
+    case(
+        "output",
+        BASE + "weights:\n  output: {w: [[1]]}\n",
+        "weights.output.w",
+        7,
+        "did you mean 'W'?",
+    ),
+    case(
+        "expect-entry",
+        BASE + "expect:\n  - {step: encoder.output, value: 1, atoll: 1}\n",
+        "expect.0.atoll",
+        7,
+        "did you mean 'atol'?",
+        args=("check", "{file}"),
+    ),
+    case(
+        "attention-op",
+        "attention: {Q: [[1]], K: [[1]], V: [[1]], scal: 1}\n",
+        "attention.scal",
+        1,
+        "did you mean 'scale'?",
+        args=("step", "{file}", "--stage", "softmax"),
+    ),
+    case(
+        "norm-op",
+        "norm: {x: [[1, 2]], kindd: layer}\n",
+        "norm.kindd",
+        1,
+        "did you mean 'kind'?",
+        args=("step", "{file}", "--stage", "out"),
+    ),
+    case(
+        "pe-op",
+        "pe: {length: 2, d_model: 2, bse: 3}\n",
+        "pe.bse",
+        1,
+        "did you mean 'base'?",
+        args=("step", "{file}", "--stage", "pe"),
+    ),
+    case(
+        "choice",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: sinusodal"),
+        "model.positional",
+        4,
+        "not a valid choice (did you mean 'sinusoidal'?)",
+        "expected one of: sinusoidal, learned, rope, none, found the string 'sinusodal'",
+    ),
+]
+
+D_MODEL = [
+    case(
+        "embeddings-narrower-than-d_model",
+        BASE + "embeddings:\n  a: [1, 2, 3]\n  b: [1, 2, 3]\n",
+        "embeddings.a",
+        7,
+        "expected shape 4 (d_model), found shape 3",
+    ),
+    case(
+        "weights-wider-than-d_model",
+        attn("heads:\n  - {W_q: [[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]]}"),
+        "weights.encoder.0.self_attn.heads.0.W_q",
+        "W_q",
+        "expected shape 4 x 3 (d_model x d_k), found shape 5 x 3",
+    ),
+    case(
+        "set-d_model-against-the-embeddings",
+        BASE + "embeddings:\n  a: [1, 2, 3, 4]\n",
+        "embeddings.a",
+        7,
+        "expected shape 2 (d_model), found shape 4",
+        args=("encode", "{file}", "--set", "model.d_model=2"),
+    ),
+]
+
+TOKENS = [
+    case(
+        "source",
+        BASE.replace("[a, b]", "[a, d]"),
+        "source.1",
+        5,
+        "unknown token 'd'",
+        "expected a token of vocab (a, b, c)",
+    ),
+    case(
+        "source-string",
+        BASE.replace("[a, b]", "'a  bb'"),
+        "source.1",
+        5,
+        "unknown token 'bb' (did you mean 'b'?)",
+    ),
+    case(
+        "target",
+        ENC_DEC.replace("target: [S, a]", "target: [S, x]"),
+        "target.1",
+        8,
+        "unknown token 'x'",
+        args=("decode", "{file}"),
+    ),
+    *(
+        case(
+            f"tokens-{k}",
+            BASE + f"tokens: {{{k}: Z}}\n",
+            f"tokens.{k}",
+            6,
+            "token 'Z' is not in the vocabulary",
+            "expected a token of vocab",
+        )
+        for k in ("bos", "eos", "pad")
+    ),
+    case(
+        "embeddings-key",
+        BASE + "embeddings:\n  z: [1, 2, 3, 4]\n",
+        "embeddings.z",
+        7,
+        "token 'z' is not in the vocabulary",
+    ),
+    case(
+        "mapping-as-token",
+        BASE.replace("[a, b]", "[a, {x: 1}]"),
+        "source.1",
+        5,
+        "not a token",
+        "found a mapping",
+    ),
+    case(
+        "vocab-duplicate",
+        BASE.replace("[a, b, c]", "[a, b, a]"),
+        "vocab.2",
+        4,
+        "duplicate token 'a'",
+    ),
+    case("empty-source-list", BASE.replace("[a, b]", "[]"), "source", 5, "empty sequence"),
+    case("empty-source-string", BASE.replace("[a, b]", "''"), "source", 5, "empty sequence"),
+    case(
+        "no-source",
+        "model: {d_model: 4}\nvocab: [a]\n",
+        "source",
+        None,
+        "missing source",
+    ),
+]
+
+SIZES_ = [
+    case(
+        "n_heads-0",
+        BASE.replace("n_heads: 2", "n_heads: 0"),
+        "model.n_heads",
+        3,
+        "expected a whole number >= 1, found the number 0",
+    ),
+    case(
+        "n_heads-not-dividing",
+        BASE.replace("n_heads: 2", "n_heads: 3"),
+        "model.n_heads",
+        3,
+        "d_model 4 is not divisible by n_heads 3",
+        "expected n_heads dividing d_model, or an explicit model.d_k",
+    ),
+    case(
+        "n_heads-negative",
+        BASE.replace("n_heads: 2", "n_heads: -2"),
+        "model.n_heads",
+        3,
+        "found the number -2",
+    ),
+    case(
+        "d_model-negative",
+        "model: {d_model: -1}\n",
+        "model.d_model",
+        1,
+        "expected a whole number >= 1, found the number -1",
+    ),
+    case("d_model-0", "model: {d_model: 0}\n", "model.d_model", 1, "found the number 0"),
+    case("d_k-0", "model: {d_model: 4, d_k: 0}\n", "model.d_k", 1, "found the number 0"),
+    case(
+        "decoder_layers-negative",
+        "model: {d_model: 4, decoder_layers: -1}\n",
+        "model.decoder_layers",
+        1,
+        "expected a whole number >= 0",
+    ),
+    case(
+        "no-layers",
+        "model: {d_model: 4, encoder_layers: 0}\n",
+        "model.encoder_layers",
+        1,
+        "the model has no layers",
+    ),
+    *(
+        case(
+            f"absurd-{name}",
+            f"model: {{{key}: {value}}}\nsource: [[1, 2, 3, 4]]\n",
+            "model",
+            1,
+            "too large",
+            "more numbers than the limit (raise it with --max-elements)",
+            "expected at most 268,435,456 numbers, found about ",
+        )
+        for name, key, value in (
+            ("d_model", "d_model", "1000000000000"),
+            ("encoder_layers", "d_model: 4, encoder_layers", "1000000000"),
+            ("d_ff", "d_model: 4, d_ff", "1000000000000"),
+            ("n_heads", "d_model: 4, n_heads: 1000000000, d_k", "1"),
+        )
+    ),
+    case(
+        "absurd-learned-max_len",
+        "model: {d_model: 4, positional: learned, max_len: 1000000000000}\nsource: [[1, 2, 3, 4]]\n",
+        "model",
+        1,
+        "too large",
+        "expected at most 268,435,456 numbers, found about 4,000,000,000,",
+    ),
+    case(
+        "below-a-lowered-limit",
+        BASE,
+        "model",
+        1,
+        "more numbers than the limit",
+        "expected at most 100 numbers, found about ",
+        args=("encode", "{file}", "--max-elements", "100"),
+    ),
+    case(
+        "scale-zero",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  scale: 0"),
+        "model.scale",
+        4,
+        "must be positive",
+        "expected a number > 0, found the number 0",
+    ),
+    case(
+        "temperature-negative",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  temperature: -1"),
+        "model.temperature",
+        4,
+        "must be positive",
+    ),
+    case(
+        "seed-negative",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  seed: -3"),
+        "model.seed",
+        4,
+        "expected a whole number >= 0",
+    ),
+]
+
+STRUCTURE = [
+    case(
+        "more-layers-than-the-model",
+        SIZES + "weights:\n  encoder:\n    - {}\n    - {}\n",
+        "weights.encoder.1",
+        12,
+        "more encoder layers than model.encoder_layers (1)",
+        "expected at most 1 layers, found 2 layers",
+    ),
+    case(
+        "more-heads-than-the-model",
+        attn("heads: [{}, {}, {}]"),
+        "weights.encoder.0.self_attn.heads.2",
+        "heads: [",
+        "more heads than model.n_heads (2)",
+        "found 3 heads",
+    ),
+    case(
+        "both-weight-forms",
+        attn("heads: [{}, {}]\nW_q: [[1]]"),
+        "weights.encoder.0.self_attn.W_q",
+        "W_q",
+        "one form per block",
+    ),
+    case(
+        "layers-as-mapping",
+        SIZES + "weights:\n  encoder: {self_attn: {}}\n",
+        "weights.encoder",
+        10,
+        "expected a list of 1 (one entry per layer), found a mapping",
+    ),
+    case(
+        "cross_attn-in-decoder-only",
+        attn("{}", DEC_ONLY, "cross_attn", "decoder"),
+        "weights.decoder.0.cross_attn",
+        "cross_attn",
+        "a decoder-only model (encoder_layers: 0) has no cross-attention",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "final-norm-when-off",
+        BASE + "weights:\n  encoder_final_norm: {gamma: [1, 1, 1, 1]}\n",
+        "weights.encoder_final_norm",
+        7,
+        "a final norm is given but model.final_norm is off",
+    ),
+    case(
+        "final-norm-of-a-missing-stack",
+        PRE + "weights:\n  decoder_final_norm: {gamma: [1, 1, 1, 1]}\n",
+        "weights.decoder_final_norm",
+        "decoder_final_norm",
+        "the model has no such stack",
+    ),
+    case(
+        "output-W-with-tied-embeddings",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  tie_embeddings: true")
+        + "weights:\n  output: {W: [[1]]}\n",
+        "weights.output.W",
+        "output",
+        "model.tie_embeddings is on",
+    ),
+    case(
+        "positional-when-not-learned",
+        BASE + "weights:\n  positional: [[1, 2, 3, 4]]\n",
+        "weights.positional",
+        7,
+        "learned positions given, but model.positional is sinusoidal",
+    ),
+    case(
+        "source-longer-than-max_len",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: learned\n  max_len: 1"),
+        "source",
+        "source",
+        "expected at most 1 tokens, found 2 tokens",
+    ),
+    case(
+        "source-in-decoder-only",
+        DEC_ONLY + "source: [a]\n",
+        "source",
+        4,
+        "reads target, not source",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "target-in-encoder-only",
+        BASE + "target: [a]\n",
+        "target",
+        6,
+        "an encoder-only model (decoder_layers: 0) has no target",
+    ),
+    case(
+        "decode-on-encoder-only",
+        BASE,
+        "model.decoder_layers",
+        None,
+        "decode needs a decoder",
+        "expected decoder_layers >= 1, found decoder_layers: 0",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "encode-on-decoder-only",
+        DEC_ONLY,
+        "model.encoder_layers",
+        None,
+        "this model is decoder-only",
+        "expected encoder_layers >= 1, found encoder_layers: 0",
+    ),
+    case(
+        "decode-without-target-or-bos",
+        ENC_DEC.replace("tokens: {bos: S}\n", "").replace("target: [S, a]\n", ""),
+        "target",
+        None,
+        "no target and no tokens.bos",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "encode-on-an-operation-file",
+        "pe: {length: 2, d_model: 2}\n",
+        None,
+        None,
+        "needs a model config",
+        "found 'pe:'",
+    ),
+    case(
+        "operation-and-model",
+        BASE + "pe: {length: 2, d_model: 2}\n",
+        "pe",
+        6,
+        "cannot also hold a single operation",
+        "found 'model:' and 'pe:'",
+    ),
+    case(
+        "attention-K-columns",
+        "attention: {Q: [[1, 2]], K: [[1, 2, 3]], V: [[1]]}\n",
+        "attention.K",
+        1,
+        "expected a non-empty matrix with as many columns as Q (d_k) (2 columns)",
+        "found shape 1 x 3",
+        args=("step", "{file}", "--stage", "softmax"),
+    ),
+    case(
+        "attention-mask-plus-inf",
+        "attention: {Q: [[1]], K: [[1], [2]], V: [[1], [2]], mask: [[0, .inf]]}\n",
+        "attention.mask.0.1",
+        1,
+        "expected 0, -inf or a finite number, found the number inf",
+        args=("step", "{file}", "--stage", "softmax"),
+    ),
+    case(
+        "norm-op-vector",
+        "norm: {kind: layer, x: [1, 2, 3]}\n",
+        "norm.x",
+        1,
+        "expected a non-empty matrix, found shape 3",
+        args=("step", "{file}", "--stage", "out"),
+    ),
+    case(
+        "pe-op-absurd",
+        "pe: {length: 1000000000, d_model: 1000000000}\n",
+        "pe",
+        1,
+        "too large: 1000000000 x 1000000000 numbers are more than the limit",
+        "expected at most 268,435,456 numbers, found 1,000,000,000,000,000,000",
+        args=("step", "{file}", "--stage", "pe"),
+    ),
+    case(
+        "unknown-variant",
+        BASE,
+        "variants",
+        None,
+        "unknown variant 'doc'",
+        "found 'doc'",
+        args=("encode", "{file}", "--variant", "doc"),
+    ),
+    case(
+        "expect-unknown-variant",
+        BASE
+        + "variants: {v: {model.scale: 2}}\nexpect:\n  - {step: encoder.output, value: 1, variant: w}\n",
+        "expect.0.variant",
+        8,
+        "unknown variant",
+        "found the string 'w'",
+        args=("check", "{file}"),
+    ),
+]
+
+STAGES = [
+    case(
+        "unknown-stage",
+        BASE,
+        None,
+        None,
+        "unknown stage 'sofmax' (did you mean 'softmax'?)",
+        "found 'sofmax'",
+        args=("step", "{file}", "--stage", "sofmax"),
+    ),
+    case(
+        "no-such-layer",
+        BASE,
+        None,
+        None,
+        "no step matches --stage softmax --layer 7",
+        args=("step", "{file}", "--stage", "softmax", "--layer", "7"),
+    ),
+]
+
+SETS = [
+    case(
+        "set-without-equals",
+        BASE,
+        None,
+        None,
+        "malformed --set",
+        "expected KEY=VALUE",
+        "found 'model.scale'",
+        args=("encode", "{file}", "--set", "model.scale"),
+        names="--set",
+    ),
+    case(
+        "set-empty-key",
+        BASE,
+        None,
+        None,
+        "malformed --set",
+        "found '=3'",
+        args=("encode", "{file}", "--set", "=3"),
+        names="--set",
+    ),
+    case(
+        "set-empty-key-part",
+        BASE,
+        None,
+        None,
+        "malformed --set",
+        args=("encode", "{file}", "--set", "model..scale=3"),
+        names="--set",
+    ),
+    case(
+        "set-bad-yaml",
+        BASE,
+        None,
+        1,
+        "malformed YAML",
+        args=("encode", "{file}", "--set", "model.scale=[1,"),
+        names="--set model.scale",
+    ),
+    case(
+        "set-duplicate-key",
+        BASE,
+        "a",
+        1,
+        "duplicate key 'a'",
+        args=("encode", "{file}", "--set", "model.scale={a: 1, a: 2}"),
+        names="--set model.scale",
+    ),
+    case(
+        "set-through-a-scalar",
+        BASE,
+        "model.d_model.x",
+        None,
+        "model.d_model is not a mapping or list (line 2 of {file})",
+        "found the number 4",
+        args=("encode", "{file}", "--set", "model.d_model.x=3"),
+        names="--set",
+    ),
+    case(
+        "set-word-index-into-a-list",
+        BASE,
+        "vocab.x",
+        None,
+        "vocab is a list",
+        "expected a list index, found 'x'",
+        args=("encode", "{file}", "--set", "vocab.x=3"),
+        names="--set",
+    ),
+    case(
+        "set-unknown-key",
+        BASE,
+        "model.n_head",
+        None,
+        "did you mean 'n_heads'?",
+        "set by --set/variant model.n_head",
+        args=("encode", "{file}", "--set", "model.n_head=2"),
+    ),
+    case(
+        "set-bad-value",
+        BASE,
+        "model.scale",
+        None,
+        "must be positive",
+        "set by --set/variant model.scale",
+        args=("encode", "{file}", "--set", "model.scale=-1"),
+    ),
+    case(
+        "set-python-tag",
+        BASE,
+        None,
+        1,
+        "YAML tag tag:yaml.org,2002:python/object/apply:os.getcwd is not allowed",
+        args=("encode", "{file}", "--set", "model.scale=!!python/object/apply:os.getcwd []"),
+        names="--set model.scale",
+    ),
+]
+
+FILES = [
+    case(
+        "missing-file",
+        None,
+        None,
+        None,
+        "no such file",
+        args=("encode", "{dir}/nope.yaml"),
+        names="{dir}/nope.yaml",
+    ),
+    case(
+        "missing-example",
+        None,
+        None,
+        None,
+        "no such file or packaged example",
+        "found 'nope'",
+        args=("encode", "nope"),
+        names="nope",
+    ),
+    case("directory", None, None, None, "is a directory", args=("encode", "{dir}"), names="{dir}"),
+    case("empty-file", "", None, None, "the config is empty", "expected a YAML mapping"),
+    case("only-comments", "# a title\n# nothing else\n", None, None, "the config is empty"),
+    case("only-document-marker", "---\n", None, None, "the config is empty"),
+    case("a-list", "- model\n- d_model\n", None, None, "must be a mapping", "found a list of 2"),
+    case("a-scalar", "hello\n", None, None, "must be a mapping", "found the string 'hello'"),
+    case("binary-garbage", bytes(range(256)) * 4, None, None, "not a text file (binary data)"),
+    case("gzip", b"\x1f\x8b\x08\x00" + bytes(60), None, None, "binary data"),
+    case(
+        "latin-1",
+        "model: {d_model: 4}\ntitle: café\n".encode("latin-1"),
+        None,
+        None,
+        "not UTF-8 text",
+    ),
+    *(
+        case(
+            f"{codec}-text",
+            "model: {d_model: 4}\n".encode(codec),
+            None,
+            None,
+            "expected UTF-8 text, found a UTF-16/32 BOM",
+        )
+        for codec in ("utf-16", "utf-32")
+    ),
+    case("utf-16-without-bom", "model: 4\n".encode("utf-16-le"), None, None, "binary data"),
+    case("invalid-utf-8-start", b"\x80\x81garbage", None, None, "not UTF-8 text (byte 0)"),
+]
+
+CORPUS = [
+    *SHAPES,
+    *MALFORMED,
+    *DUPLICATES,
+    *RAGGED,
+    *NOT_NUMBERS,
+    *NON_FINITE,
+    *UNKNOWN_KEYS,
+    *D_MODEL,
+    *TOKENS,
+    *SIZES_,
+    *STRUCTURE,
+    *STAGES,
+    *SETS,
+    *FILES,
+]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _run_bad(bad: Bad, tmp_path: Path) -> None:
+    file = tmp_path / "bad.yaml"
+    if bad.text is not None:
+        if isinstance(bad.text, bytes):
+            file.write_bytes(bad.text)
+        else:
+            file.write_text(bad.text, encoding="utf-8")
+    before = {p: _digest(p) for p in tmp_path.iterdir() if p.is_file()}
+
+    def fill(s: str) -> str:
+        return s.replace("{file}", str(file)).replace("{dir}", str(tmp_path))
+
+    result = runner.invoke(app, [fill(a) for a in bad.args])
+    err = result.stderr
+    assert result.exit_code == 2, (result.exit_code, err, result.exception)
+    assert "Traceback" not in err + result.stdout
+    assert result.stdout == ""
+    assert err.startswith("trace-tf: error: ") and err.count("\n") == 1, err  # one line
+    source = fill(bad.names)
+    assert source in err
+    if bad.line is not None:
+        assert f"{source}:{bad.line}: " in err
+    if bad.path is not None:
+        assert f": {bad.path}: " in err
+    for part in bad.says:
+        assert fill(part) in err
+    # Nothing the user gave is modified, and nothing is written.
+    assert {p: _digest(p) for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("bad", CORPUS)
+def test_bad_input_exits_2_with_one_clear_line(bad: Bad, tmp_path: Path) -> None:
+    _run_bad(bad, tmp_path)
+
+
+def test_the_corpus_is_large() -> None:
+    assert len(CORPUS) >= 150
+
+
+# Every command that reads a config gives the same clear error for a bad file.
+COMMAND_LINES = [
+    ("encode", "{file}"),
+    ("decode", "{file}"),
+    ("step", "{file}", "--stage", "q"),
+    ("check", "{file}"),
+    ("check", "{dir}/good.yaml", "{file}"),  # the bad file second: still named
+]
+FILE_ERRORS = [
+    ("malformed", "model: {d_model: 4\n", None, 2, "malformed YAML"),
+    ("unknown-key", ENC_DEC + "sorce: [a]\n", "sorce", 9, "did you mean 'source'?"),
+    (
+        "wrong-shape",
+        ENC_DEC + "embeddings:\n  a: [1]\n",
+        "embeddings.a",
+        10,
+        "expected shape 4 (d_model), found shape 1",
+    ),
+    (
+        "non-finite",
+        ENC_DEC.replace("n_heads: 2", "n_heads: 2\n  scale: .nan"),
+        "model.scale",
+        4,
+        "nan",
+    ),
+    ("binary", b"\x00\x01\x02", None, None, "binary data"),
+]
+
+
+@pytest.mark.parametrize("args", COMMAND_LINES, ids=lambda a: "-".join(a[:2]))
+@pytest.mark.parametrize("error", FILE_ERRORS, ids=lambda e: e[0])
+def test_every_command_reports_a_bad_file(
+    args: tuple[str, ...],
+    error: tuple[str, str | bytes, str | None, int | None, str],
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "good.yaml").write_text(ENC_DEC, encoding="utf-8")
+    _, text, path, line, says = error
+    _run_bad(Bad(text, path, line, (says,), args), tmp_path)
