@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from trace_tf.config import Config, OpConfig
     from trace_tf.render import View
+    from trace_tf.runner import CheckResult
     from trace_tf.trace import Step, Trace
 
 app = typer.Typer(
@@ -187,14 +188,14 @@ def emit(c: Common, renderables: list[RenderableType], data: dict[str, Any]) -> 
                 con.print(r)
 
 
-def warn(c: Common, trace: Trace) -> None:
+def warn(c: Common, trace: Trace, file: str | None = None) -> None:
     """NaN and overflow: a warning on stderr, or an error with --strict."""
     from trace_tf.errors import NumericalError
 
     for w in trace.warnings:
         if c.strict:
-            raise NumericalError(w + " (--strict)")
-        typer.echo(f"trace-tf: warning: {w}", err=True)
+            raise NumericalError(w + " (--strict)", file=file)
+        typer.echo(f"trace-tf: warning: {f'{file}: ' if file else ''}{w}", err=True)
 
 
 # ---------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def _show(
     from trace_tf.config import Config
     from trace_tf.runner import conventions
 
-    warn(c, trace)
+    warn(c, trace, cfg.file)
     tokens: dict[str, Any] = {}
     if isinstance(cfg, Config):
         tgt = cfg.target
@@ -359,6 +360,7 @@ def check(
     output: OutputOpt = None,
     force: ForceOpt = False,
     precision: PrecisionOpt = 4,
+    strict: StrictOpt = False,
     debug: DebugOpt = False,
     max_elements: MaxElementsOpt = 2**28,
 ) -> None:
@@ -367,6 +369,7 @@ def check(
         from rich.table import Table
 
         from trace_tf.config import parse_set, read_document
+        from trace_tf.render import json_value
         from trace_tf.runner import check as run_check
 
         c = _common(
@@ -377,7 +380,7 @@ def check(
             force=force,
             precision=precision,
             full=False,
-            strict=False,
+            strict=strict,
             debug=debug,
             max_elements=max_elements,
         )
@@ -386,6 +389,7 @@ def check(
         for name in configs or [None]:  # type: ignore[list-item]
             doc = read_document(name)
             results.extend(run_check(doc, pairs, c.max_elements))
+        _check_warnings(c, results)
         table = Table(title="trace-tf check", title_justify="left")
         for col in ("config", "step", "variant", "ok", "max abs error", "atol"):
             table.add_column(col, justify="right" if col in ("max abs error", "atol") else "left")
@@ -411,10 +415,11 @@ def check(
                     "step": r.step,
                     "variant": r.variant,
                     "ok": r.ok,
-                    "max_abs_error": r.max_abs_error,
+                    "max_abs_error": json_value(r.max_abs_error),  # inf when NaN meets a number
                     "atol": r.atol,
                     "note": r.note,
                     **({"problem": r.problem} if r.problem else {}),
+                    **({"warnings": list(r.warnings)} if r.warnings else {}),
                 }
                 for r in results
             ],
@@ -424,6 +429,19 @@ def check(
         emit(c, [table, Text(summary)], data)
         if failed:
             raise typer.Exit(1)
+
+
+def _check_warnings(c: Common, results: list[CheckResult]) -> None:
+    """Each run's NaN or overflow once on stderr (an error with --strict)."""
+    from trace_tf.errors import NumericalError
+
+    for config, variant, w in dict.fromkeys(
+        (r.config, r.variant, w) for r in results for w in r.warnings
+    ):
+        label = config + (f" (variant {variant})" if variant else "")
+        if c.strict:
+            raise NumericalError(w + " (--strict)", file=label)
+        typer.echo(f"trace-tf: warning: {label}: {w}", err=True)
 
 
 @app.command()

@@ -20,18 +20,22 @@ COMMANDS = ("encode", "decode", "full")
 def run(
     cfg: Config | OpConfig, command: str = "full", keep: Callable[[str], bool] | None = None
 ) -> Trace:
-    """Trace what `command` computes: encode, decode, or everything the config holds."""
+    """Trace what `command` computes: encode, decode, or everything the config holds.
+
+    numpy's own overflow and invalid-value warnings are silenced: the tracer reports
+    the step where a NaN or infinity first appears instead (trace.warnings)."""
     tr = Tracer(keep=keep)
-    if isinstance(cfg, OpConfig):
-        run_op(cfg, tr)
-        return tr.trace
-    tr.name_all(cfg.named_arrays())
-    if command == "encode":
-        model.run_encode(cfg, tr)
-    elif command == "decode":
-        model.run_decode(cfg, tr)
-    else:
-        model.run_full(cfg, tr)
+    with np.errstate(all="ignore"):
+        if isinstance(cfg, OpConfig):
+            run_op(cfg, tr)
+            return tr.trace
+        tr.name_all(cfg.named_arrays())
+        if command == "encode":
+            model.run_encode(cfg, tr)
+        elif command == "decode":
+            model.run_decode(cfg, tr)
+        else:
+            model.run_full(cfg, tr)
     return tr.trace
 
 
@@ -151,6 +155,7 @@ class CheckResult:
     atol: float
     note: str
     problem: str = ""
+    warnings: tuple[str, ...] = ()  # NaN or overflow in the run this entry was checked on
 
 
 def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -174,10 +179,11 @@ def check(
             cfg = base if e.variant is None else build(doc, sets, e.variant, max_elements)
             traces[e.variant] = run(cfg, "full")
         trace = traces[e.variant]
+        warned = tuple(trace.warnings)
         if e.step not in trace:
             results.append(
                 CheckResult(
-                    doc.file, e.step, e.variant, False, None, e.atol, e.note, "no such step"
+                    doc.file, e.step, e.variant, False, None, e.atol, e.note, "no such step", warned
                 )
             )
             continue
@@ -197,9 +203,12 @@ def check(
                         e.atol,
                         e.note,
                         f"shape {actual.shape} but expected {expected.shape}",
+                        warned,
                     )
                 )
                 continue
         err = max_abs_error(actual, expected)
-        results.append(CheckResult(doc.file, e.step, e.variant, err <= e.atol, err, e.atol, e.note))
+        results.append(
+            CheckResult(doc.file, e.step, e.variant, err <= e.atol, err, e.atol, e.note, "", warned)
+        )
     return results

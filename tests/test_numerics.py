@@ -1,0 +1,175 @@
+"""Numerical honesty (SPEC section 1, issue 5): a fully masked row, an overflow or a NaN
+arising inside the engine is reported with the step where it first appears: a warning
+on stderr and in the JSON, an error (exit 2) with --strict; never a silent nan.
+
+Where each non-finite value first appears is worked out by hand from the config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+PADS = "model: {d_model: 2}\nvocab: [a, P]\ntokens: {pad: P}\nsource: [P, P]\n"
+# Decoder-only, causal: query 0 sees only key 0, a pad; query 1 also sees key 1, a real token.
+CAUSAL_PAD = (
+    "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\n"
+    "vocab: [a, P]\ntokens: {pad: P}\ntarget: [P, a]\n"
+)
+# 1e200 * 1e200 = 1e400 > 1.8e308: Q and K are finite, their product is not.
+OVERFLOW_SCORES = """\
+model: {d_model: 2, positional: none}
+vocab: [a]
+embeddings: {a: [1, 1]}
+source: [a, a]
+weights:
+  encoder:
+    - self_attn:
+        heads:
+          - {W_q: [[1.0e200, 0], [0, 1.0e200]], W_k: [[1.0e200, 0], [0, 1.0e200]]}
+"""
+# Here Q itself overflows: 1e200 * 1e200 in x W_q.
+OVERFLOW_Q = OVERFLOW_SCORES.replace("embeddings: {a: [1, 1]}", "embeddings: {a: [1.0e200, 0]}")
+# W_o = 0, so the residual is the input row [1, 1]: mean 1, variance 0, and with eps 0
+# LayerNorm divides 0 by 0.
+NORM_NAN = """\
+model: {d_model: 2, positional: none, norm_eps: 0}
+source: [[1, 1]]
+weights:
+  encoder:
+    - self_attn: {W_o: [[0, 0], [0, 0]]}
+"""
+MASKED_OP = (
+    "attention: {Q: [[1], [1]], K: [[1], [2]], V: [[1], [2]], mask: [[0, 0], [-.inf, -.inf]]}\n"
+)
+
+CASES = [
+    pytest.param(
+        PADS,
+        ("encode",),
+        "NaN first appears in step encoder.0.self_attn.h0.softmax, row(s) [0, 1] "
+        "(a fully masked row has no softmax)",
+        id="fully-masked-encoder-rows",
+    ),
+    pytest.param(
+        CAUSAL_PAD,
+        ("decode",),
+        "NaN first appears in step decoder.0.self_attn.h0.softmax, row(s) [0] "
+        "(a fully masked row has no softmax)",
+        id="causal-and-pad-mask-one-row",
+    ),
+    pytest.param(
+        OVERFLOW_SCORES,
+        ("encode",),
+        "overflow: an infinity first appears in step encoder.0.self_attn.h0.scores",
+        id="overflow-in-scores",
+    ),
+    pytest.param(
+        OVERFLOW_Q,
+        ("encode",),
+        "overflow: an infinity first appears in step encoder.0.self_attn.h0.q",
+        id="overflow-in-q",
+    ),
+    pytest.param(
+        NORM_NAN,
+        ("encode",),
+        "NaN first appears in step encoder.0.self_attn.norm, row(s) [0]",
+        id="zero-variance-layernorm",
+    ),
+    pytest.param(
+        MASKED_OP,
+        ("step", "--stage", "softmax"),
+        "NaN first appears in step attn.softmax, row(s) [1] (a fully masked row has no softmax)",
+        id="calculator-masked-row",
+    ),
+]
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _args(command: tuple[str, ...], path: str, *more: str) -> list[str]:
+    return [command[0], path, *command[1:], *more]
+
+
+@pytest.mark.parametrize("text, command, warning", CASES)
+def test_warning_names_the_first_step_once(
+    text: str, command: tuple[str, ...], warning: str, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, text)
+    result = runner.invoke(app, _args(command, path))
+    assert result.exit_code == 0, result.stderr
+    # One line, this one, and no numpy RuntimeWarning with a source line around it.
+    assert result.stderr == f"trace-tf: warning: {path}: {warning}\n"
+
+    # The table output carries it too (in its header panel, maybe wrapped), not only stderr.
+    def squeeze(text: str) -> str:
+        return "".join(c for c in text if c not in "│ \n")
+
+    assert squeeze(f"warning: {warning}") in squeeze(result.stdout)
+
+
+@pytest.mark.parametrize("text, command, warning", CASES)
+def test_json_output_carries_the_warning_and_stays_valid_json(
+    text: str, command: tuple[str, ...], warning: str, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, text)
+    result = runner.invoke(app, _args(command, path, "--format", "json"))
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)  # strict JSON: non-finite numbers are strings
+    assert data["warnings"] == [warning]
+    step = warning.split("in step ")[1].split(",")[0]
+    value = next(s["value"] for s in data["steps"] if s["path"] == step)
+    flat = json.dumps(value)
+    assert ('"nan"' if warning.startswith("NaN") else '"inf"') in flat
+
+
+@pytest.mark.parametrize("text, command, warning", CASES)
+def test_strict_makes_it_an_error(
+    text: str, command: tuple[str, ...], warning: str, tmp_path: Path
+) -> None:
+    path = _write(tmp_path, text)
+    result = runner.invoke(app, _args(command, path, "--strict"))
+    assert result.exit_code == 2
+    assert result.stderr == f"trace-tf: error: {path}: {warning} (--strict)\n"
+    assert result.stdout == ""
+
+
+def test_inf_only_in_a_mask_is_no_warning(tmp_path: Path) -> None:
+    # The causal mask holds -inf by design, and so does the masked score; neither is an overflow.
+    path = _write(tmp_path, CAUSAL_PAD.replace("[P, a]", "[a, a]"))
+    result = runner.invoke(app, ["decode", path, "--strict"])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+CHECKED = NORM_NAN + "expect:\n  - {step: encoder.0.self_attn.norm, value: [[.nan, .nan]]}\n"
+
+
+def test_check_reports_the_warning_even_when_the_nan_was_expected(tmp_path: Path) -> None:
+    path = _write(tmp_path, CHECKED)
+    result = runner.invoke(app, ["check", path])
+    assert result.exit_code == 0, result.stdout
+    assert result.stderr == (
+        f"trace-tf: warning: {path}: NaN first appears in step encoder.0.self_attn.norm, row(s) [0]\n"
+    )
+    result = runner.invoke(app, ["check", path, "--strict"])
+    assert result.exit_code == 2 and "(--strict)" in result.stderr
+
+
+def test_check_json_writes_an_infinite_error_as_a_string(tmp_path: Path) -> None:
+    # NaN against a number: the error is infinite, which strict JSON cannot hold as a number.
+    path = _write(tmp_path, CHECKED.replace("[[.nan, .nan]]", "[[0, 0]]"))
+    result = runner.invoke(app, ["check", path, "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    entry = json.loads(result.stdout)["results"][0]
+    assert entry["ok"] is False and entry["max_abs_error"] == "inf"
+    assert entry["warnings"] == ["NaN first appears in step encoder.0.self_attn.norm, row(s) [0]"]
