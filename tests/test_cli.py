@@ -182,3 +182,62 @@ def test_large_matrices_are_elided_unless_full(tmp_yaml) -> None:  # type: ignor
 def test_examples_lists_hello() -> None:
     code, out, _ = invoke("examples")
     assert code == 0 and out.startswith("hello") and "Hello World" in out
+
+
+# Every command: an unexpected exception is one line, exit 3, and --debug re-raises it.
+# Each entry patches a function the command calls (module, attribute) to raise.
+INTERNAL = [
+    (["encode"], "trace_tf.config", "read_document"),
+    (["decode"], "trace_tf.config", "read_document"),
+    (["step", "--stage", "q"], "trace_tf.config", "read_document"),
+    (["check"], "trace_tf.config", "read_document"),
+    (["encode"], "trace_tf.runner", "run"),
+    (["check"], "trace_tf.runner", "check"),
+    (["step", "--stage", "q"], "trace_tf.render", "step_with_inputs"),
+    (["examples"], "trace_tf.config", "example_names"),
+]
+
+
+@pytest.mark.parametrize("args, module, name", INTERNAL, ids=lambda x: str(x))
+def test_internal_error_in_every_command(
+    args: list[str], module: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    def boom(*a: object, **k: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(importlib.import_module(module), name, boom)
+    code, out, err = invoke(*args)
+    assert code == 3 and out == ""
+    assert err == (
+        "trace-tf: internal error (KeyError: 'a bug'); this is a bug. "
+        "Run again with --debug to see the traceback.\n"
+    )
+    result = runner.invoke(app, [*args, "--debug"])
+    assert isinstance(result.exception, KeyError)
+
+
+def test_every_command_is_guarded() -> None:
+    # A command added later (or on another branch) is covered too: its body must run
+    # inside `guarded`, which turns bad input into exit 2 and a bug into exit 3.
+    import inspect
+
+    names = []
+    for command in app.registered_commands:
+        assert command.callback is not None
+        names.append(command.name or command.callback.__name__)
+        assert "with guarded(debug):" in inspect.getsource(command.callback), names[-1]
+    assert {"encode", "decode", "step", "check", "examples"} <= set(names)
+    assert {a[0] for a, _, _ in INTERNAL} >= {"encode", "decode", "step", "check", "examples"}
+
+
+def test_out_of_memory_is_bad_input_not_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trace_tf.runner
+
+    def huge(*a: object, **k: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(trace_tf.runner, "run", huge)
+    code, _, err = invoke("encode")
+    assert code == 2 and err.startswith("trace-tf: error: out of memory") and err.count("\n") == 1

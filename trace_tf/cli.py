@@ -6,7 +6,9 @@ Heavy modules (numpy, the engine) are imported inside the commands, so that
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,6 +139,17 @@ def guarded(debug: bool) -> Iterator[None]:
         raise typer.Exit(2) from None
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
         raise
+    except MemoryError:
+        # Not a bug: a config within a raised --max-elements can still exceed the machine.
+        if debug:
+            raise
+        typer.echo(
+            "trace-tf: error: out of memory: the config's arrays do not fit in this machine's "
+            "memory; expected smaller sizes (the default --max-elements refuses such configs "
+            "before allocating)",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     except Exception as exc:
         if debug:
             raise
@@ -155,18 +168,42 @@ def guarded(debug: bool) -> Iterator[None]:
 
 @contextmanager
 def _sink(c: Common) -> Iterator[Any]:
+    """stdout, or a buffer written to --output only once everything is rendered, so a
+    failure leaves no half-written file and an existing one is never lost."""
     if c.output is None:
         yield sys.stdout
         return
-    if c.output.exists() and not c.force:
-        _fail(f"{c.output} exists; pass --force to overwrite it")
-    if c.output.is_dir():
-        _fail(f"{c.output} is a directory")
+    _writable(c.output, c.force)
+    buffer = io.StringIO()
+    yield buffer
+    _write_file(c.output, buffer.getvalue(), c.force)
+
+
+def _writable(path: Path, force: bool) -> None:
+    if path.is_dir():
+        _fail(f"--output {path} is a directory")
+    if path.exists() and not force:
+        _fail(f"--output {path} exists; pass --force to overwrite it")
+
+
+def _write_file(path: Path, text: str, force: bool) -> None:
+    """Create `path` (refusing an existing file unless `force`), or replace it atomically."""
+    _writable(path, force)
     try:
-        with open(c.output, "w", encoding="utf-8") as fh:
-            yield fh
+        if not force:
+            with open(path, "x", encoding="utf-8") as fh:  # "x": never clobber, even in a race
+                fh.write(text)
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except FileExistsError:
+        _fail(f"--output {path} exists; pass --force to overwrite it")
     except OSError as exc:
-        _fail(f"cannot write {c.output}: {exc.strerror}")
+        _fail(f"cannot write --output {path}: {exc.strerror}")
 
 
 def console(file: Any) -> Console:
@@ -445,17 +482,19 @@ def _check_warnings(c: Common, results: list[CheckResult]) -> None:
 
 
 @app.command()
-def examples() -> None:
+def examples(debug: DebugOpt = False) -> None:
     """List the packaged examples."""
-    from trace_tf.config import example_names, examples_dir
+    with guarded(debug):
+        from trace_tf.config import example_names, examples_dir
 
-    for name in example_names():
-        title = ""
-        for line in (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
-            if line.startswith("title:"):
-                title = line.partition(":")[2].strip()
-                break
-        typer.echo(f"{name:12s} {title}")
+        for name in example_names():
+            title = ""
+            text = (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")
+            for line in text.splitlines():
+                if line.startswith("title:"):
+                    title = line.partition(":")[2].strip()
+                    break
+            typer.echo(f"{name:12s} {title}")
 
 
 # ---------------------------------------------------------------------------

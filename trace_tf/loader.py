@@ -257,14 +257,22 @@ def read_text(path: Path) -> str:
         raise InputError("no such file", file=name)
     if path.is_dir():
         raise InputError("is a directory, not a config file", file=name)
+    chunks: list[bytes] = []
+    size = 0
     try:
-        # Read at most one byte past the limit: a device such as /dev/zero never ends.
+        # In chunks, stopping past the limit: a device such as /dev/zero never ends, and
+        # read(limit) would reserve the whole limit in memory even for a small file.
         with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)
+            while chunk := fh.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_FILE_BYTES:
+                    raise InputError(
+                        f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name
+                    )
+                chunks.append(chunk)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name)
+    data = b"".join(chunks)
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # a UTF-16/32 byte-order mark
         raise InputError(
             "UTF-16 or UTF-32 text", file=name, expected="UTF-8 text", found="a UTF-16/32 BOM"

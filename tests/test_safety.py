@@ -1,0 +1,216 @@
+"""Safety (issue 5, SPEC section 6): nothing in a file runs, nothing hangs, nothing is
+allocated beyond the size limit, and nothing the user gave is modified or overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from conftest import FIXTURES, config_from
+from random_configs import random_config
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+from trace_tf.config import Config, load
+from trace_tf.errors import InputError
+from trace_tf.runner import run
+
+runner = CliRunner()
+
+GOOD = "model: {d_model: 4, n_heads: 2, decoder_layers: 1}\nvocab: [a, b, S]\ntokens: {bos: S}\nsource: [a, b]\n"
+
+# Each payload would create (or write) the marker file if a loader constructed it.
+PAYLOADS = [
+    "!!python/object/apply:builtins.open ['{marker}', 'w']",
+    "!!python/object/apply:os.system ['touch {marker}']",
+    "!!python/object/new:builtins.open ['{marker}', 'w']",
+    "!!python/object/apply:subprocess.call [[touch, '{marker}']]",
+]
+
+
+def test_the_payloads_are_live_under_an_unsafe_loader(tmp_path: Path) -> None:
+    # Shows the test below can fail: PyYAML's unsafe loader does run the first payload.
+    marker = tmp_path / "marker"
+    handle = yaml.unsafe_load(PAYLOADS[0].format(marker=marker))
+    handle.close()
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+@pytest.mark.parametrize("where", ["file", "set", "variant"])
+def test_python_tags_are_refused_and_never_run(payload: str, where: str, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    tag = payload.format(marker=marker)
+    config = tmp_path / "c.yaml"
+    args = ["encode", str(config)]
+    if where == "file":
+        config.write_text(f"model: {{d_model: 4}}\ntitle: {tag}\nsource: [[1, 2, 3, 4]]\n")
+    elif where == "set":
+        config.write_text("model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\n")
+        args += ["--set", f"title={tag}"]
+    else:
+        config.write_text(
+            f"model: {{d_model: 4}}\nsource: [[1, 2, 3, 4]]\nvariants: {{v: {{title: {tag}}}}}\n"
+        )
+        args += ["--variant", "v"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "is not allowed" in result.stderr
+    assert not marker.exists()
+
+
+def test_alias_bomb_is_refused_within_a_second_or_two(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]  # 10^12
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nmodel: {d_model: 4}\n")
+    start = time.perf_counter()
+    result = runner.invoke(app, ["encode", str(bomb)])
+    assert time.perf_counter() - start < 2.0  # a bound on a hang, not a benchmark
+    assert result.exit_code == 2 and "alias bomb" in result.stderr
+
+
+ABSURD = "model: {d_model: 100000, n_heads: 10, encoder_layers: 1000}\nsource: [[1]]\n"
+
+
+def test_size_limit_is_checked_before_anything_is_allocated(tmp_path: Path) -> None:
+    path = tmp_path / "absurd.yaml"
+    path.write_text(ABSURD)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="too large"):
+            load(str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000  # bytes; the model would need about 10^14 numbers
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"d_model": 4, "n_heads": 2},
+        {"d_model": 6, "n_heads": 3, "d_v": 4, "d_ff": 5, "decoder_layers": 2},
+        {"d_model": 4, "n_heads": 1, "encoder_layers": 0, "decoder_layers": 2, "src_len": 1},
+        {"d_model": 4, "n_heads": 2, "decoder_layers": 1, "positional": "learned", "pad": True},
+        {"d_model": 8, "n_heads": 2, "norm_position": "pre", "src_len": 9, "tgt_len": 7},
+    ],
+)
+def test_the_size_estimate_bounds_what_a_run_holds(shape: dict[str, object]) -> None:
+    # The limit counts every array of the config and of its trace; one number less than
+    # what a run really holds must be refused, so the estimate is never an underestimate.
+    cfg_dict = random_config(np.random.default_rng(0), **shape)  # type: ignore[arg-type]
+    cfg = config_from(cfg_dict)
+    assert isinstance(cfg, Config)
+    held = sum(a.size for a in cfg.named_arrays().values()) + sum(s.value.size for s in run(cfg))
+    with pytest.raises(InputError, match="too large"):
+        config_from(cfg_dict, max_elements=held - 1)
+
+
+def test_max_elements_raises_and_lowers_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{d_model: 64, encoder_layers: 2}}\nsource: {[[0.5] * 64]}\n")
+    assert runner.invoke(app, ["encode", str(path), "--format", "json"]).exit_code == 0
+    result = runner.invoke(app, ["encode", str(path), "--max-elements", "1000"])
+    assert result.exit_code == 2 and "--max-elements" in result.stderr
+    absurd = tmp_path / "absurd.yaml"
+    # 6000 layers of 49,408 numbers each: about 3 * 10^8, over the default 2^28.
+    absurd.write_text("model: {d_model: 64, encoder_layers: 6000}\nsource: [[1]]\n")
+    assert runner.invoke(app, ["encode", str(absurd)]).exit_code == 2
+    # Raised past the default: the same file gets past the limit (to the next check).
+    result = runner.invoke(app, ["encode", str(absurd), "--max-elements", str(2**40)])
+    assert result.exit_code == 2 and "too large" not in result.stderr
+    assert "source" in result.stderr and "expected shape L x 64" in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# --output and the input file
+# ---------------------------------------------------------------------------
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_output_is_created_and_never_overwritten_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    assert runner.invoke(app, ["encode", "--format", "json", "--output", str(out)]).exit_code == 0
+    first = out.read_bytes()
+    assert json.loads(first)["steps"]
+    result = runner.invoke(app, ["decode", "--format", "json", "--output", str(out)])
+    assert result.exit_code == 2 and "exists; pass --force" in result.stderr
+    assert out.read_bytes() == first
+    result = runner.invoke(app, ["decode", "--format", "json", "--output", str(out), "--force"])
+    assert result.exit_code == 0 and out.read_bytes() != first
+    assert json.loads(out.read_bytes())["steps"][-1]["path"] == "probs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # no temporary left
+
+
+def test_output_refuses_the_config_itself_without_force(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(GOOD)
+    before = _digest(config)
+    result = runner.invoke(app, ["encode", str(config), "--output", str(config)])
+    assert result.exit_code == 2 and "exists" in result.stderr and _digest(config) == before
+
+
+def test_output_to_a_directory_or_a_missing_directory_is_an_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["encode", "--output", str(tmp_path), "--force"])
+    assert result.exit_code == 2 and "is a directory" in result.stderr
+    result = runner.invoke(app, ["encode", "--output", str(tmp_path / "no" / "x.txt")])
+    assert result.exit_code == 2 and "cannot write --output" in result.stderr
+
+
+def test_a_failure_while_writing_leaves_the_existing_output_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trace_tf.cli
+
+    class Broken:
+        """A console that fails halfway through printing."""
+
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def print(self, *args: object) -> None:
+            self.file.write("half a table")
+            raise RuntimeError("renderer bug")
+
+    monkeypatch.setattr(trace_tf.cli, "console", Broken)
+    out = tmp_path / "trace.txt"
+    out.write_text("precious\n")
+    result = runner.invoke(app, ["encode", "--output", str(out), "--force"])
+    assert result.exit_code == 3
+    assert out.read_text() == "precious\n"
+    new = tmp_path / "new.txt"
+    assert runner.invoke(app, ["encode", "--output", str(new)]).exit_code == 3
+    assert not new.exists()  # no half-written file either
+
+
+COMMANDS = [
+    ["encode", "{config}"],
+    ["decode", "{config}", "--format", "json"],
+    ["step", "{config}", "--stage", "qkv"],
+    ["check", "{fixture}"],
+    ["encode", "{config}", "--set", "model.scale=2", "--output", "{out}"],
+    ["decode", "{config}", "--set", "source=[b, a]", "--strict"],
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: "-".join(a[:1] + a[2:3]))
+def test_commands_never_modify_their_input(args: list[str], tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(GOOD)
+    fixture = tmp_path / "hello.yaml"
+    fixture.write_bytes((FIXTURES / "hello.yaml").read_bytes())
+    before = {p: _digest(p) for p in (config, fixture)}
+    filled = [a.format(config=config, fixture=fixture, out=tmp_path / "out.txt") for a in args]
+    result = runner.invoke(app, filled)
+    assert result.exit_code == 0, result.stderr
+    assert {p: _digest(p) for p in (config, fixture)} == before
