@@ -1250,7 +1250,11 @@ class _Validator:
             for k, size in sizes.items():
                 if k in fused:
                     cols = slice(h * size, (h + 1) * size)
-                    arrays[k] = fused[k][:, cols] if k.startswith("W") else fused[k][cols]
+                    # Contiguous copies: numpy multiplies a strided view by another loop
+                    # than BLAS, and the fused form must give the per-head numbers bit for bit.
+                    arrays[k] = np.ascontiguousarray(
+                        fused[k][:, cols] if k.startswith("W") else fused[k][cols]
+                    )
                 elif k.startswith("W"):
                     arrays[k] = self.weight(
                         hd,
