@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import config_from
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 from trace_tf import model, ops, render
 from trace_tf.cli import app
 from trace_tf.config import Config
+from trace_tf.errors import InputError
 from trace_tf.runner import run
 from trace_tf.trace import NULL_TRACER, Trace, Tracer
 
@@ -238,6 +240,16 @@ def test_traced_equals_untraced(seed: int, shape: dict[str, Any]) -> None:
     np.testing.assert_array_equal(traced, untraced)
     last = "probs" if cfg.vocab else "encoder.output"
     np.testing.assert_array_equal(tr.trace.value(last), untraced)
+
+
+@SETTINGS
+@given(seeds, shapes())
+def test_the_size_limit_never_underestimates_a_run(seed: int, shape: dict[str, Any]) -> None:
+    cfg_dict = make(seed, shape)
+    cfg = build(cfg_dict)
+    held = sum(a.size for a in cfg.named_arrays().values()) + sum(s.value.size for s in run(cfg))
+    with pytest.raises(InputError, match="too large"):
+        config_from(cfg_dict, max_elements=held - 1)
 
 
 # ---------------------------------------------------------------------------

@@ -970,17 +970,27 @@ class _Validator:
         )
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
-        """Refuse, before allocating anything, a model whose arrays would be too large."""
-        d, H = m.d_model, m.n_heads
-        attn = H * d * (2 * m.d_k + m.d_v) + H * m.d_v * d + 2 * d
-        ffn = 2 * d * m.d_ff + 2 * d
-        total = m.encoder_layers * (attn + ffn) + m.decoder_layers * (
-            attn * (2 if m.encoder_layers else 1) + ffn
-        )
-        total += 2 * n_vocab * d + m.max_len * d
+        """Refuse, before allocating anything, a model whose arrays would be too large.
+
+        An upper bound on the numbers one run holds: every weight (the q/k/v ones twice,
+        as fused weights are split into copies), and every traced step, with L the longest
+        sequence standing for every query and key length."""
+        d, H, dk, dv, dff, V = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff, n_vocab
+        enc, dec = m.encoder_layers, m.decoder_layers
+        qkv = H * (d * (2 * dk + dv) + 2 * dk + dv)
+        attn = 2 * qkv + H * dv * d + 3 * d  # + W_o, b_o, gamma, beta
+        ffn = 2 * d * dff + dff + 3 * d
+        blocks = enc + dec * (2 if enc else 1)  # attention blocks
+        total = blocks * attn + (enc + dec) * ffn + 4 * d  # + the final norms
+        total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
         L = max(lengths, default=1)
-        per_layer_trace = L * (8 * d + 2 * m.d_ff + H * (4 * L + 2 * m.d_k + 2 * m.d_v))
-        total += (m.encoder_layers + 2 * m.decoder_layers) * per_layer_trace + L * n_vocab * 2
+        # q, k (and q_raw, k_raw), v, context; scores, scaled, masked, softmax; then concat,
+        # wo, residual, norm and its two statistics.
+        attn_steps = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
+        ffn_steps = L * (2 * dff + 3 * d + 2)
+        stack_steps = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output, mask
+        total += blocks * attn_steps + (enc + dec) * ffn_steps + 2 * stack_steps
+        total += L * L + 2 * L * V  # the cross mask, logits and probs
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",
