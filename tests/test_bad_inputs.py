@@ -1156,6 +1156,20 @@ STRUCTURE = [
     ),
 ]
 
+STRUCTURE += [
+    case(
+        f"expect-variant-{name}",
+        BASE
+        + f"variants: {{v: {{model.scale: 2}}}}\nexpect:\n  - {{step: x, value: 1, variant: {value}}}\n",
+        "expect.0.variant",
+        8,
+        "unknown variant",
+        f"expected one of: v, found {found}",
+        args=("check", "{file}"),
+    )
+    for name, value, found in (("list", "[v]", "a list of 1"), ("mapping", "{v: 1}", "a mapping"))
+]
+
 STAGES = [
     case(
         "unknown-stage",

@@ -863,7 +863,7 @@ class _Validator:
                     join(path, "value"), "missing the expected value", expected="a number or matrix"
                 )
             var = item.get("variant")
-            if var is not None and var not in variants:
+            if var is not None and (not isinstance(var, str) or var not in variants):
                 raise self.ctx.err(
                     join(path, "variant"),
                     f"unknown variant{_suggest(str(var), sorted(variants))}",
