@@ -10,13 +10,20 @@ and the expected shapes follow from the model sizes the text declares.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
+from trace_tf.config import load
+from trace_tf.errors import InputError
+from trace_tf.runner import run
 
 runner = CliRunner()
 
@@ -1437,3 +1444,55 @@ def test_every_command_reports_a_bad_file(
     (tmp_path / "good.yaml").write_text(ENC_DEC, encoding="utf-8")
     _, text, path, line, says = error
     _run_bad(Bad(text, path, line, (says,), args), tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# Beyond the corpus: mangled copies of real configs never crash the loader or the engine
+# ---------------------------------------------------------------------------
+
+FIXTURE_TEXTS = sorted(p.read_text(encoding="utf-8") for p in FIXTURES.glob("*.yaml"))
+PIECES = [*"[]{}:,-#&*!|>'\"% \n\t0.9eE+_x", "null", "true", ".nan", "-.inf", "1e400", "~"]
+PIECES += ["[]", "{}", "!!str", "!!int", "&a", "*a", "<<: ", "---", "[1, 2]", "[[1], [2, 3]]"]
+edits = st.lists(
+    st.tuples(
+        st.sampled_from(["delete", "insert", "cut", "repeat"]),
+        st.integers(0, 10**6),
+        st.integers(0, 10**6),
+        st.sampled_from(PIECES),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def mangle(text: str, changes: list[tuple[str, int, int, str]]) -> str:
+    lines = text.splitlines(keepends=True)
+    for op, a, b, piece in changes:
+        i = a % len(lines)
+        j = b % (len(lines[i]) + 1)
+        if op == "delete" and len(lines) > 1:
+            del lines[i]
+        elif op == "insert":
+            lines[i] = lines[i][:j] + piece + lines[i][j:]
+        elif op == "cut":
+            lines[i] = lines[i][: min(j, b % 7 + j)] + lines[i][j + b % 7 :]
+        else:
+            lines.insert(j % (len(lines) + 1), lines[i])
+    return "".join(lines)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=st.sampled_from(FIXTURE_TEXTS), changes=edits)
+def test_mangled_configs_are_run_or_refused_never_a_crash(
+    text: str, changes: list[tuple[str, int, int, str]], tmp_path: Path
+) -> None:
+    path = tmp_path / "mangled.yaml"
+    path.write_text(mangle(text, changes), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy RuntimeWarning escapes either
+        try:
+            run(load(str(path)), "full")
+        except InputError as err:
+            assert err.file == str(path) or (err.file or "").startswith(str(path))
