@@ -33,7 +33,7 @@ The decoding rules (SPEC section 4, stated here once):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -348,12 +348,29 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
     return start.tokens
 
 
+def size(cfg: Config, s: Settings, traced: bool) -> int:
+    """About how many numbers a generation holds at its peak: the KV caches and one
+    iteration's intermediates; with `traced`, everything the trace records."""
+    m = cfg.model
+    longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
+    decoder_only = replace(m, encoder_layers=0)
+    # K and V (self and cross) of every layer and head, per live beam.
+    kv = 2 * m.decoder_layers * m.n_heads * longest * (m.d_k + m.d_v)
+    if s.cache:  # one new row per iteration, plus the cached K, V and a row of scores
+        iteration = trace_size(decoder_only, 1, len(cfg.vocab)) + kv + 2 * longest
+    else:
+        iteration = trace_size(decoder_only, longest, len(cfg.vocab))
+    source = len(cfg.source) if cfg.source is not None else 0
+    encoder = trace_size(replace(m, decoder_layers=0), source, 0) if m.encoder_layers else 0
+    if traced:
+        return encoder + iteration * s.max_tokens * s.width
+    return encoder + (iteration + kv) * s.width
+
+
 def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> None:
     """Refuse, before anything runs, a generation whose arrays (with `traced`, whose whole
     trace) would hold more than max_elements numbers."""
-    longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
-    one = trace_size(cfg.model, longest, len(cfg.vocab)) * s.width
-    total = one * s.max_tokens if traced else one
+    total = size(cfg, s, traced)
     if total > max_elements:
         raise InputError(
             f"{'the trace of ' if traced else ''}{s.max_tokens} iteration(s) would hold about "

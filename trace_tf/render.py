@@ -11,6 +11,7 @@ import numpy as np
 from rich.color import Color
 from rich.console import Group, RenderableType
 from rich.panel import Panel
+from rich.rule import Rule
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -455,6 +456,7 @@ def generation_view(
         out.append(trace_view(before, view))
     for it in gen.iterations:
         if it.index in by_iteration:
+            out.append(Rule(Text(f"iteration {it.index}: the steps (paths t{it.index}.…)")))
             out.append(trace_view(by_iteration[it.index], view))
         out.append(iteration_view(it, gen, vocab, show, view))
     out.append(generation_summary(gen, view))
