@@ -102,9 +102,16 @@ class Common:
     max_elements: int
 
     def view(self) -> View:
+        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
+        import shutil
+
         from trace_tf.render import View
 
-        return View(precision=self.precision, full=self.full)
+        width = shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+        cols = max(4, (width - 16) // (self.precision + 7))
+        return View(
+            precision=self.precision, full=self.full, max_cols=cols, edge=max(2, (cols - 1) // 2)
+        )
 
 
 def _common(**kw: Any) -> Common:
