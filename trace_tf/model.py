@@ -485,7 +485,10 @@ def output_layer(
 ) -> tuple[Array, Array]:
     """The logits x W + b and their row softmax, both. [L, d] -> [L, V], [L, V]"""
     W, b = output_weights(cfg)
-    tied = " (W = embeddingsᵀ, tied)" if cfg.model.tie_embeddings else ""
+    tied = ""
+    if cfg.model.tie_embeddings:
+        tied = " (W = embeddingsᵀ, tied)"
+        tr.name(W, "embeddings (tied, transposed)")
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
             "logits",
