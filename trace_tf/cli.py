@@ -451,7 +451,9 @@ def examples() -> None:
 
 
 @app.command()
+@running
 def generate(
+    c: Common,
     config: ConfigArg = None,
     greedy: Annotated[
         bool, typer.Option("--greedy", help="Take the most probable token (the default).")
@@ -522,72 +524,60 @@ def generate(
     show: Annotated[
         int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
     ] = 10,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """Autoregressive decoding from tokens.bos (or the target) until tokens.eos or
     --max-tokens: each iteration's prefix, next-token distribution and choice."""
-    with guarded(debug):
-        c = _common(**locals())
-        from trace_tf import generate as gen_mod
-        from trace_tf import render
-        from trace_tf.runner import conventions, require_model
-        from trace_tf.trace import Tracer, check_stage, matches
+    from trace_tf import generate as gen_mod
+    from trace_tf import render
+    from trace_tf.runner import conventions, require_model
+    from trace_tf.trace import Tracer, check_stage, matches
 
-        s = gen_mod.settings(
-            greedy=greedy,
-            sample=sample,
-            beam=beam,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            length_penalty=length_penalty,
-            cache=cache,
-        )
-        if (stage is not None or layer is not None or head is not None) and not trace:
-            _fail("--stage, --layer and --head select traced steps: add --trace")
-        cfg = require_model(_load(config, c), "generate")
-        start = gen_mod.start_of(cfg, s)
-        gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
-        seen: set[str] = set()
+    s = gen_mod.settings(
+        greedy=greedy,
+        sample=sample,
+        beam=beam,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        length_penalty=length_penalty,
+        cache=cache,
+    )
+    if (stage is not None or layer is not None or head is not None) and not trace:
+        _fail("--stage, --layer and --head select traced steps: add --trace")
+    cfg = require_model(_load(config, c), "generate")
+    start = gen_mod.start_of(cfg, s)
+    gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
+    seen: set[str] = set()
 
-        def keep(path: str) -> bool:
-            seen.add(path.rsplit(".", 1)[-1])
-            return trace and matches(path, stage, layer, head)
+    def keep(path: str) -> bool:
+        seen.add(path.rsplit(".", 1)[-1])
+        return trace and matches(path, stage, layer, head)
 
-        tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
-        tr.name_all(cfg.named_arrays())
-        result = gen_mod.run(cfg, s, tr)
-        if stage is not None:
-            check_stage(stage, seen)
-        warn(c, tr.trace)
-        steps = list(tr.trace)
-        tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
-        header_rows = conventions(cfg) + gen_mod.describe(s)
-        data = render.trace_json(
-            cfg.title,
-            tokens,
-            steps,
-            **render.generation_json(result, cfg.vocab),
-            conventions=dict(header_rows),
-            warnings=tr.trace.warnings,
-        )
-        if c.fmt == "json":
-            emit(c, [], data)
-            return
-        head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
-        body = render.generation_view(result, cfg.vocab, steps, show, c.view())
-        emit(c, [head_panel, *body], data)
+    tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
+    tr.name_all(cfg.named_arrays())
+    result = gen_mod.run(cfg, s, tr)
+    if stage is not None:
+        check_stage(stage, seen)
+    warn(c, tr.trace)
+    steps = list(tr.trace)
+    tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
+    header_rows = conventions(cfg) + gen_mod.describe(s)
+    data = render.trace_json(
+        cfg.title,
+        tokens,
+        steps,
+        **render.generation_json(result, cfg.vocab),
+        conventions=dict(header_rows),
+        warnings=tr.trace.warnings,
+    )
+    if c.fmt == "json":
+        emit(c, [], data)
+        return
+    head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
+    body = render.generation_view(result, cfg.vocab, steps, show, c.view())
+    emit(c, [head_panel, *body], data)
 
 
 # ---------------------------------------------------------------------------
