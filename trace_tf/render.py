@@ -416,7 +416,9 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         ),
     ]
     if s.strategy == "beam":
-        table = Table(title="finished hypotheses", title_justify="left", box=None, padding=(0, 1))
+        rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
+        title = f"finished hypotheses (n produced tokens; score = {rule})"
+        table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
         for col in ("tokens", "n", "logP", "score", ""):
             table.add_column(col, justify="left" if col == "tokens" else "right", no_wrap=True)
         pool = list(gen.finished)
