@@ -141,9 +141,9 @@ def main() -> None:
         f"cached per-token time, first {k}: {1e3 * first:.3f} ms, last {k}: {1e3 * last:.3f} ms "
         f"(last / first {last / first:.2f})"
     )
-    quiet_total, quiet = best(True, lambda: TracedClock(keep=lambda _: False))
+    _, quiet = best(True, lambda: TracedClock(keep=lambda _: False))
     print(f"cached, CLI tracer (records nothing, NaN checks): {1e3 * sum(quiet) / n:.3f} ms/token")
-    traced_total, traced = best(True, TracedClock)
+    _, traced = best(True, TracedClock)
     print(f"cached, --trace (records every step): {1e3 * sum(traced) / n:.3f} ms/token")
     sys.stdout.flush()
 

@@ -304,20 +304,7 @@ class Generation:
 def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
     """The starting prefix (target, or [tokens.bos]); refuses what generate cannot serve."""
     m = cfg.model
-    if m.decoder_layers == 0:
-        raise InputError(
-            "generate needs a decoder, and this model is encoder-only (decoder_layers: 0)",
-            file=cfg.file,
-            path="model.decoder_layers",
-            expected="decoder_layers >= 1",
-        )
-    if not cfg.vocab:
-        raise InputError(
-            "generate needs a vocabulary to choose tokens from, and the vocabulary is empty",
-            file=cfg.file,
-            path="vocab",
-            expected="a non-empty vocab list",
-        )
+    model.require_decoder(cfg, "generate")
     for key in ("bos", "eos"):
         if getattr(cfg.tokens, key) is None:
             raise InputError(

@@ -535,21 +535,27 @@ def run_encode(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
     return enc
 
 
-def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None = None) -> Array:
-    """Encoder (if any), decoder on the target, logits and probabilities. -> [L_tgt, V]"""
+def require_decoder(cfg: Config, command: str) -> None:
+    """Refuse a model without a decoder, or without a vocabulary for its logits."""
     if cfg.model.decoder_layers == 0:
         raise InputError(
-            "decode needs a decoder, and this model is encoder-only (decoder_layers: 0); use encode",
+            f"{command} needs a decoder, and this model is encoder-only (decoder_layers: 0); "
+            "use encode",
             file=cfg.file,
             path="model.decoder_layers",
         )
     if not cfg.vocab:
         raise InputError(
-            "decode needs a vocab for the logits",
+            f"{command} needs a vocab for the logits",
             file=cfg.file,
             path="vocab",
-            expected="a vocab list",
+            expected="a non-empty vocab list",
         )
+
+
+def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None = None) -> Array:
+    """Encoder (if any), decoder on the target, logits and probabilities. -> [L_tgt, V]"""
+    require_decoder(cfg, "decode")
     tgt = target if target is not None else target_of(cfg)
     enc = encoder(cfg, tr) if cfg.model.encoder_layers else None
     dec = decoder(cfg, tgt, enc, tr)
