@@ -336,8 +336,9 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
 
 
 def size(cfg: Config, s: Settings, traced: bool) -> int:
-    """About how many numbers a generation holds at its peak: the KV caches and one
-    iteration's intermediates; with `traced`, everything the trace records."""
+    """About how many numbers a generation holds at its peak: one iteration's
+    intermediates (with the cache, the cached K and V too) per beam; with `traced`,
+    everything the trace records."""
     m = cfg.model
     longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
     decoder_only = replace(m, encoder_layers=0)
@@ -349,9 +350,7 @@ def size(cfg: Config, s: Settings, traced: bool) -> int:
         iteration = trace_size(decoder_only, longest, len(cfg.vocab))
     source = len(cfg.source) if cfg.source is not None else 0
     encoder = trace_size(replace(m, decoder_layers=0), source, 0) if m.encoder_layers else 0
-    if traced:
-        return encoder + iteration * s.max_tokens * s.width
-    return encoder + (iteration + kv) * s.width
+    return encoder + iteration * s.width * (s.max_tokens if traced else 1)
 
 
 def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> None:
