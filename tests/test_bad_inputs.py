@@ -1077,6 +1077,30 @@ STRUCTURE = [
         args=("decode", "{file}"),
     ),
     case(
+        "generate-on-encoder-only",
+        BASE.replace("[a, b, c]", "[a, b, c, S, E]") + "tokens: {bos: S, eos: E}\n",
+        "model.decoder_layers",
+        None,
+        "generate needs a decoder",
+        args=("generate", "{file}"),
+    ),
+    case(
+        "generate-without-eos",
+        ENC_DEC,
+        "tokens.eos",
+        None,
+        "generate needs tokens.eos",
+        args=("generate", "{file}"),
+    ),
+    case(
+        "generate-over-the-limit",
+        ENC_DEC.replace("tokens: {bos: S}", "tokens: {bos: S, eos: a}"),
+        None,
+        None,
+        "over the limit of 3,000",
+        args=("generate", "{file}", "--trace", "--max-tokens", "50", "--max-elements", "3000"),
+    ),
+    case(
         "encode-on-decoder-only",
         DEC_ONLY,
         "model.encoder_layers",
@@ -1410,6 +1434,7 @@ COMMAND_LINES = [
     ("encode", "{file}"),
     ("decode", "{file}"),
     ("step", "{file}", "--stage", "q"),
+    ("generate", "{file}"),
     ("check", "{file}"),
     ("check", "{dir}/good.yaml", "{file}"),  # the bad file second: still named
 ]

@@ -173,3 +173,29 @@ def test_check_json_writes_an_infinite_error_as_a_string(tmp_path: Path) -> None
     entry = json.loads(result.stdout)["results"][0]
     assert entry["ok"] is False and entry["max_abs_error"] == "inf"
     assert entry["warnings"] == ["NaN first appears in step encoder.0.self_attn.norm, row(s) [0]"]
+
+
+GENERATE_OVERFLOW = """\
+model: {d_model: 2, positional: none, encoder_layers: 0, decoder_layers: 1}
+vocab: [a, E]
+tokens: {bos: a, eos: E}
+embeddings: {a: [1, 1], E: [0, 1]}
+weights:
+  decoder:
+    - self_attn:
+        heads:
+          - {W_q: [[1.0e200, 0], [0, 1.0e200]], W_k: [[1.0e200, 0], [0, 1.0e200]]}
+"""
+
+
+def test_generate_names_the_first_overflow_and_stops(tmp_path: Path) -> None:
+    # No token can be chosen from a distribution that is not finite: an error, even
+    # without --strict, naming the step where the infinity first appeared.
+    path = _write(tmp_path, GENERATE_OVERFLOW)
+    result = runner.invoke(app, ["generate", path, "--max-tokens", "2"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"trace-tf: error: {path}: the next-token distribution")
+    assert "overflow: an infinity first appears in step t0.decoder.0.self_attn.h0.scores" in (
+        result.stderr
+    )
+    assert "RuntimeWarning" not in result.stderr and result.stderr.count("\n") == 1

@@ -6,6 +6,8 @@ Heavy modules (numpy, the engine) are imported inside the commands, so that
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import json
 import os
@@ -105,9 +107,16 @@ class Common:
     max_elements: int
 
     def view(self) -> View:
+        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
+        import shutil
+
         from trace_tf.render import View
 
-        return View(precision=self.precision, full=self.full)
+        width = shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+        cols = max(4, (width - 16) // (self.precision + 7))
+        return View(
+            precision=self.precision, full=self.full, max_cols=cols, edge=max(2, (cols - 1) // 2)
+        )
 
 
 def _common(**kw: Any) -> Common:
@@ -117,6 +126,40 @@ def _common(**kw: Any) -> Common:
     if fmt not in ("table", "json"):
         _fail(f"--format must be table or json, not {fmt!r}")
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
+
+
+_COMMON_OPTIONS = {
+    "sets": (SetOpt, None),
+    "variant": (VariantOpt, None),
+    "fmt": (FormatOpt, "table"),
+    "output": (OutputOpt, None),
+    "force": (ForceOpt, False),
+    "precision": (PrecisionOpt, 4),
+    "full": (FullOpt, False),
+    "strict": (StrictOpt, False),
+    "debug": (DebugOpt, False),
+    "max_elements": (MaxElementsOpt, 2**28),
+}
+
+
+def running(fn: Callable[..., None]) -> Callable[..., None]:
+    """A command that runs the model: it takes the common options (SPEC section 4),
+    receives them as `c: Common`, and has its errors turned into exit codes."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "c"]
+    common = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+        for name, (ann, default) in _COMMON_OPTIONS.items()
+    ]
+
+    @functools.wraps(fn)
+    def command(**kw: Any) -> None:
+        with guarded(kw["debug"]):
+            c = _common(**{name: kw.pop(name) for name in _COMMON_OPTIONS})
+            fn(c, **kw)
+
+    command.__signature__ = inspect.Signature([*own, *common])  # type: ignore[attr-defined]
+    del command.__wrapped__  # typer must read the signature above, not fn's
+    return command
 
 
 def _fail(message: str) -> None:
@@ -289,45 +332,23 @@ def _trace_command(command: str, config: str | None, c: Common) -> None:
 
 
 @app.command()
-def encode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-) -> None:
+@running
+def encode(c: Common, config: ConfigArg = None) -> None:
     """Run the encoder on `source` and show every step in order."""
-    with guarded(debug):
-        _trace_command("encode", config, _common(**locals()))
+    _trace_command("encode", config, c)
 
 
 @app.command()
-def decode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-) -> None:
+@running
+def decode(c: Common, config: ConfigArg = None) -> None:
     """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
-    with guarded(debug):
-        _trace_command("decode", config, _common(**locals()))
+    _trace_command("decode", config, c)
 
 
 @app.command()
+@running
 def step(
+    c: Common,
     config: ConfigArg = None,
     stage: Annotated[
         str,
@@ -338,50 +359,38 @@ def step(
     ] = "softmax",
     layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
     head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
-    with guarded(debug):
-        c = _common(**locals())
-        from trace_tf import render
-        from trace_tf.config import Config
-        from trace_tf.errors import InputError
-        from trace_tf.runner import run
-        from trace_tf.trace import check_stage
+    from trace_tf import render
+    from trace_tf.config import Config
+    from trace_tf.errors import InputError
+    from trace_tf.runner import run
+    from trace_tf.trace import check_stage
 
-        cfg = _load(config, c)
-        trace = run(cfg, "full")
-        try:
-            check_stage(stage, trace.stages())
-        except InputError as exc:
-            raise exc.with_file(cfg.file) from None
-        steps = trace.select(stage, layer, head)
-        if not steps:
-            raise InputError(
-                f"no step matches --stage {stage}"
-                + (f" --layer {layer}" if layer is not None else "")
-                + (f" --head {head}" if head is not None else ""),
-                file=cfg.file,
-                expected="a layer and head the model has",
-            )
-        weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
-        view = c.view()
-        _show(
-            cfg,
-            trace,
-            steps,
-            c,
-            lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    cfg = _load(config, c)
+    trace = run(cfg, "full")
+    try:
+        check_stage(stage, trace.stages())
+    except InputError as exc:
+        raise exc.with_file(cfg.file) from None
+    steps = trace.select(stage, layer, head)
+    if not steps:
+        raise InputError(
+            f"no step matches --stage {stage}"
+            + (f" --layer {layer}" if layer is not None else "")
+            + (f" --head {head}" if head is not None else ""),
+            file=cfg.file,
+            expected="a layer and head the model has",
         )
+    weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
+    view = c.view()
+    _show(
+        cfg,
+        trace,
+        steps,
+        c,
+        lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    )
 
 
 @app.command()
@@ -500,6 +509,140 @@ def examples(debug: DebugOpt = False) -> None:
 # ---------------------------------------------------------------------------
 # generate (issue 3): commands for autoregressive decoding go here
 # ---------------------------------------------------------------------------
+
+
+@app.command()
+@running
+def generate(
+    c: Common,
+    config: ConfigArg = None,
+    greedy: Annotated[
+        bool, typer.Option("--greedy", help="Take the most probable token (the default).")
+    ] = False,
+    sample: Annotated[
+        bool,
+        typer.Option("--sample", help="Sample from softmax(logits / T), after top-k and top-p."),
+    ] = False,
+    beam: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--beam", help="Beam search with this many beams.", show_default=False),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Stop after this many produced tokens (eos counts).")
+    ] = 20,
+    temperature: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--temperature", help="--sample: divide the logits by T.", show_default="1"),
+    ] = None,
+    top_k: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--top-k", help="--sample: keep the k most probable tokens.", show_default=False
+        ),
+    ] = None,
+    top_p: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--top-p",
+            help="--sample: keep the smallest most-probable set whose total reaches p.",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--seed", help="--sample: seed of numpy.random.default_rng.", show_default="0"
+        ),
+    ] = None,
+    length_penalty: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--length-penalty",
+            help="--beam: alpha in score = logP / ((5 + n) / 6)^alpha.",
+            show_default="0",
+        ),
+    ] = None,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Keep K and V between iterations, or recompute the whole prefix each time.",
+        ),
+    ] = True,
+    trace: Annotated[
+        bool, typer.Option("--trace", help="Show every step of every iteration (paths t<i>.…).")
+    ] = False,
+    stage: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--stage",
+            help="With --trace: only these steps (a name, a group or a pattern with *).",
+            show_default=False,
+        ),
+    ] = None,
+    layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
+    head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
+    show: Annotated[
+        int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
+    ] = 10,
+) -> None:
+    """Autoregressive decoding from tokens.bos (or the target) until tokens.eos or
+    --max-tokens: each iteration's prefix, next-token distribution and choice."""
+    from trace_tf import generate as gen_mod
+    from trace_tf import render
+    from trace_tf.errors import InputError
+    from trace_tf.runner import conventions, require_model
+    from trace_tf.trace import Tracer, check_stage, matches
+
+    s = gen_mod.settings(
+        greedy=greedy,
+        sample=sample,
+        beam=beam,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        length_penalty=length_penalty,
+        cache=cache,
+    )
+    if (stage is not None or layer is not None or head is not None) and not trace:
+        _fail("--stage, --layer and --head select traced steps: add --trace")
+    cfg = require_model(_load(config, c), "generate")
+    seen: set[str] = set()
+
+    def keep(path: str) -> bool:
+        seen.add(path.rsplit(".", 1)[-1])
+        return trace and matches(path, stage, layer, head)
+
+    tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
+    try:  # what the config cannot serve is its error: name the file
+        start = gen_mod.start_of(cfg, s)
+        gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
+        tr.name_all(cfg.named_arrays())
+        result = gen_mod.run(cfg, s, tr)
+        if stage is not None:
+            check_stage(stage, seen)
+    except InputError as exc:
+        raise exc.with_file(cfg.file) from None
+    warn(c, tr.trace, cfg.file)
+    steps = list(tr.trace)
+    tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
+    header_rows = conventions(cfg) + gen_mod.describe(s)
+    data = render.trace_json(
+        cfg.title,
+        tokens,
+        steps,
+        **render.generation_json(result, cfg.vocab),
+        conventions=dict(header_rows),
+        warnings=tr.trace.warnings,
+    )
+    if c.fmt == "json":
+        emit(c, [], data)
+        return
+    head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
+    body = render.generation_view(result, cfg.vocab, steps, show, c.view())
+    emit(c, [head_panel, *body], data)
 
 
 # ---------------------------------------------------------------------------

@@ -509,6 +509,21 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
+    """An upper bound on the numbers a traced run over sequences of L positions records,
+    L standing for every query and key length."""
+    d, H, dk, dv, dff = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff
+    enc, dec = m.encoder_layers, m.decoder_layers
+    blocks = enc + dec * (2 if enc else 1)  # attention blocks
+    # q, k (and q_raw, k_raw), v, context; scores, scaled, masked, softmax; then concat,
+    # wo, residual, norm and its two statistics.
+    attn = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
+    ffn = L * (2 * dff + 3 * d + 2)
+    stack = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output; the mask
+    stacks = (enc > 0) + (dec > 0)
+    return blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
+
+
 class _Validator:
     def __init__(self, ctx: _Ctx, max_elements: int) -> None:
         self.ctx = ctx
@@ -973,8 +988,7 @@ class _Validator:
         """Refuse, before allocating anything, a model whose arrays would be too large.
 
         An upper bound on the numbers one run holds: every weight (the q/k/v ones twice,
-        as fused weights are split into copies), and every traced step, with L the longest
-        sequence standing for every query and key length."""
+        as fused weights are split into copies) and every traced step (trace_size)."""
         d, H, dk, dv, dff, V = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff, n_vocab
         enc, dec = m.encoder_layers, m.decoder_layers
         qkv = H * (d * (2 * dk + dv) + 2 * dk + dv)
@@ -983,14 +997,7 @@ class _Validator:
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 4 * d  # + the final norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
-        L = max(lengths, default=1)
-        # q, k (and q_raw, k_raw), v, context; scores, scaled, masked, softmax; then concat,
-        # wo, residual, norm and its two statistics.
-        attn_steps = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
-        ffn_steps = L * (2 * dff + 3 * d + 2)
-        stack_steps = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output, mask
-        total += blocks * attn_steps + (enc + dec) * ffn_steps + 2 * stack_steps
-        total += L * L + 2 * L * V  # the cross mask, logits and probs
+        total += trace_size(m, max(lengths, default=1), V)
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",
