@@ -792,7 +792,8 @@ def diff(
         warn(c, trace_b)
         keep = None
         if stage is not None:
-            check_stage(stage, trace_a.stages() | trace_b.stages())
+            known = trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps)
+            check_stage(stage, known)
             keep = lambda path: matches(path, stage, None, None)  # noqa: E731
         diffs = compare(trace_a, trace_b, atol, keep)
         first = first_difference(diffs)

@@ -29,7 +29,7 @@ from trace_tf.stages import Stage, stage_of
 from trace_tf.trace import Step, Trace
 
 MAX_TERMS = 6  # longer sums show their first 3 and last 2 terms around "…"
-ONE_LINE = 110  # an explanation this short is printed on one line
+ONE_LINE = 90  # an explanation this short is printed on one line
 
 
 # ---------------------------------------------------------------------------

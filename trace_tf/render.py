@@ -150,7 +150,8 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
-            parts.append(Text(f"[{i}]", style="bold"))
+            label = f"  ({step.rows[i]})" if step.rows is not None else ""
+            parts.append(Text(f"[{i}]{label}", style="bold"))
             parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
         body = Group(*parts)
     return titled(step.path, step.formula, step.shape, body)
