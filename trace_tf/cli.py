@@ -6,6 +6,8 @@ Heavy modules (numpy, the engine) are imported inside the commands, so that
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -121,6 +123,40 @@ def _common(**kw: Any) -> Common:
     if fmt not in ("table", "json"):
         _fail(f"--format must be table or json, not {fmt!r}")
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
+
+
+_COMMON_OPTIONS = {
+    "sets": (SetOpt, None),
+    "variant": (VariantOpt, None),
+    "fmt": (FormatOpt, "table"),
+    "output": (OutputOpt, None),
+    "force": (ForceOpt, False),
+    "precision": (PrecisionOpt, 4),
+    "full": (FullOpt, False),
+    "strict": (StrictOpt, False),
+    "debug": (DebugOpt, False),
+    "max_elements": (MaxElementsOpt, 2**28),
+}
+
+
+def running(fn: Callable[..., None]) -> Callable[..., None]:
+    """A command that runs the model: it takes the common options (SPEC section 4),
+    receives them as `c: Common`, and has its errors turned into exit codes."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "c"]
+    common = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+        for name, (ann, default) in _COMMON_OPTIONS.items()
+    ]
+
+    @functools.wraps(fn)
+    def command(**kw: Any) -> None:
+        with guarded(kw["debug"]):
+            c = _common(**{name: kw.pop(name) for name in _COMMON_OPTIONS})
+            fn(c, **kw)
+
+    command.__signature__ = inspect.Signature([*own, *common])  # type: ignore[attr-defined]
+    del command.__wrapped__  # typer must read the signature above, not fn's
+    return command
 
 
 def _fail(message: str) -> None:
@@ -258,45 +294,23 @@ def _trace_command(command: str, config: str | None, c: Common) -> None:
 
 
 @app.command()
-def encode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-) -> None:
+@running
+def encode(c: Common, config: ConfigArg = None) -> None:
     """Run the encoder on `source` and show every step in order."""
-    with guarded(debug):
-        _trace_command("encode", config, _common(**locals()))
+    _trace_command("encode", config, c)
 
 
 @app.command()
-def decode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-) -> None:
+@running
+def decode(c: Common, config: ConfigArg = None) -> None:
     """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
-    with guarded(debug):
-        _trace_command("decode", config, _common(**locals()))
+    _trace_command("decode", config, c)
 
 
 @app.command()
+@running
 def step(
+    c: Common,
     config: ConfigArg = None,
     stage: Annotated[
         str,
@@ -307,46 +321,34 @@ def step(
     ] = "softmax",
     layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
     head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
-    with guarded(debug):
-        c = _common(**locals())
-        from trace_tf import render
-        from trace_tf.config import Config
-        from trace_tf.errors import InputError
-        from trace_tf.runner import run
-        from trace_tf.trace import check_stage
+    from trace_tf import render
+    from trace_tf.config import Config
+    from trace_tf.errors import InputError
+    from trace_tf.runner import run
+    from trace_tf.trace import check_stage
 
-        cfg = _load(config, c)
-        trace = run(cfg, "full")
-        check_stage(stage, trace.stages())
-        steps = trace.select(stage, layer, head)
-        if not steps:
-            raise InputError(
-                f"no step matches --stage {stage}"
-                + (f" --layer {layer}" if layer is not None else "")
-                + (f" --head {head}" if head is not None else ""),
-                expected="a layer and head the model has",
-            )
-        weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
-        view = c.view()
-        _show(
-            cfg,
-            trace,
-            steps,
-            c,
-            lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    cfg = _load(config, c)
+    trace = run(cfg, "full")
+    check_stage(stage, trace.stages())
+    steps = trace.select(stage, layer, head)
+    if not steps:
+        raise InputError(
+            f"no step matches --stage {stage}"
+            + (f" --layer {layer}" if layer is not None else "")
+            + (f" --head {head}" if head is not None else ""),
+            expected="a layer and head the model has",
         )
+    weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
+    view = c.view()
+    _show(
+        cfg,
+        trace,
+        steps,
+        c,
+        lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    )
 
 
 @app.command()
