@@ -455,6 +455,7 @@ def examples() -> None:
 # ---------------------------------------------------------------------------
 
 MatrixOpt = Optional[str]  # noqa: UP045 (typer needs Optional on Python 3.10)
+WordOpt = Optional[str]  # noqa: UP045
 _MATRIX_HELP = "rows separated by ';', numbers by spaces or commas, e.g. '1 0 0; 1,2,0'"
 
 
@@ -532,7 +533,9 @@ def _run_op(cfg: OpConfig, c: Common) -> None:
 
 
 @app.command()
+@running
 def attend(
+    c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(help="A file with an 'attention:' section.", show_default=False),
@@ -544,7 +547,7 @@ def attend(
         MatrixOpt, typer.Option("--mask", help="Additive mask, n_q x n_k of 0 and -inf.")
     ] = None,
     scale: Annotated[
-        MatrixOpt,
+        WordOpt,
         typer.Option("--scale", help="Divide the scores by this (a number or sqrt_dk)."),
     ] = None,
     temperature: Annotated[
@@ -552,49 +555,39 @@ def attend(
         typer.Option("--temperature", help="Softmax temperature T (divides inside the softmax)."),
     ] = None,
     score: Annotated[
-        MatrixOpt,
+        WordOpt,
         typer.Option("--score", help="scaled_dot (default), dot, additive, bilinear or gaussian."),
     ] = None,
     w: Annotated[
         MatrixOpt, typer.Option("--w", help="gaussian: the kernel width w (a number or a vector).")
     ] = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
-    with guarded(debug):
-        from trace_tf.config import parse_matrix
+    from trace_tf.config import parse_matrix
 
-        c = _common(**locals())
-        if file is None and not (q and k and v):
-            _fail("attend needs --q, --k and --v (or a FILE with an 'attention:' section)")
-        options: list[tuple[str, str, Any]] = []
-        for key, option, text in (("Q", "--q", q), ("K", "--k", k), ("V", "--v", v)):
-            if text is not None:
-                options.append((key, option, parse_matrix(text, option)))
-        if mask is not None:
-            options.append(("mask", "--mask", parse_matrix(mask, "--mask", allow_inf=True)))
-        if scale is not None:
-            options.append(("scale", "--scale", _scale_value(scale)))
-        if temperature is not None:
-            options.append(("temperature", "--temperature", temperature))
-        if score is not None:
-            options.append(("score", "--score", score))
-        if w is not None:
-            options.append(("w", "--w", _inline_value(w, "--w")))
-        _run_op(_op_config("attend", "attention", file, options, c), c)
+    if file is None and not (q and k and v):
+        _fail("attend needs --q, --k and --v (or a FILE with an 'attention:' section)")
+    options: list[tuple[str, str, Any]] = []
+    for key, option, text in (("Q", "--q", q), ("K", "--k", k), ("V", "--v", v)):
+        if text is not None:
+            options.append((key, option, parse_matrix(text, option)))
+    if mask is not None:
+        options.append(("mask", "--mask", parse_matrix(mask, "--mask", allow_inf=True)))
+    if scale is not None:
+        options.append(("scale", "--scale", _scale_value(scale)))
+    if temperature is not None:
+        options.append(("temperature", "--temperature", temperature))
+    if score is not None:
+        options.append(("score", "--score", score))
+    if w is not None:
+        options.append(("w", "--w", _inline_value(w, "--w")))
+    _run_op(_op_config("attend", "attention", file, options, c), c)
 
 
 @app.command()
+@running
 def norm(
+    c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(help="A file with a 'norm:' section.", show_default=False),
@@ -606,7 +599,7 @@ def norm(
         ),
     ] = None,
     kind: Annotated[
-        MatrixOpt,
+        WordOpt,
         typer.Option("--kind", help="layer (default), rms, batch or instance."),
     ] = None,
     eps: Annotated[
@@ -615,45 +608,35 @@ def norm(
     ] = None,
     gamma: Annotated[MatrixOpt, typer.Option("--gamma", help="Scale per feature.")] = None,
     beta: Annotated[MatrixOpt, typer.Option("--beta", help="Shift per feature.")] = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """One normalisation (layer, rms, batch, instance): its statistics, then its output."""
-    with guarded(debug):
-        from trace_tf.config import parse_matrix
+    from trace_tf.config import parse_matrix
 
-        c = _common(**locals())
-        if file is None and x is None:
-            _fail("norm needs --x (or a FILE with a 'norm:' section)")
-        options: list[tuple[str, str, Any]] = []
-        if x is not None:
-            if kind == "instance" and "|" not in x and not x.lstrip().startswith("["):
-                _fail(
-                    "--x: instance norm takes a B x C x n array: separate the B samples "
-                    "(each C x n) with '|', e.g. --x '1 2 3; 4 5 6 | 0 1 0; 2 2 3'"
-                )
-            options.append(("x", "--x", parse_matrix(x, "--x")))
-        if kind is not None:
-            options.append(("kind", "--kind", kind))
-        if eps is not None:
-            options.append(("eps", "--eps", eps))
-        for key, option, text in (("gamma", "--gamma", gamma), ("beta", "--beta", beta)):
-            if text is not None:
-                value = _inline_value(text, option)
-                options.append((key, option, value if isinstance(value, list) else [value]))
-        _run_op(_op_config("norm", "norm", file, options, c), c)
+    if file is None and x is None:
+        _fail("norm needs --x (or a FILE with a 'norm:' section)")
+    options: list[tuple[str, str, Any]] = []
+    if x is not None:
+        if kind == "instance" and "|" not in x and not x.lstrip().startswith("["):
+            _fail(
+                "--x: instance norm takes a B x C x n array: separate the B samples "
+                "(each C x n) with '|', e.g. --x '1 2 3; 4 5 6 | 0 1 0; 2 2 3'"
+            )
+        options.append(("x", "--x", parse_matrix(x, "--x")))
+    if kind is not None:
+        options.append(("kind", "--kind", kind))
+    if eps is not None:
+        options.append(("eps", "--eps", eps))
+    for key, option, text in (("gamma", "--gamma", gamma), ("beta", "--beta", beta)):
+        if text is not None:
+            value = _inline_value(text, option)
+            options.append((key, option, value if isinstance(value, list) else [value]))
+    _run_op(_op_config("norm", "norm", file, options, c), c)
 
 
 @app.command()
+@running
 def pe(
+    c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(help="A file with a 'pe:' section.", show_default=False),
@@ -667,44 +650,34 @@ def pe(
         typer.Option("--d-model", min=1, help="Width d."),
     ] = None,
     kind: Annotated[
-        MatrixOpt,
+        WordOpt,
         typer.Option("--kind", help="sinusoidal (default) or rope (the rotation angles)."),
     ] = None,
     base: Annotated[
         Optional[float],  # noqa: UP045
         typer.Option("--base", help="The base of the frequencies (default 10000)."),
     ] = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """The positional encoding matrix (sinusoidal), or RoPE's rotation angles."""
-    with guarded(debug):
-        c = _common(**locals())
-        if file is None and (length is None or d_model is None):
-            _fail("pe needs --length and --d-model (or a FILE with a 'pe:' section)")
-        options: list[tuple[str, str, Any]] = [
-            (key, option, value)
-            for key, option, value in (
-                ("length", "--length", length),
-                ("d_model", "--d-model", d_model),
-                ("kind", "--kind", kind),
-                ("base", "--base", base),
-            )
-            if value is not None
-        ]
-        _run_op(_op_config("pe", "pe", file, options, c), c)
+    if file is None and (length is None or d_model is None):
+        _fail("pe needs --length and --d-model (or a FILE with a 'pe:' section)")
+    options: list[tuple[str, str, Any]] = [
+        (key, option, value)
+        for key, option, value in (
+            ("length", "--length", length),
+            ("d_model", "--d-model", d_model),
+            ("kind", "--kind", kind),
+            ("base", "--base", base),
+        )
+        if value is not None
+    ]
+    _run_op(_op_config("pe", "pe", file, options, c), c)
 
 
 @app.command()
+@running
 def diff(
+    c: Common,
     config_a: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(metavar="A", help="The first config (default: hello).", show_default=False),
@@ -712,7 +685,7 @@ def diff(
     config_b: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
-            metavar="[B]",
+            metavar="B",
             help="The second config; default: A again, varied by --set-b / --variant-b.",
             show_default=False,
         ),
@@ -746,123 +719,73 @@ def diff(
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit 1 when the runs differ (like git diff).")
     ] = False,
-    sets: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option(
-            "--set", help="Override a key of both A and B (repeatable).", metavar="KEY=VALUE"
-        ),
-    ] = None,
-    variant: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--variant", help="Run A (and B, unless --variant-b) on this variant."),
-    ] = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
-    """Run two configs (or one against a variation of itself) and show where they differ."""
-    with guarded(debug):
-        c = _common(**locals())
-        from rich.panel import Panel
-        from rich.table import Table
+    """Run two configs, or one against a variation of itself, and show where they differ.
 
-        from trace_tf import render
-        from trace_tf.config import build, parse_set, read_document
-        from trace_tf.diff import DIFFERS, ONLY_A, ONLY_B, SAME, compare, first_difference
-        from trace_tf.runner import run
-        from trace_tf.trace import check_stage, matches
+    --set and --variant apply to both A and B; --set-b to B only; --variant-b replaces
+    the variant for B.
+    """
+    from trace_tf import render
+    from trace_tf.config import build, parse_set, read_document
+    from trace_tf.diff import DIFFERS, SAME, compare, first_difference, verdict
+    from trace_tf.runner import run
+    from trace_tf.trace import check_stage, matches
 
-        if config_b is None and not set_b and variant_b is None:
-            _fail(
-                "diff needs something to compare A with: a second config B, "
-                "or --set-b KEY=VALUE / --variant-b NAME (e.g. diff hello --set-b model.scale=30)"
-            )
-        both = [parse_set(s) for s in c.sets]
-        only_b = [parse_set(s) for s in set_b or []]
-        doc_a = read_document(config_a)
-        doc_b = read_document(config_b) if config_b is not None else doc_a
-        var_b = variant_b if variant_b is not None else c.variant
-        cfg_a = build(doc_a, both, c.variant, c.max_elements)
-        cfg_b = build(doc_b, both + only_b, var_b, c.max_elements)
-        trace_a, trace_b = run(cfg_a), run(cfg_b)
-        warn(c, trace_a)
-        warn(c, trace_b)
-        keep = None
-        if stage is not None:
-            known = trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps)
-            check_stage(stage, known)
-            keep = lambda path: matches(path, stage, None, None)  # noqa: E731
-        diffs = compare(trace_a, trace_b, atol, keep)
-        first = first_difference(diffs)
-
-        def describe(doc_file: str, var: str | None, extra: list[tuple[str, Any]]) -> str:
-            parts = [doc_file]
-            if var is not None:
-                parts.append(f"variant {var}")
-            parts.extend(f"{key}={json.dumps(val)}" for key, val in extra)
-            return ", ".join(parts)
-
-        label_a = describe(doc_a.file, c.variant, both)
-        label_b = describe(doc_b.file, var_b, both + only_b)
-        counts = {s: sum(d.status == s for d in diffs) for s in (SAME, DIFFERS, ONLY_A, ONLY_B)}
-        counts["change shape"] = len(diffs) - sum(counts.values())
-        if first is None:
-            verdict = f"identical: all {len(diffs)} steps agree within atol {atol:g}"
-        else:
-            same = f"{counts[SAME]} the same" + ("" if all_steps else " (list them with --all)")
-            words = {DIFFERS: "differ", ONLY_A: "only in A", ONLY_B: "only in B"}
-            others = [
-                f"{n} {words.get(status, status)}"
-                for status, n in counts.items()
-                if n and status != SAME
-            ]
-            verdict = (
-                f"first difference: {first.path} ({first.status}); of {len(diffs)} steps "
-                + ", ".join([*others, same])
-                + f" (atol {atol:g})"
-            )
-        data = {
-            "trace_tf": _version(),
-            "a": {"config": doc_a.file, "variant": c.variant, "overrides": dict(both)},
-            "b": {"config": doc_b.file, "variant": var_b, "overrides": dict(both + only_b)},
-            "atol": atol,
-            "identical": first is None,
-            "first_difference": first.path if first is not None else None,
-            "steps": [render.diff_json(d) for d in diffs],
-            "only_a": [d.path for d in diffs if d.status == ONLY_A],
-            "only_b": [d.path for d in diffs if d.status == ONLY_B],
-            "warnings": trace_a.warnings + trace_b.warnings,
-        }
-        if c.fmt == "json":
-            emit(c, [], data)
-        else:
-            grid = Table.grid(padding=(0, 2))
-            grid.add_column(style="bold")
-            grid.add_column()
-            grid.add_row("A", label_a)
-            grid.add_row("B", label_b)
-            grid.add_row("result", verdict)
-            view = c.view()
-            items: list[Any] = [Panel(grid, title="trace-tf diff", title_align="left")]
-            listed = diffs if all_steps else [d for d in diffs if d.status != SAME]
-            if listed:
-                items.append(render.diff_summary(listed, view))
-            if not brief:
-                items.extend(
-                    render.diff_detail(d, view, delta) for d in diffs if d.status == DIFFERS
-                )
-            emit(c, items, data)
-        if exit_code and first is not None:
-            raise typer.Exit(1)
+    if config_b is None and not set_b and variant_b is None:
+        _fail(
+            "diff needs something to compare A with: a second config B, "
+            "or --set-b KEY=VALUE / --variant-b NAME (e.g. diff hello --set-b model.scale=30)"
+        )
+    both = [parse_set(s) for s in c.sets]
+    only_b = [parse_set(s) for s in set_b or []]
+    doc_a = read_document(config_a)
+    doc_b = read_document(config_b) if config_b is not None else doc_a
+    var_b = variant_b if variant_b is not None else c.variant
+    trace_a = run(build(doc_a, both, c.variant, c.max_elements))
+    trace_b = run(build(doc_b, both + only_b, var_b, c.max_elements))
+    warn(c, trace_a)
+    warn(c, trace_b)
+    keep = None
+    if stage is not None:
+        check_stage(
+            stage, trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps)
+        )
+        keep = lambda path: matches(path, stage, None, None)  # noqa: E731
+    diffs = compare(trace_a, trace_b, atol, keep)
+    first = first_difference(diffs)
+    sides = {
+        "a": {"config": doc_a.file, "variant": c.variant, "overrides": dict(both)},
+        "b": {"config": doc_b.file, "variant": var_b, "overrides": dict(both + only_b)},
+    }
+    data = {
+        "trace_tf": _version(),
+        **sides,
+        "atol": atol,
+        "identical": first is None,
+        "first_difference": first.path if first is not None else None,
+        "steps": [render.diff_json(d) for d in diffs],
+        "only_a": [d.path for d in diffs if d.b is None],
+        "only_b": [d.path for d in diffs if d.a is None],
+        "warnings": trace_a.warnings + trace_b.warnings,
+    }
+    view = c.view()
+    items: list[Any] = [
+        render.diff_header(sides["a"], sides["b"], verdict(diffs, atol, listed_same=all_steps))
+    ]
+    listed = diffs if all_steps else [d for d in diffs if d.status != SAME]
+    if listed:
+        items.append(render.diff_summary(listed, view))
+    if not brief:
+        items.extend(render.diff_detail(d, view, delta) for d in diffs if d.status == DIFFERS)
+    emit(c, items, data)
+    if exit_code and first is not None:
+        raise typer.Exit(1)
 
 
 @app.command()
+@running
 def explain(
+    c: Common,
     step_name: Annotated[
         str,
         typer.Argument(
@@ -875,32 +798,21 @@ def explain(
         Optional[str],  # noqa: UP045
         typer.Option("--cell", help="The entry: I,J (as many indices as the step has dimensions)."),
     ] = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
 ) -> None:
     """One entry of one step written out with its own numbers, as the documents do by hand."""
-    with guarded(debug):
-        c = _common(**locals(), full=False)
-        from trace_tf import explain as ex
-        from trace_tf.runner import run
+    from trace_tf import explain as ex
+    from trace_tf.runner import run
 
-        cfg = _load(config, c)
-        trace = run(cfg)
-        warn(c, trace)
-        step_ = ex.find_step(trace, step_name)
-        e = ex.explain(cfg, trace, step_, ex.parse_cell(cell, step_), c.precision)
-        emit(
-            c,
-            [ex.explanation_view(e, c.precision)],
-            {"trace_tf": _version(), "title": cfg.title, **e.json()},
-        )
+    cfg = _load(config, c)
+    trace = run(cfg)
+    warn(c, trace)
+    step_ = ex.find_step(trace, step_name)
+    e = ex.explain(cfg, trace, step_, ex.parse_cell(cell, step_), c.precision)
+    emit(
+        c,
+        [ex.explanation_view(e, c.precision)],
+        {"trace_tf": _version(), "title": cfg.title, **e.json()},
+    )
 
 
 @app.command()

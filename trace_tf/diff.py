@@ -76,3 +76,19 @@ def compare(
 def first_difference(diffs: list[StepDiff]) -> StepDiff | None:
     """The earliest step (in A's order) where the runs part ways."""
     return next((d for d in diffs if d.status != SAME), None)
+
+
+def verdict(diffs: list[StepDiff], atol: float, listed_same: bool = False) -> str:
+    """One line: identical, or where the runs part and how many steps are in each state."""
+    first = first_difference(diffs)
+    if first is None:
+        return f"identical: all {len(diffs)} steps agree within atol {atol:g}"
+    words = {DIFFERS: "differ", SHAPE: "change shape", ONLY_A: "only in A", ONLY_B: "only in B"}
+    counts = [(n, words[s]) for s in words if (n := sum(d.status == s for d in diffs))]
+    n_same = sum(d.status == SAME for d in diffs)
+    same = f"{n_same} the same" + ("" if listed_same else " (list them with --all)")
+    return (
+        f"first difference: {first.path} ({first.status}); of {len(diffs)} steps "
+        + ", ".join([*(f"{n} {w}" for n, w in counts), same])
+        + f" (atol {atol:g})"
+    )

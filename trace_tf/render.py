@@ -334,3 +334,23 @@ def diff_json(d: StepDiff) -> dict[str, Any]:
         assert d.differing is not None
         out["differing"] = [list(map(int, ix)) for ix in np.argwhere(d.differing)]
     return out
+
+
+def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Panel:
+    """Which two runs are compared (file, variant, overrides), and the verdict."""
+    import json
+
+    def side(s: Mapping[str, Any]) -> str:
+        parts = [str(s["config"])]
+        if s.get("variant") is not None:
+            parts.append(f"variant {s['variant']}")
+        parts.extend(f"{k}={json.dumps(v)}" for k, v in s.get("overrides", {}).items())
+        return ", ".join(parts)
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("A", Text(side(a)))
+    grid.add_row("B", Text(side(b)))
+    grid.add_row("result", Text(verdict))
+    return Panel(grid, title="trace-tf diff", title_align="left")
