@@ -73,6 +73,7 @@ OP_CASES: dict[str, dict[str, Any]] = {
     "instance": {"norm": {"kind": "instance", "x": [[[1, 2, 3], [4, 5, 7]], [[0, 1, 0], [2, 2, 3]]], "gamma": [2, 1], "beta": [0, -1]}},
     "rope_angles": {"pe": {"length": 4, "d_model": 6, "kind": "rope"}},
     "masked_bilinear": {"attention": {"score": "bilinear", "Q": [[1, 2]], "K": [[1, 0, 1], [0, 1, 1]], "V": [[1], [2]], "W_b": [[1, 0, 2], [0, 1, -1]], "mask": [[0, "-inf"]]}},
+    "gaussian_widths": {"attention": {"score": "gaussian", "Q": [[1, 2], [0, 1]], "K": [[1, 0], [2, 2], [0, 0]], "V": [[1], [2], [3]], "w": [1, 0.5]}},
     "fully_masked_row": {"attention": {"Q": [[1.0], [2.0]], "K": [[1.0], [3.0]], "V": [[1.0], [2.0]], "mask": [["-inf", "-inf"], [0, 0]]}},
 }  # fmt: skip
 

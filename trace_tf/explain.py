@@ -447,7 +447,7 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     s = _symbol(src)
     zs = f"{s}/T" if T != 1 else s
     terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in z]
-    where = [f"{s} = row {i} of {src} = {f.vec(row)}"]
+    where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
     if T != 1:
         where.append(f"T = {T:g}: z = {s} / T = {f.vec(z)}")
     where.append(f"m = the row's largest {zs} = {f.num(m)} (subtracted for stability; it cancels)")
