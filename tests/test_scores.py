@@ -292,3 +292,20 @@ def test_ops_score_functions_by_hand() -> None:
     assert ops.gaussian_scores(q, k, np.array([1.0, 2.0]))[0, 0] == -20.0
     feats = ops.additive_features(np.array([[0.5]]), np.array([[0.25], [-0.5]]))
     np.testing.assert_allclose(feats[0, :, 0], [math.tanh(0.75), 0.0], atol=1e-16)
+
+
+@pytest.mark.parametrize("score", ["dot", "additive", "bilinear", "gaussian"])
+def test_every_score_function_decodes_the_same_with_and_without_the_kv_cache(score: str) -> None:
+    from trace_tf import generate
+
+    data = random_config(np.random.default_rng(14), d_model=4, n_heads=2, decoder_layers=2)
+    data["model"]["score"] = score
+    data["model"]["positional"] = "rope"
+    data.pop("target")
+    cfg = config_from(data)
+    assert isinstance(cfg, Config)
+    cached = generate.run(cfg, generate.Settings(max_tokens=5, cache=True))
+    fresh = generate.run(cfg, generate.Settings(max_tokens=5, cache=False))
+    assert cached.generated == fresh.generated
+    for a, b in zip(cached.iterations, fresh.iterations, strict=True):
+        np.testing.assert_allclose(a.model_probs, b.model_probs, rtol=0, atol=1e-12)

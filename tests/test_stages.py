@@ -55,3 +55,23 @@ def test_stages_command_lists_every_stage_and_group() -> None:
     assert result.exit_code == 0
     for text in ("softmax", "PE[pos,2i] = sin(pos / base^(2i/d))", "embedding[token]", "add_norm"):
         assert text in result.stdout
+
+
+def test_generate_traces_are_in_the_registry() -> None:
+    import numpy as np
+    from conftest import config_from
+    from random_configs import random_config
+
+    from trace_tf import generate
+    from trace_tf.trace import Tracer
+
+    data = random_config(np.random.default_rng(5), d_model=4, n_heads=2, decoder_layers=1)
+    data["model"]["score"] = "additive"
+    data["weights"]["output"]["b"][1] = -1e3  # never eos (t1): run to max_tokens
+    cfg = config_from(data)
+    for settings in (generate.Settings(max_tokens=3), generate.Settings("beam", 3, width=2)):
+        tr = Tracer()
+        generate.run(cfg, settings, tr)  # type: ignore[arg-type]
+        paths = [s.path for s in tr.trace]
+        assert any(p.startswith(("t1.decoder", "t1.b0.decoder")) for p in paths), paths[-3:]
+        assert [p for p in paths if stage_of(p) is None] == []

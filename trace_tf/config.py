@@ -579,6 +579,14 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
+    """About how many numbers a traced run over sequences of L positions records."""
+    per_layer = L * (8 * m.d_model + 2 * m.d_ff + m.n_heads * (4 * L + 2 * m.d_k + 2 * m.d_v))
+    if m.score == "additive":  # tanh(q_a[i] + k_a[j]): L x L x d_a per head, and q_a, k_a
+        per_layer += m.n_heads * L * (L + 2) * m.d_a
+    return (m.encoder_layers + 2 * m.decoder_layers) * per_layer + L * n_vocab * 2
+
+
 class _Validator:
     def __init__(self, ctx: _Ctx, max_elements: int) -> None:
         self.ctx = ctx
@@ -1101,11 +1109,7 @@ class _Validator:
             attn * (2 if m.encoder_layers else 1) + ffn
         )
         total += 2 * n_vocab * d + m.max_len * d
-        L = max(lengths, default=1)
-        per_layer_trace = L * (8 * d + 2 * m.d_ff + H * (4 * L + 2 * m.d_k + 2 * m.d_v))
-        if m.score == "additive":  # tanh(q_a[i] + k_a[j]): L x L x d_a per head
-            per_layer_trace += H * L * (L + 2) * m.d_a
-        total += (m.encoder_layers + 2 * m.decoder_layers) * per_layer_trace + L * n_vocab * 2
+        total += trace_size(m, max(lengths, default=1), n_vocab)
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",

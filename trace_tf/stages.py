@@ -19,7 +19,7 @@ PLACEHOLDERS = {
     "<sub>": "(?:self_attn|cross_attn|ffn)",
     "<n>": r"\d+",
 }
-_ITERATION = re.compile(r"^t\d+\.")  # `generate --trace` prefixes each iteration's paths
+_ITERATION = re.compile(r"^t\d+\.(?:b\d+\.)?")  # generate --trace: t<i>. (beam: t<i>.b<j>.)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,9 @@ GROUPS: dict[str, Callable[[str], bool]] = {
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
     "cross": lambda p: (
-        bool(re.match(r"^(t\d+\.)?decoder\.\d+\.cross_attn\.", p)) or p.endswith("cross_mask")
+        # t<i>. (and b<j>.): a step of generate's iteration i (live beam j)
+        bool(re.match(r"^(t\d+\.)?(b\d+\.)?decoder\.\d+\.cross_attn\.", p))
+        or p.endswith("cross_mask")
     ),
     "attention": lambda p: (
         bool(re.search(r"(^|\.)(self_attn|cross_attn|attn)\.", p))
@@ -181,10 +183,12 @@ class Tracer:
         formula: str,
         *inputs: Any,
         cols: Labels | str = None,
+        rows: Labels | str = None,
     ) -> np.ndarray:
         """Record `value` as step `name` in the current scope and return it unchanged.
 
-        `cols="keys"` labels the columns with the key tokens of the current scope.
+        `cols="keys"` labels the columns with the key tokens of the current scope;
+        `rows="keys"` the rows (K and V: one row per key).
         """
         path = self.path(name)
         value.flags.writeable = False  # the engine never writes in place; make sure of it
@@ -193,10 +197,13 @@ class Tracer:
             self._check_nonfinite(name, path, value)
         if self.keep is not None and not self.keep(path):
             return value
-        rows = self._current(self._rows)
+        if rows is None or isinstance(rows, str):
+            row_labels = self._current(self._keys if rows == "keys" else self._rows)
+        else:
+            row_labels = tuple(rows)
         col_labels = self._current(self._keys) if cols == "keys" else cols
-        if rows is not None and (value.ndim < 1 or len(rows) != value.shape[0]):
-            rows = None
+        if row_labels is not None and (value.ndim < 1 or len(row_labels) != value.shape[0]):
+            row_labels = None
         if col_labels is not None and (value.ndim < 2 or len(col_labels) != value.shape[-1]):
             col_labels = None
         self.trace.steps[path] = Step(
@@ -204,7 +211,7 @@ class Tracer:
             formula=formula,
             value=value,
             inputs=tuple(self.names.get(id(x), "?") for x in inputs),
-            rows=rows,
+            rows=row_labels,
             cols=tuple(col_labels) if col_labels is not None else None,
         )
         return value
@@ -236,6 +243,7 @@ class NullTracer(Tracer):
         formula: str,
         *inputs: Any,
         cols: Labels | str = None,
+        rows: Labels | str = None,
     ) -> np.ndarray:
         return value
 
