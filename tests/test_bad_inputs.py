@@ -926,7 +926,7 @@ SIZES_ = [
             "model",
             1,
             "too large",
-            "more numbers than the limit (raise it with --max-elements)",
+            "the model's arrays would be over the limit (raise it with --max-elements)",
             "expected at most 268,435,456 numbers, found about ",
         )
         for name, key, value in (
@@ -949,7 +949,7 @@ SIZES_ = [
         BASE,
         "model",
         1,
-        "more numbers than the limit",
+        "arrays would be over the limit",
         "expected at most 100 numbers, found about ",
         args=("encode", "{file}", "--max-elements", "100"),
     ),
@@ -996,9 +996,9 @@ STRUCTURE = [
     ),
     case(
         "both-weight-forms",
-        attn("heads: [{}, {}]\nW_q: [[1]]"),
-        "weights.encoder.0.self_attn.W_q",
-        "W_q",
+        attn("heads:\n  - {W_k: [[1]]}\n  - {}\nW_q: [[1]]"),
+        "weights.encoder.0.self_attn.heads.0.W_k",
+        "W_k",
         "one form per block",
     ),
     case(
@@ -1162,7 +1162,7 @@ STRUCTURE = [
         "pe: {length: 1000000000, d_model: 1000000000}\n",
         "pe",
         1,
-        "too large: 1000000000 x 1000000000 numbers are more than the limit",
+        "too large: 1000000000 x 1000000000 numbers are over the limit",
         "expected at most 268,435,456 numbers, found 1,000,000,000,000,000,000",
         args=("step", "{file}", "--stage", "pe"),
     ),
@@ -1368,6 +1368,277 @@ FILES = [
     case("invalid-utf-8-start", b"\x80\x81garbage", None, None, "not UTF-8 text (byte 0)"),
 ]
 
+# Inline matrices and the calculators: an error in an option names the option; one
+# found when the options are put together names the command line and the key path.
+ATT = ("attend", "--q", "1 2", "--k", "1 2; 3 4", "--v", "1; 2")
+ATT_FILE = "attention: {Q: [[1, 2]], K: [[1, 2]], V: [[1]]}\n"
+
+
+def att(**change: str) -> tuple[str, ...]:
+    """The attend command line ATT with some options changed or added."""
+    args = list(ATT)
+    for key, value in change.items():
+        option = f"--{key}"
+        if option in args:
+            args[args.index(option) + 1] = value
+        else:
+            args += [option, value]
+    return tuple(args)
+
+
+CALCULATORS = [
+    case(
+        "inline-ragged",
+        None,
+        None,
+        None,
+        "ragged matrix: row 1 has 1 numbers, row 0 has 2",
+        "expected 2 numbers in every row, found '3'",
+        args=att(q="1 2; 3"),
+        names="--q",
+    ),
+    case(
+        "inline-word",
+        None,
+        None,
+        None,
+        "row 0: not a number",
+        "expected a number, found 'x'",
+        args=att(k="1 x; 3 4"),
+        names="--k",
+    ),
+    *(
+        case(
+            f"inline-{lit}",
+            None,
+            None,
+            None,
+            "row 0: not a finite number",
+            f"expected a finite number, found '{lit}'",
+            args=att(q=f"1 {lit}"),
+            names="--q",
+        )
+        for lit in ("nan", "inf", "-inf", "1e400")
+    ),
+    case(
+        "inline-empty-row",
+        None,
+        None,
+        None,
+        "row 1 is empty",
+        args=att(v="1;;2"),
+        names="--v",
+    ),
+    case(
+        "inline-3-D-ragged",
+        None,
+        None,
+        None,
+        "the matrices separated by '|' differ in shape",
+        "found 1 x 2, 1 x 1",
+        args=att(q="1 2 | 3"),
+        names="--q",
+    ),
+    case(
+        "inline-yaml-malformed",
+        None,
+        None,
+        1,
+        "malformed YAML",
+        args=att(q="[[1, 2]"),
+        names="--q",
+    ),
+    case(
+        "inline-yaml-ragged",
+        None,
+        "attention.Q.1",
+        None,
+        "ragged matrix: a list among numbers (set by --q)",
+        args=att(q="[1, [2]]"),
+        names="command line",
+    ),
+    case(
+        "inline-yaml-python-tag",
+        None,
+        None,
+        1,
+        "YAML tag tag:yaml.org,2002:python/object/apply:os.getcwd is not allowed",
+        args=att(q="[!!python/object/apply:os.getcwd []]"),
+        names="--q",
+    ),
+    case(
+        "inline-K-columns",
+        None,
+        "attention.K",
+        None,
+        "wrong shape (set by --k)",
+        "as many columns as Q (d_k) (2 columns), found shape 2 x 3",
+        args=att(k="1 2 3; 4 5 6"),
+        names="command line",
+    ),
+    case(
+        "inline-V-rows",
+        None,
+        "attention.V",
+        None,
+        "(2 rows), found shape 3 x 1",
+        args=att(v="1; 2; 3"),
+        names="command line",
+    ),
+    case(
+        "inline-mask-plus-inf",
+        None,
+        None,
+        None,
+        "expected a finite number or -inf, found 'inf'",
+        args=att(mask="0 inf"),
+        names="--mask",
+    ),
+    case(
+        "inline-mask-shape",
+        None,
+        "attention.mask",
+        None,
+        "expected shape 1 x 2, found shape 1 x 3",
+        args=att(mask="0 0 0"),
+        names="command line",
+    ),
+    case(
+        "attend-scale-zero",
+        None,
+        "attention.scale",
+        None,
+        "must be positive (set by --scale)",
+        args=att(scale="0"),
+        names="command line",
+    ),
+    case(
+        "attend-unknown-score",
+        None,
+        "attention.score",
+        None,
+        "did you mean 'dot'?",
+        args=att(score="dott"),
+        names="command line",
+    ),
+    case(
+        "attend-missing-matrices",
+        None,
+        None,
+        None,
+        "attend needs --q, --k and --v",
+        args=("attend", "--k", "1", "--v", "1"),
+        names="attend",
+    ),
+    case(
+        "attend-file-and-option-disagree",
+        ATT_FILE,
+        "attention.K",
+        1,
+        "as many columns as Q (d_k) (3 columns), found shape 1 x 2",
+        args=("attend", "{file}", "--q", "1 2 3"),
+    ),
+    case(
+        "attend-on-a-model-config",
+        BASE,
+        None,
+        None,
+        "attend needs a single attention operation",
+        "found 'model:'",
+        args=("attend", "{file}"),
+    ),
+    case(
+        "norm-ragged",
+        None,
+        None,
+        None,
+        "ragged matrix",
+        args=("norm", "--x", "1 2; 3"),
+        names="--x",
+    ),
+    case(
+        "norm-unknown-kind",
+        None,
+        "norm.kind",
+        None,
+        "did you mean 'layer'?",
+        args=("norm", "--x", "1 2", "--kind", "lay"),
+        names="command line",
+    ),
+    case(
+        "norm-negative-eps",
+        None,
+        "norm.eps",
+        None,
+        "expected a number >= 0, found the number -1.0",
+        args=("norm", "--x", "1 2", "--eps", "-1"),
+        names="command line",
+    ),
+    case(
+        "norm-instance-of-a-matrix",
+        None,
+        None,
+        None,
+        "instance norm takes a B x C x n array",
+        args=("norm", "--x", "1 2", "--kind", "instance"),
+        names="--x",
+    ),
+    case(
+        "pe-absurd",
+        None,
+        "pe",
+        None,
+        "too large: 100000 x 100000 numbers are over the limit",
+        "found 10,000,000,000",
+        args=("pe", "--length", "100000", "--d-model", "100000"),
+        names="command line",
+    ),
+    case(
+        "pe-unknown-kind",
+        None,
+        "pe.kind",
+        None,
+        "expected one of: sinusoidal, rope, found the string 'sin'",
+        args=("pe", "--length", "2", "--d-model", "2", "--kind", "sin"),
+        names="command line",
+    ),
+    case(
+        "explain-unknown-step",
+        BASE,
+        None,
+        None,
+        "no step 'encoder.0.self_attn.h0.sofmax' in this run",
+        "did you mean 'encoder.0.self_attn.h0.softmax'?",
+        args=("explain", "encoder.0.self_attn.h0.sofmax", "{file}"),
+    ),
+    case(
+        "explain-cell-outside",
+        BASE,
+        None,
+        None,
+        "--cell 9,9 is outside encoder.pe",
+        "found '9,9'",
+        args=("explain", "encoder.pe", "{file}", "--cell", "9,9"),
+    ),
+    case(
+        "diff-second-file-missing",
+        BASE,
+        None,
+        None,
+        "no such file",
+        args=("diff", "{file}", "{dir}/nope.yaml"),
+        names="{dir}/nope.yaml",
+    ),
+    case(
+        "diff-set-b-unknown-key",
+        BASE,
+        "model.n_head",
+        None,
+        "did you mean 'n_heads'?",
+        args=("diff", "{file}", "--set-b", "model.n_head=1"),
+    ),
+]
+
 CORPUS = [
     *SHAPES,
     *MALFORMED,
@@ -1383,6 +1654,7 @@ CORPUS = [
     *STAGES,
     *SETS,
     *FILES,
+    *CALCULATORS,
 ]
 
 
@@ -1435,6 +1707,9 @@ COMMAND_LINES = [
     ("decode", "{file}"),
     ("step", "{file}", "--stage", "q"),
     ("generate", "{file}"),
+    ("explain", "encoder.pe", "{file}"),
+    ("diff", "{file}", "{dir}/good.yaml"),
+    ("diff", "{dir}/good.yaml", "{file}"),
     ("check", "{file}"),
     ("check", "{dir}/good.yaml", "{file}"),  # the bad file second: still named
 ]

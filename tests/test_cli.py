@@ -197,7 +197,26 @@ INTERNAL = [
     (["examples"], "trace_tf.config", "example_names"),
     (["generate"], "trace_tf.config", "read_document"),
     (["generate"], "trace_tf.generate", "run"),
+    (["attend", "--q", "1", "--k", "1", "--v", "1"], "trace_tf.runner", "run"),
+    (["norm", "--x", "1 2"], "trace_tf.runner", "run"),
+    (["pe", "--length", "2", "--d-model", "2"], "trace_tf.runner", "run"),
+    (["diff", "--set-b", "model.scale=2"], "trace_tf.runner", "run"),
+    (["explain", "encoder.pe"], "trace_tf.runner", "run"),
+    (["stages"], "trace_tf.stages", "STAGES"),
 ]
+
+
+class Boom:
+    """Stands in for a function or a table and fails however it is used."""
+
+    def __call__(self, *a: object, **k: object) -> None:
+        raise KeyError("a bug")
+
+    def __getattr__(self, name: str) -> None:
+        raise KeyError("a bug")
+
+    def __iter__(self) -> None:
+        raise KeyError("a bug")
 
 
 @pytest.mark.parametrize("args, module, name", INTERNAL, ids=lambda x: str(x))
@@ -206,10 +225,7 @@ def test_internal_error_in_every_command(
 ) -> None:
     import importlib
 
-    def boom(*a: object, **k: object) -> None:
-        raise KeyError("a bug")
-
-    monkeypatch.setattr(importlib.import_module(module), name, boom)
+    monkeypatch.setattr(importlib.import_module(module), name, Boom())
     code, out, err = invoke(*args)
     assert code == 3 and out == ""
     assert err == (
