@@ -55,7 +55,26 @@ VariantOpt = Annotated[
         "--variant", help="Apply one of the file's named variants before --set.", show_default=False
     ),
 ]
-FormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
+FORMATS = ("table", "json", "npz", "csv")
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="table, json, npz (every step under its path, for numpy.load; needs --output) "
+        "or csv (one step: select it with `step --stage PATH`).",
+    ),
+]
+DtypeOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--dtype",
+        help="float64 (default) or float32, for weights and every computation. float32 halves "
+        "memory and is faster on large models but keeps about 7 significant digits: expect "
+        "relative errors around 1e-6, larger after many layers, and `check` tolerances may not "
+        "hold.",
+        show_default=False,
+    ),
+]
 OutputOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
@@ -100,6 +119,7 @@ class Common:
     strict: bool
     debug: bool
     max_elements: int
+    dtype: str | None = None
 
     def view(self) -> View:
         from trace_tf.render import View
@@ -111,8 +131,12 @@ def _common(**kw: Any) -> Common:
     """The shared options out of a command's locals (its own arguments are ignored)."""
     kw = {k: v for k, v in kw.items() if k in Common.__dataclass_fields__ or k == "sets"}
     fmt = kw["fmt"]
-    if fmt not in ("table", "json"):
-        _fail(f"--format must be table or json, not {fmt!r}")
+    if fmt not in FORMATS:
+        _fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "npz" and kw.get("output") is None:
+        _fail("--format npz writes a binary file: give it with --output FILE")
+    if kw.get("dtype") not in (None, "float64", "float32"):
+        _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
 
 
@@ -153,7 +177,7 @@ def guarded(debug: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _sink(c: Common) -> Iterator[Any]:
+def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     if c.output is None:
         yield sys.stdout
         return
@@ -162,7 +186,9 @@ def _sink(c: Common) -> Iterator[Any]:
     if c.output.is_dir():
         _fail(f"{c.output} is a directory")
     try:
-        with open(c.output, "w", encoding="utf-8") as fh:
+        with (
+            open(c.output, "wb") if binary else open(c.output, "w", encoding="utf-8", newline="")
+        ) as fh:
             yield fh
     except OSError as exc:
         _fail(f"cannot write {c.output}: {exc.strerror}")
@@ -176,15 +202,50 @@ def console(file: Any) -> Console:
     return Console(file=file, highlight=False, color_system=None, width=160)
 
 
-def emit(c: Common, renderables: list[RenderableType], data: dict[str, Any]) -> None:
-    """Print tables, or the JSON object, to stdout or --output."""
+def emit(
+    c: Common,
+    renderables: list[RenderableType],
+    data: dict[str, Any] | Callable[[], dict[str, Any]],
+    steps: list[Step] | None = None,
+) -> None:
+    """Print tables, or the JSON object (built only when asked for), to stdout or --output;
+    or write the steps: npz every one under its path, csv the one selected."""
+    if c.fmt in ("npz", "csv"):
+        if steps is None:
+            _fail(
+                f"--format {c.fmt} writes traced steps; this command has none (use table or json)"
+            )
+        assert steps is not None
+        _write_steps(c, steps)
+        return
     with _sink(c) as fh:
         if c.fmt == "json":
-            fh.write(json.dumps(data, allow_nan=False) + "\n")
+            fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
             con = console(fh)
             for r in renderables:
                 con.print(r)
+
+
+def _write_steps(c: Common, steps: list[Step]) -> None:
+    if c.fmt == "npz":
+        import numpy as np
+
+        savez: Any = np.savez  # keys are step paths (numpy's stub types **kwds as bool)
+        with _sink(c, binary=True) as fh:
+            savez(fh, **{s.path: s.value for s in steps})
+        return
+    if len(steps) != 1:
+        _fail(
+            f"--format csv writes one step, and {len(steps)} are selected; "
+            "choose one with `trace-tf step --stage PATH` (a whole path, e.g. "
+            "encoder.0.self_attn.h0.softmax), or use --format npz for many"
+        )
+    from trace_tf.render import step_csv
+
+    text = step_csv(steps[0])
+    with _sink(c) as fh:
+        fh.write(text)
 
 
 def warn(c: Common, trace: Trace) -> None:
@@ -205,7 +266,7 @@ def warn(c: Common, trace: Trace) -> None:
 def _load(config: str | None, c: Common) -> Config | OpConfig:
     from trace_tf.config import load
 
-    return load(config, c.sets, c.variant, c.max_elements)
+    return load(config, c.sets, c.variant, c.max_elements, c.dtype)
 
 
 def _show(
@@ -231,15 +292,18 @@ def _show(
             "source": cfg.source.labels if cfg.source else None,
             "target": tgt.labels if tgt else None,
         }
-    data = render.trace_json(
-        cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
-    )
-    if c.fmt == "json":
-        emit(c, [], data)
+
+    def data() -> dict[str, Any]:
+        return render.trace_json(
+            cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
+        )
+
+    if c.fmt != "table":
+        emit(c, [], data, steps)
         return
     head = render.header(cfg.title or cfg.file, conventions(cfg), trace.warnings)
     items = body() if body is not None else [render.trace_view(steps, c.view())]
-    emit(c, [head, *items], data)
+    emit(c, [head, *items], data, steps)
 
 
 def _trace_command(command: str, config: str | None, c: Common) -> None:
@@ -263,6 +327,7 @@ def encode(
     strict: StrictOpt = False,
     debug: DebugOpt = False,
     max_elements: MaxElementsOpt = 2**28,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Run the encoder on `source` and show every step in order."""
     with guarded(debug):
@@ -282,6 +347,7 @@ def decode(
     strict: StrictOpt = False,
     debug: DebugOpt = False,
     max_elements: MaxElementsOpt = 2**28,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
     with guarded(debug):
@@ -310,6 +376,7 @@ def step(
     strict: StrictOpt = False,
     debug: DebugOpt = False,
     max_elements: MaxElementsOpt = 2**28,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
     with guarded(debug):
@@ -318,11 +385,12 @@ def step(
         from trace_tf.config import Config
         from trace_tf.errors import InputError
         from trace_tf.runner import run
-        from trace_tf.trace import check_stage
+        from trace_tf.trace import check_stage, matches
 
         cfg = _load(config, c)
-        trace = run(cfg, "full")
-        check_stage(stage, trace.stages())
+        # Store only the selected steps (and, as they are recorded, their inputs).
+        trace = run(cfg, "full", keep=lambda path: matches(path, stage, layer, head))
+        check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
         steps = trace.select(stage, layer, head)
         if not steps:
             raise InputError(
@@ -425,7 +493,7 @@ def check(
 @app.command()
 def examples() -> None:
     """List the packaged examples."""
-    from trace_tf.config import example_names, examples_dir
+    from trace_tf.loader import example_names, examples_dir  # no numpy: starts quickly
 
     for name in example_names():
         title = ""
@@ -449,6 +517,108 @@ def examples() -> None:
 # ---------------------------------------------------------------------------
 # performance (issue 6): cost
 # ---------------------------------------------------------------------------
+
+
+@app.command()
+def cost(
+    config: ConfigArg = None,
+    vary_opt: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--vary",
+            help="L=8,16,32,64 (sequence length: the tokens repeated) or D=64,128,... "
+            "(d_model; widths by their defaults, weights drawn): one row per value.",
+            metavar="L=N,N,...|D=N,N,...",
+            show_default=False,
+        ),
+    ] = None,
+    repeat: Annotated[
+        int, typer.Option("--repeat", min=1, help="Runs timed per --vary value (fastest kept).")
+    ] = 3,
+    sets: SetOpt = None,
+    variant: VariantOpt = None,
+    fmt: FormatOpt = "table",
+    output: OutputOpt = None,
+    force: ForceOpt = False,
+    debug: DebugOpt = False,
+    max_elements: MaxElementsOpt = 2**28,
+    dtype: DtypeOpt = None,
+) -> None:
+    """The multiply-adds of every stage, totals per stage and kind; with --vary, how they grow."""
+    with guarded(debug):
+        c = _common(
+            sets=sets,
+            variant=variant,
+            fmt=fmt,
+            output=output,
+            force=force,
+            precision=4,
+            full=False,
+            strict=False,
+            debug=debug,
+            max_elements=max_elements,
+            dtype=dtype,
+        )
+        from dataclasses import asdict
+
+        from trace_tf import cost as costs
+        from trace_tf import render
+        from trace_tf.config import parse_set, read_document
+        from trace_tf.runner import require_model
+
+        varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
+        cfg = require_model(_load(config, c), "cost")
+        ledger = costs.ledger(cfg)
+        totals = costs.totals(ledger)
+        rows: list[costs.VaryRow] = []
+        if varied is not None:
+            doc = read_document(config)
+            pairs = [parse_set(s) for s in c.sets]
+            name, values = varied
+            rows = costs.vary(
+                doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat
+            )
+        data: dict[str, Any] = {
+            "trace_tf": _version(),
+            "title": cfg.title,
+            "ledger": [
+                {
+                    "path": x.path,
+                    "stage": x.stage,
+                    "kind": x.kind,
+                    "shape": list(x.shape),
+                    "formula": x.formula,
+                    "terms": list(x.terms),
+                    "macs": x.macs,
+                }
+                for x in ledger
+            ],
+            "totals": asdict(totals),
+        }
+        items: list[RenderableType] = [
+            render.cost_ledger(ledger),
+            render.cost_totals(totals, costs.GROWTH),
+        ]
+        if varied is not None:
+            name = varied[0]
+            growth = costs.exponents(rows)
+            data["vary"] = {
+                "name": name,
+                "meaning": costs.VARY[name],
+                "rows": [asdict(r) for r in rows],
+                "exponents": growth,
+            }
+            items.append(render.vary_table(name, costs.VARY[name], rows, costs.KINDS))
+            if growth:
+                from rich.text import Text
+
+                items.append(
+                    Text(
+                        f"growth exponent over {name} (multiply-adds ∝ {name}^p): "
+                        + ", ".join(f"{k} p = {p:.2f}" for k, p in growth.items())
+                    )
+                )
+        emit(c, items, data)
 
 
 def _version() -> str:

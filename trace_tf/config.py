@@ -12,15 +12,14 @@ import difflib
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trace_tf.errors import InputError
-from trace_tf.loader import Lines, join, parse_yaml, read_text
+from trace_tf.loader import Lines, example_names, examples_dir, join, parse_yaml, read_text
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -46,6 +45,7 @@ MODEL_KEYS = [
     "seed",
     "init_std",
     "tie_embeddings",
+    "dtype",
 ]
 TOP_KEYS = [
     "title",
@@ -66,6 +66,7 @@ TOP_KEYS = [
 OP_KINDS = ("attention", "norm", "pe")
 POSITIONAL = ("sinusoidal", "learned", "rope", "none")
 NORM_KINDS = ("layer", "rms")
+DTYPES = ("float64", "float32")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
 
@@ -101,6 +102,7 @@ class ModelConfig:
     seed: int = 0
     init_std: float = 1.0
     tie_embeddings: bool = False
+    dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
 
 
 @dataclass(frozen=True)
@@ -278,14 +280,6 @@ class Document:
     overridden: list[str] = field(default_factory=list)
 
 
-def examples_dir() -> Path:
-    return Path(str(resources.files("trace_tf") / "examples"))
-
-
-def example_names() -> list[str]:
-    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
-
-
 def resolve(name: str | None) -> Path:
     """A config path, or the packaged example of that name (default: hello)."""
     if name is None:
@@ -404,10 +398,11 @@ def load(
     sets: Iterable[str] = (),
     variant: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: str | None = None,
 ) -> Config | OpConfig:
     """Read, override and validate a config: the whole front door of the engine."""
     doc = read_document(name)
-    return build(doc, [parse_set(s) for s in sets], variant, max_elements)
+    return build(doc, [parse_set(s) for s in sets], variant, max_elements, dtype)
 
 
 def build(
@@ -415,13 +410,24 @@ def build(
     sets: Sequence[tuple[str, Any]] = (),
     variant: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: str | None = None,
 ) -> Config | OpConfig:
-    """Validate a document (after a variant and --set overrides) into a Config or OpConfig."""
+    """Validate a document (after a variant and --set overrides) into a Config or OpConfig.
+
+    `dtype` (the --dtype option) sets model.dtype, after everything else."""
     doc = Document(doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden))
     if variant is not None:
         apply_variant(doc, variant)
     for key, value in sets:
         apply_override(doc, key, value, "--set")
+    if dtype is not None:
+        if "model" not in doc.data:
+            raise InputError(
+                f"--dtype {dtype} applies to a model config; this file holds a single operation",
+                file=doc.file,
+                expected="a config with a 'model:' section (single operations run in float64)",
+            )
+        apply_override(doc, "model.dtype", dtype, "--dtype")
     ctx = _ctx(doc)
     return _Validator(ctx, max_elements).document(doc.data, variant)
 
@@ -922,6 +928,7 @@ class _Validator:
             seed=self.integer(m.get("seed", 0), p + "seed", 0),
             init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
+            dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
         )
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
@@ -1027,7 +1034,7 @@ class _Validator:
             )
         output_W, output_b = self.output(w.get("output"), m, vocab)
         variants = self.variants(data.get("variants"))
-        return Config(
+        config = Config(
             file=self.ctx.file,
             title=self.text(data.get("title"), "title"),
             reference=self.text(data.get("reference"), "reference"),
@@ -1048,6 +1055,19 @@ class _Validator:
             drawn=tuple(self.drawn),
             variant=variant,
             overrides=tuple(self.ctx.overridden),
+        )
+        if m.dtype == "float64":
+            return config
+        # Drawn and given numbers are read in float64 (the same numbers whatever the
+        # dtype), then rounded once; the expected values of `expect` stay as written.
+        dt = np.dtype(m.dtype)
+        return replace(
+            config,
+            **{
+                f.name: _astype(getattr(config, f.name), dt)
+                for f in fields(config)
+                if f.name not in ("model", "expect")
+            },
         )
 
     def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
@@ -1296,6 +1316,21 @@ class _Validator:
             else self.weight(o, "W", "weights.output.W", "output.W", (m.d_model, V))
         )
         return W, self.bias(o, "b", "weights.output.b", V)
+
+
+def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
+    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`."""
+    if isinstance(value, np.ndarray):
+        return value.astype(dtype) if value.dtype.kind == "f" else value
+    if isinstance(value, tuple):
+        return tuple(_astype(v, dtype) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _astype(v, dtype) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(
+            value, **{f.name: _astype(getattr(value, f.name), dtype) for f in fields(value)}
+        )
+    return value
 
 
 def _token_text(tok: Any) -> str:

@@ -104,7 +104,7 @@ class _Builder:
 
     def _scalar(self, node: yaml.ScalarNode, path: str) -> Any:
         tag = node.tag
-        if tag == _STR and node.style is None and _FLOAT_12.match(node.value):
+        if tag == _STR and not node.style and _FLOAT_12.match(node.value):  # plain: None or ""
             return float(node.value)
         if tag == _BOOL and node.value.lower() not in ("true", "false"):
             return node.value  # YAML 1.2: yes/no/on/off are words, not booleans
@@ -134,10 +134,22 @@ class _Builder:
         return out
 
 
+def _compose(text: str) -> yaml.Node | None:
+    """The node graph of `text`: libyaml's composer when present (ten times faster), the
+    same graph; on any error, PyYAML's own, whose messages are the ones users see."""
+    if getattr(yaml, "__with_libyaml__", False):
+        try:
+            node: yaml.Node | None = yaml.compose(text, Loader=yaml.CSafeLoader)
+            return node
+        except yaml.YAMLError:
+            pass
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
 def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
     """YAML text -> plain Python data and the line of each key path."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "malformed YAML"
@@ -162,6 +174,15 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
 
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
+
+
+def examples_dir() -> Path:
+    """The packaged examples (a plain directory of the installed package)."""
+    return Path(__file__).resolve().parent / "examples"
+
+
+def example_names() -> list[str]:
+    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
 
 
 def read_text(path: Path) -> str:

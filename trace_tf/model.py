@@ -67,14 +67,14 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER) -> Array:
     if m.positional == "sinusoidal":
         pe = tr.rec(
             "pe",
-            ops.sinusoidal_pe(L, m.d_model, m.pe_base),
+            ops.sinusoidal_pe(L, m.d_model, m.pe_base, m.dtype),
             f"PE[pos,2i] = sin(pos/{m.pe_base:g}^(2i/d)), PE[pos,2i+1] = cos(…)",
         )
     elif m.positional == "learned":
         assert cfg.positional is not None
         pe = tr.rec("pe", cfg.positional[:L], "PE = positional[pos] (learned)", cfg.positional)
     else:
-        return tr.rec("input", x if x is not e else e.copy(), f"X = E{scale}", e)
+        return tr.rec("input", x, f"X = E{scale}", e)  # E itself when unscaled: no copy
     return tr.rec("input", x + pe, f"X = E{scale} + PE", e, pe)
 
 
@@ -313,7 +313,7 @@ def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
         if pads is not None:
             mask = tr.rec(
                 "mask",
-                ops.key_padding_mask(len(seq), pads),
+                ops.key_padding_mask(len(seq), pads, m.dtype),
                 "M[i,j] = −inf where key j is a pad",
                 cols="keys",
             )
@@ -333,11 +333,11 @@ def decoder(cfg: Config, target: Sequence_, enc: Array | None, tr: Tracer = NULL
         x = embed(cfg, target, tr)
         L = len(target)
         # The decoder's self-attention is always causal (3.2.3), also for one token.
-        mask = ops.causal_mask(L)
+        mask = ops.causal_mask(L, m.dtype)
         pads = padding(cfg, target)
         formula = "M[i,j] = −inf for j > i (causal)"
         if pads is not None:
-            mask = mask + ops.key_padding_mask(L, pads)
+            mask = mask + ops.key_padding_mask(L, pads, m.dtype)
             formula += " or key j a pad"
         mask = tr.rec("mask", mask, formula, cols="keys")
         cross_mask = None
@@ -346,7 +346,7 @@ def decoder(cfg: Config, target: Sequence_, enc: Array | None, tr: Tracer = NULL
             with tr.scope(None, keys=src_labels):
                 cross_mask = tr.rec(
                     "cross_mask",
-                    ops.key_padding_mask(L, src_pads),
+                    ops.key_padding_mask(L, src_pads, m.dtype),
                     "M[i,j] = −inf where source key j is a pad",
                     cols="keys",
                 )

@@ -119,7 +119,12 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             if cfg.drawn
             else "all given in the file",
         ),
-        ("numbers", "float64; rows are tokens (x W + b, row vectors)"),
+        (
+            "numbers",
+            f"{m.dtype}"
+            + (" (about 7 significant digits)" if m.dtype == "float32" else "")
+            + "; rows are tokens (x W + b, row vectors)",
+        ),
     ]
     if cfg.variant or cfg.overrides:
         rows.append(("overrides", ", ".join(cfg.overrides)))
