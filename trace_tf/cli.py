@@ -197,9 +197,10 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
 def console(file: Any) -> Console:
     from rich.console import Console
 
+    # emoji=False: a ":name:" in a title or token is text, not an emoji (and loads no emoji table)
     if file is sys.stdout:
-        return Console(highlight=False)
-    return Console(file=file, highlight=False, color_system=None, width=160)
+        return Console(highlight=False, emoji=False)
+    return Console(file=file, highlight=False, emoji=False, color_system=None, width=160)
 
 
 def emit(

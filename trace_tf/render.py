@@ -195,6 +195,8 @@ def header(
 def json_value(value: Any) -> Any:
     """Nested lists with the non-finite numbers JSON lacks written as strings."""
     if isinstance(value, np.ndarray):
+        if value.dtype.kind != "f" or np.isfinite(value).all():
+            return value.tolist()  # nothing to rewrite: skip the walk over every number
         value = value.tolist()
     if isinstance(value, list):
         return [json_value(v) for v in value]

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -133,10 +133,10 @@ def check_stage(stage: str, known: set[str]) -> None:
     )
 
 
-@dataclass(frozen=True)
-class _Recorded:
+class _Recorded(NamedTuple):
     """What the tracer remembers of every step, stored or not: where and how it was
-    made, and a weak reference that tells whether an array is still that step's."""
+    made, and a weak reference that tells whether an array is still that step's.
+    (A tuple: one is made per step, and tuples are made fast.)"""
 
     ref: weakref.ref[np.ndarray]
     path: str
@@ -233,14 +233,15 @@ class Tracer:
         if col_labels is not None and (value.ndim < 2 or len(col_labels) != value.shape[-1]):
             col_labels = None
         made = [self._step_of(x) for x in inputs]  # before `value` is registered: it may be one
+        names = [
+            m.path if m is not None else self.names.get(id(x), "?")
+            for m, x in zip(made, inputs, strict=True)
+        ]
         rec = _Recorded(
             weakref.ref(value),
             path,
             formula,
-            tuple(
-                m.path if m is not None else self.names.get(id(x), "?")
-                for m, x in zip(made, inputs, strict=True)
-            ),
+            tuple(names),
             rows,
             tuple(col_labels) if col_labels is not None else None,
         )
