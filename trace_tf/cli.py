@@ -6,6 +6,8 @@ Heavy modules (numpy, the engine) are imported inside the commands, so that
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -122,9 +124,16 @@ class Common:
     dtype: str | None = None
 
     def view(self) -> View:
+        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
+        import shutil
+
         from trace_tf.render import View
 
-        return View(precision=self.precision, full=self.full)
+        width = shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+        cols = max(4, (width - 16) // (self.precision + 7))
+        return View(
+            precision=self.precision, full=self.full, max_cols=cols, edge=max(2, (cols - 1) // 2)
+        )
 
 
 def _common(**kw: Any) -> Common:
@@ -138,6 +147,41 @@ def _common(**kw: Any) -> Common:
     if kw.get("dtype") not in (None, "float64", "float32"):
         _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
+
+
+_COMMON_OPTIONS = {
+    "sets": (SetOpt, None),
+    "variant": (VariantOpt, None),
+    "fmt": (FormatOpt, "table"),
+    "output": (OutputOpt, None),
+    "force": (ForceOpt, False),
+    "precision": (PrecisionOpt, 4),
+    "full": (FullOpt, False),
+    "strict": (StrictOpt, False),
+    "debug": (DebugOpt, False),
+    "max_elements": (MaxElementsOpt, 2**28),
+    "dtype": (DtypeOpt, None),
+}
+
+
+def running(fn: Callable[..., None]) -> Callable[..., None]:
+    """A command that runs the model: it takes the common options (SPEC section 4),
+    receives them as `c: Common`, and has its errors turned into exit codes."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "c"]
+    common = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+        for name, (ann, default) in _COMMON_OPTIONS.items()
+    ]
+
+    @functools.wraps(fn)
+    def command(**kw: Any) -> None:
+        with guarded(kw["debug"]):
+            c = _common(**{name: kw.pop(name) for name in _COMMON_OPTIONS})
+            fn(c, **kw)
+
+    command.__signature__ = inspect.Signature([*own, *common])  # type: ignore[attr-defined]
+    del command.__wrapped__  # typer must read the signature above, not fn's
+    return command
 
 
 def _fail(message: str) -> None:
@@ -316,99 +360,63 @@ def _trace_command(command: str, config: str | None, c: Common) -> None:
 
 
 @app.command()
-def encode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-    dtype: DtypeOpt = None,
-) -> None:
+@running
+def encode(c: Common, config: ConfigArg = None) -> None:
     """Run the encoder on `source` and show every step in order."""
-    with guarded(debug):
-        _trace_command("encode", config, _common(**locals()))
+    _trace_command("encode", config, c)
 
 
 @app.command()
-def decode(
-    config: ConfigArg = None,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-    dtype: DtypeOpt = None,
-) -> None:
+@running
+def decode(c: Common, config: ConfigArg = None) -> None:
     """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
-    with guarded(debug):
-        _trace_command("decode", config, _common(**locals()))
+    _trace_command("decode", config, c)
 
 
 @app.command()
+@running
 def step(
+    c: Common,
     config: ConfigArg = None,
     stage: Annotated[
         str,
         typer.Option(
             "--stage",
-            help="A step name (softmax, q, ...), a group (qkv, add_norm, ffn, cross, attention) or a pattern with *.",
+            help="A step name (softmax, q, ...), a group (qkv, add_norm, ffn, cross, attention), "
+            "a pattern with *, or one whole path (encoder.0.self_attn.h0.softmax).",
         ),
     ] = "softmax",
     layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
     head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    precision: PrecisionOpt = 4,
-    full: FullOpt = False,
-    strict: StrictOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-    dtype: DtypeOpt = None,
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
-    with guarded(debug):
-        c = _common(**locals())
-        from trace_tf import render
-        from trace_tf.config import Config
-        from trace_tf.errors import InputError
-        from trace_tf.runner import run
-        from trace_tf.trace import check_stage, matches
+    from trace_tf import render
+    from trace_tf.config import Config
+    from trace_tf.errors import InputError
+    from trace_tf.runner import run
+    from trace_tf.trace import check_stage, matches
 
-        cfg = _load(config, c)
-        # Store only the selected steps (and, as they are recorded, their inputs).
-        trace = run(cfg, "full", keep=lambda path: matches(path, stage, layer, head))
-        check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
-        steps = trace.select(stage, layer, head)
-        if not steps:
-            raise InputError(
-                f"no step matches --stage {stage}"
-                + (f" --layer {layer}" if layer is not None else "")
-                + (f" --head {head}" if head is not None else ""),
-                expected="a layer and head the model has",
-            )
-        weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
-        view = c.view()
-        _show(
-            cfg,
-            trace,
-            steps,
-            c,
-            lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    cfg = _load(config, c)
+    # Store only the selected steps (and, as they are recorded, their inputs).
+    trace = run(cfg, "full", keep=lambda path: matches(path, stage, layer, head))
+    check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
+    steps = trace.select(stage, layer, head)
+    if not steps:
+        raise InputError(
+            f"no step matches --stage {stage}"
+            + (f" --layer {layer}" if layer is not None else "")
+            + (f" --head {head}" if head is not None else ""),
+            expected="a layer and head the model has",
         )
+    weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
+    view = c.view()
+    _show(
+        cfg,
+        trace,
+        steps,
+        c,
+        lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+    )
 
 
 @app.command()
@@ -521,7 +529,9 @@ def examples() -> None:
 
 
 @app.command()
+@running
 def cost(
+    c: Common,
     config: ConfigArg = None,
     vary_opt: Annotated[
         Optional[str],  # noqa: UP045
@@ -536,90 +546,66 @@ def cost(
     repeat: Annotated[
         int, typer.Option("--repeat", min=1, help="Runs timed per --vary value (fastest kept).")
     ] = 3,
-    sets: SetOpt = None,
-    variant: VariantOpt = None,
-    fmt: FormatOpt = "table",
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    debug: DebugOpt = False,
-    max_elements: MaxElementsOpt = 2**28,
-    dtype: DtypeOpt = None,
 ) -> None:
     """The multiply-adds of every stage, totals per stage and kind; with --vary, how they grow."""
-    with guarded(debug):
-        c = _common(
-            sets=sets,
-            variant=variant,
-            fmt=fmt,
-            output=output,
-            force=force,
-            precision=4,
-            full=False,
-            strict=False,
-            debug=debug,
-            max_elements=max_elements,
-            dtype=dtype,
-        )
-        from dataclasses import asdict
+    from dataclasses import asdict
 
-        from trace_tf import cost as costs
-        from trace_tf import render
-        from trace_tf.config import parse_set, read_document
-        from trace_tf.runner import require_model
+    from trace_tf import cost as costs
+    from trace_tf import render
+    from trace_tf.config import parse_set, read_document
+    from trace_tf.runner import require_model
 
-        varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
-        cfg = require_model(_load(config, c), "cost")
-        ledger = costs.ledger(cfg)
-        totals = costs.totals(ledger)
-        rows: list[costs.VaryRow] = []
-        if varied is not None:
-            doc = read_document(config)
-            pairs = [parse_set(s) for s in c.sets]
-            name, values = varied
-            rows = costs.vary(
-                doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat
-            )
-        data: dict[str, Any] = {
-            "trace_tf": _version(),
-            "title": cfg.title,
-            "ledger": [
-                {
-                    "path": x.path,
-                    "stage": x.stage,
-                    "kind": x.kind,
-                    "shape": list(x.shape),
-                    "formula": x.formula,
-                    "terms": list(x.terms),
-                    "macs": x.macs,
-                }
-                for x in ledger
-            ],
-            "totals": asdict(totals),
-        }
-        items: list[RenderableType] = [
-            render.cost_ledger(ledger),
-            render.cost_totals(totals, costs.GROWTH),
-        ]
-        if varied is not None:
-            name = varied[0]
-            growth = costs.exponents(rows)
-            data["vary"] = {
-                "name": name,
-                "meaning": costs.VARY[name],
-                "rows": [asdict(r) for r in rows],
-                "exponents": growth,
+    varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
+    cfg = require_model(_load(config, c), "cost")
+    ledger = costs.ledger(cfg)
+    totals = costs.totals(ledger)
+    rows: list[costs.VaryRow] = []
+    if varied is not None:
+        doc = read_document(config)
+        pairs = [parse_set(s) for s in c.sets]
+        name, values = varied
+        rows = costs.vary(doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat)
+    data: dict[str, Any] = {
+        "trace_tf": _version(),
+        "title": cfg.title,
+        "ledger": [
+            {
+                "path": x.path,
+                "stage": x.stage,
+                "kind": x.kind,
+                "shape": list(x.shape),
+                "formula": x.formula,
+                "terms": list(x.terms),
+                "macs": x.macs,
             }
-            items.append(render.vary_table(name, costs.VARY[name], rows, costs.KINDS))
-            if growth:
-                from rich.text import Text
+            for x in ledger
+        ],
+        "totals": asdict(totals),
+    }
+    items: list[RenderableType] = [
+        render.cost_ledger(ledger),
+        render.cost_totals(totals, costs.GROWTH),
+    ]
+    if varied is not None:
+        name = varied[0]
+        growth = costs.exponents(rows)
+        data["vary"] = {
+            "name": name,
+            "meaning": costs.VARY[name],
+            "rows": [asdict(r) for r in rows],
+            "exponents": growth,
+        }
+        items.append(render.vary_table(name, costs.VARY[name], rows, costs.KINDS))
+        if growth:
+            from rich.text import Text
 
-                items.append(
-                    Text(
-                        f"growth exponent over {name} (multiply-adds ∝ {name}^p): "
-                        + ", ".join(f"{k} p = {p:.2f}" for k, p in growth.items())
-                    )
+            items.append(
+                Text(
+                    f"growth exponent over {name} (multiply-adds ∝ {name}^p): "
+                    + ", ".join(f"{k} p = {p:.2f}" for k, p in growth.items())
                 )
-        emit(c, items, data)
+            )
+    emit(c, items, data)
 
 
 def _version() -> str:

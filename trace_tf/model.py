@@ -368,7 +368,10 @@ def output_weights(cfg: Config) -> tuple[Array, Array | None]:
 def head(cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER) -> Array:
     """Logits = x W + b and their row softmax over the vocabulary. [L, d] -> [L, V]"""
     W, b = output_weights(cfg)
-    tied = " (W = embeddingsᵀ, tied)" if cfg.model.tie_embeddings else ""
+    tied = ""
+    if cfg.model.tie_embeddings:
+        tied = " (W = embeddingsᵀ, tied)"
+        tr.name(W, "embeddings (tied, transposed)")
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
             "logits",
