@@ -3,11 +3,15 @@ filtering a full trace gives (issue 6)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import config_from
 from random_configs import random_config
+from typer.testing import CliRunner
 
+from trace_tf.cli import app
 from trace_tf.config import Config
 from trace_tf.runner import run
 from trace_tf.trace import Trace, matches
@@ -107,3 +111,17 @@ def test_steps_are_stored_not_copied() -> None:
         "encoder.input",
         "weights.encoder.0.self_attn.heads.0.W_q",
     )
+
+
+def test_step_takes_one_whole_path_and_refuses_an_unknown_one() -> None:
+    runner = CliRunner()
+    ok = runner.invoke(
+        app, ["step", "--stage", "decoder.0.cross_attn.h1.softmax", "--format", "json"]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert [s["path"] for s in json.loads(ok.stdout)["steps"]] == [
+        "decoder.0.cross_attn.h1.softmax"
+    ]
+    bad = runner.invoke(app, ["step", "--stage", "encoder.9.self_attn.h0.softmax"])
+    assert bad.exit_code == 2
+    assert "did you mean 'encoder.0.self_attn.h0.softmax'" in bad.stderr
