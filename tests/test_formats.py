@@ -106,3 +106,19 @@ def test_csv_to_a_file_and_its_refusals(tmp_path: Path) -> None:
         assert "one step" in result.stderr and "--stage" in result.stderr
     result = runner.invoke(app, ["encode", path, "--format", "xml"])
     assert result.exit_code == 2 and "npz" in result.stderr
+
+
+def test_generate_writes_its_traced_steps(tmp_path: Path) -> None:
+    out = tmp_path / "g.npz"
+    args = ["generate", "--greedy", "--max-tokens", "2", "--trace"]
+    result = runner.invoke(app, [*args, "--format", "npz", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    with np.load(out) as npz:
+        assert list(npz.keys()) == [s["path"] for s in data["steps"]]
+        assert np.array_equal(npz["t1.probs"], np.array(data["steps"][-1]["value"]))
+    result = runner.invoke(app, [*args, "--stage", "t1.probs", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("t1.probs,hello,mundo,world")
+    result = runner.invoke(app, ["generate", "--greedy", "--format", "csv"])  # nothing traced
+    assert result.exit_code == 2 and "no" in result.stderr

@@ -57,7 +57,7 @@ def test_filtered_trace_shows_what_the_full_trace_shows(
 ) -> None:
     cfg = _cfg()
     full = run(cfg, "full")
-    kept = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head))
+    kept = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
     want = full.select(stage, layer, head)
     got = kept.select(stage, layer, head)
     assert want and [s.path for s in got] == [s.path for s in want]
@@ -74,7 +74,13 @@ def test_filtered_trace_shows_what_the_full_trace_shows(
 
 def test_only_selected_steps_and_their_inputs_are_stored() -> None:
     cfg = _cfg()
-    kept = run(cfg, "full", keep=lambda p: matches(p, "scores", 1, 0))
+    alone = run(cfg, "full", keep=lambda p: matches(p, "scores", 1, 0))
+    assert sorted(alone.steps) == [
+        "decoder.1.cross_attn.h0.scores",
+        "decoder.1.self_attn.h0.scores",
+        "encoder.1.self_attn.h0.scores",
+    ]
+    kept = run(cfg, "full", keep=lambda p: matches(p, "scores", 1, 0), with_inputs=True)
     assert sorted(kept.steps) == sorted(
         [
             "encoder.1.self_attn.h0.scores",

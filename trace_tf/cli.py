@@ -398,7 +398,7 @@ def step(
 
     cfg = _load(config, c)
     # Store only the selected steps (and, as they are recorded, their inputs).
-    trace = run(cfg, "full", keep=lambda path: matches(path, stage, layer, head))
+    trace = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
     check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
     steps = trace.select(stage, layer, head)
     if not steps:
@@ -516,6 +516,137 @@ def examples() -> None:
 # ---------------------------------------------------------------------------
 # generate (issue 3): commands for autoregressive decoding go here
 # ---------------------------------------------------------------------------
+
+
+@app.command()
+@running
+def generate(
+    c: Common,
+    config: ConfigArg = None,
+    greedy: Annotated[
+        bool, typer.Option("--greedy", help="Take the most probable token (the default).")
+    ] = False,
+    sample: Annotated[
+        bool,
+        typer.Option("--sample", help="Sample from softmax(logits / T), after top-k and top-p."),
+    ] = False,
+    beam: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--beam", help="Beam search with this many beams.", show_default=False),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Stop after this many produced tokens (eos counts).")
+    ] = 20,
+    temperature: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--temperature", help="--sample: divide the logits by T.", show_default="1"),
+    ] = None,
+    top_k: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--top-k", help="--sample: keep the k most probable tokens.", show_default=False
+        ),
+    ] = None,
+    top_p: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--top-p",
+            help="--sample: keep the smallest most-probable set whose total reaches p.",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--seed", help="--sample: seed of numpy.random.default_rng.", show_default="0"
+        ),
+    ] = None,
+    length_penalty: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--length-penalty",
+            help="--beam: alpha in score = logP / ((5 + n) / 6)^alpha.",
+            show_default="0",
+        ),
+    ] = None,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Keep K and V between iterations, or recompute the whole prefix each time.",
+        ),
+    ] = True,
+    trace: Annotated[
+        bool, typer.Option("--trace", help="Show every step of every iteration (paths t<i>.…).")
+    ] = False,
+    stage: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--stage",
+            help="With --trace: only these steps (a name, a group or a pattern with *).",
+            show_default=False,
+        ),
+    ] = None,
+    layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
+    head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
+    show: Annotated[
+        int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
+    ] = 10,
+) -> None:
+    """Autoregressive decoding from tokens.bos (or the target) until tokens.eos or
+    --max-tokens: each iteration's prefix, next-token distribution and choice."""
+    from trace_tf import generate as gen_mod
+    from trace_tf import render
+    from trace_tf.runner import conventions, require_model
+    from trace_tf.trace import Tracer, check_stage, matches
+
+    s = gen_mod.settings(
+        greedy=greedy,
+        sample=sample,
+        beam=beam,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        length_penalty=length_penalty,
+        cache=cache,
+    )
+    if (stage is not None or layer is not None or head is not None) and not trace:
+        _fail("--stage, --layer and --head select traced steps: add --trace")
+    cfg = require_model(_load(config, c), "generate")
+    start = gen_mod.start_of(cfg, s)
+    gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
+    seen: set[str] = set()
+
+    def keep(path: str) -> bool:
+        seen.update((path, path.rsplit(".", 1)[-1]))  # a stage name, or one whole path
+        return trace and matches(path, stage, layer, head)
+
+    tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
+    tr.name_all(cfg.named_arrays())
+    result = gen_mod.run(cfg, s, tr)
+    if stage is not None:
+        check_stage(stage, seen)
+    warn(c, tr.trace)
+    steps = list(tr.trace)
+    tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
+    header_rows = conventions(cfg) + gen_mod.describe(s)
+    data = render.trace_json(
+        cfg.title,
+        tokens,
+        steps,
+        **render.generation_json(result, cfg.vocab),
+        conventions=dict(header_rows),
+        warnings=tr.trace.warnings,
+    )
+    traced = steps if trace else None  # what --format npz / csv write
+    if c.fmt != "table":
+        emit(c, [], data, traced)
+        return
+    head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
+    body = render.generation_view(result, cfg.vocab, steps, show, c.view())
+    emit(c, [head_panel, *body], data, traced)
 
 
 # ---------------------------------------------------------------------------

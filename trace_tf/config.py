@@ -491,6 +491,12 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
+    """About how many numbers a traced run over sequences of L positions records."""
+    per_layer = L * (8 * m.d_model + 2 * m.d_ff + m.n_heads * (4 * L + 2 * m.d_k + 2 * m.d_v))
+    return (m.encoder_layers + 2 * m.decoder_layers) * per_layer + L * n_vocab * 2
+
+
 class _Validator:
     def __init__(self, ctx: _Ctx, max_elements: int) -> None:
         self.ctx = ctx
@@ -940,9 +946,7 @@ class _Validator:
             attn * (2 if m.encoder_layers else 1) + ffn
         )
         total += 2 * n_vocab * d + m.max_len * d
-        L = max(lengths, default=1)
-        per_layer_trace = L * (8 * d + 2 * m.d_ff + H * (4 * L + 2 * m.d_k + 2 * m.d_v))
-        total += (m.encoder_layers + 2 * m.decoder_layers) * per_layer_trace + L * n_vocab * 2
+        total += trace_size(m, max(lengths, default=1), n_vocab)
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",

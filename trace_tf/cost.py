@@ -76,6 +76,7 @@ class ShapeTracer(Tracer):
         formula: str,
         *inputs: Any,
         cols: Labels | str = None,
+        rows: Labels | str = None,
     ) -> np.ndarray:
         self.shapes.append((self.path(name), value.shape, tuple(np.shape(x) for x in inputs)))
         return value

@@ -10,7 +10,8 @@ Shapes: L_q query positions, L_k key positions, d = d_model, H heads of d_k / d_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,8 +52,11 @@ def norm_formula(m: ModelConfig, of: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER) -> Array:
-    """Token embeddings (x embed_scale) + positional encoding. tokens -> [L, d]"""
+def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0) -> Array:
+    """Token embeddings (x embed_scale) + positional encoding. tokens -> [L, d]
+
+    The tokens sit at positions start..start+L-1 (start > 0 for the new tokens of
+    a KV-cached decoding step)."""
     m = cfg.model
     if seq.matrix is not None:
         e = tr.rec("embed", seq.matrix, "E = the given matrix")
@@ -67,12 +71,17 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER) -> Array:
     if m.positional == "sinusoidal":
         pe = tr.rec(
             "pe",
-            ops.sinusoidal_pe(L, m.d_model, m.pe_base, m.dtype),
+            ops.sinusoidal_pe(L, m.d_model, m.pe_base, start, m.dtype),
             f"PE[pos,2i] = sin(pos/{m.pe_base:g}^(2i/d)), PE[pos,2i+1] = cos(…)",
         )
     elif m.positional == "learned":
         assert cfg.positional is not None
-        pe = tr.rec("pe", cfg.positional[:L], "PE = positional[pos] (learned)", cfg.positional)
+        pe = tr.rec(
+            "pe",
+            cfg.positional[start : start + L],
+            "PE = positional[pos] (learned)",
+            cfg.positional,
+        )
     else:
         return tr.rec("input", x, f"X = E{scale}", e)  # E itself when unscaled: no copy
     return tr.rec("input", x + pe, f"X = E{scale} + PE", e, pe)
@@ -81,6 +90,64 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER) -> Array:
 # ---------------------------------------------------------------------------
 # 3.2.1 Scaled dot-product attention, 3.2.2 multi-head attention
 # ---------------------------------------------------------------------------
+
+
+@dataclass
+class HeadCache:
+    """One head's keys and values kept between decoding iterations (a KV cache).
+
+    Self-attention (`grows`) appends the rows of each new position, so the keys of
+    positions 0..t-1 are never recomputed; cross-attention fills it once from the
+    encoder output and then only reads it. Arrays are replaced, never written in
+    place, so a recorded K or V keeps the rows it had when it was recorded."""
+
+    grows: bool
+    k: Array | None = None  # [t, d_k], after RoPE when rope
+    v: Array | None = None  # [t, d_v]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[0]
+
+    def extend(self, k: Array, v: Array) -> tuple[Array, Array]:
+        """Keep the new rows' keys and values: [cached; new] (self-attention) or the
+        encoder's, once (cross-attention). -> the whole K and V"""
+        if self.grows and self.k is not None and self.v is not None:
+            k, v = np.concatenate([self.k, k]), np.concatenate([self.v, v])
+        self.k, self.v = k, v
+        return k, v
+
+
+@dataclass
+class KVCache:
+    """The decoder's KV cache: per layer, a HeadCache per self- and cross-attention head,
+    and the tokens whose keys are cached (positions 0..length-1)."""
+
+    self_attn: list[list[HeadCache]]
+    cross_attn: list[list[HeadCache]]
+    tokens: tuple[str, ...] = ()
+
+    @classmethod
+    def empty(cls, cfg: Config) -> KVCache:
+        return cls(
+            self_attn=[[HeadCache(True) for _ in lw.self_attn.heads] for lw in cfg.decoder],
+            cross_attn=[
+                [HeadCache(False) for _ in lw.cross_attn.heads] if lw.cross_attn else []
+                for lw in cfg.decoder
+            ],
+        )
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def fork(self) -> KVCache:
+        """A copy that grows on its own (a beam); the cross-attention cache is shared."""
+        return KVCache(
+            self_attn=[[HeadCache(True, c.k, c.v) for c in layer] for layer in self.self_attn],
+            cross_attn=self.cross_attn,
+            tokens=self.tokens,
+        )
 
 
 def project(x: Array, W: Array, b: Array | None) -> Array:
@@ -96,36 +163,43 @@ def attention_head(
     m: ModelConfig,
     rotary: bool,
     tr: Tracer = NULL_TRACER,
+    cache: HeadCache | None = None,
 ) -> Array:
-    """softmax(Q Kᵀ / scale + M) V for one head (eq. 1). [L_q, d] x [L_k, d] -> [L_q, d_v]"""
+    """softmax(Q Kᵀ / scale + M) V for one head (eq. 1). [L_q, d] x [L_k, d] -> [L_q, d_v]
+
+    With a `cache`, self-attention computes K and V for the new rows only, at
+    positions t.. after the t cached ones, and attends over [cached; new];
+    cross-attention computes K and V of the encoder output once and reuses them."""
     src = "X" if x_q is x_kv else "Enc"
+    start = cache.length if cache is not None and cache.grows else 0  # position of row 0
+    q_formula = "Q = X W_q" + _plus(hw.b_q, "b_q")
+    q = tr.rec("q_raw" if rotary else "q", project(x_q, hw.W_q, hw.b_q), q_formula, x_q, hw.W_q)
     if rotary:
-        q_raw = tr.rec(
-            "q_raw", project(x_q, hw.W_q, hw.b_q), "Q = X W_q" + _plus(hw.b_q, "b_q"), x_q, hw.W_q
-        )
-        k_raw = tr.rec(
-            "k_raw", project(x_kv, hw.W_k, hw.b_k), "K = X W_k" + _plus(hw.b_k, "b_k"), x_kv, hw.W_k
-        )
         q = tr.rec(
-            "q", ops.rope(q_raw, np.arange(len(q_raw)), m.pe_base), "Q = RoPE(Q_raw, pos)", q_raw
+            "q", ops.rope(q, start + np.arange(len(q)), m.pe_base), "Q = RoPE(Q_raw, pos)", q
         )
-        k = tr.rec(
-            "k", ops.rope(k_raw, np.arange(len(k_raw)), m.pe_base), "K = RoPE(K_raw, pos)", k_raw
-        )
-    else:
-        q = tr.rec(
-            "q", project(x_q, hw.W_q, hw.b_q), "Q = X W_q" + _plus(hw.b_q, "b_q"), x_q, hw.W_q
-        )
-        k = tr.rec(
-            "k",
-            project(x_kv, hw.W_k, hw.b_k),
-            f"K = {src} W_k" + _plus(hw.b_k, "b_k"),
-            x_kv,
-            hw.W_k,
-        )
-    v = tr.rec(
-        "v", project(x_kv, hw.W_v, hw.b_v), f"V = {src} W_v" + _plus(hw.b_v, "b_v"), x_kv, hw.W_v
-    )
+    if cache is not None and not cache.grows and cache.k is not None and cache.v is not None:
+        # Cross-attention after the first iteration: the encoder's K and V, cached.
+        cached = " (cached)"
+        k = tr.rec("k", cache.k, f"K = {src} W_k" + _plus(hw.b_k, "b_k") + cached, rows="keys")
+        v = tr.rec("v", cache.v, f"V = {src} W_v" + _plus(hw.b_v, "b_v") + cached, rows="keys")
+        return attend(q, k, v, mask, m.scale, m.scale_text, m.temperature, tr)
+    k = project(x_kv, hw.W_k, hw.b_k)
+    k_formula = f"K = {src} W_k" + _plus(hw.b_k, "b_k")
+    k_inputs: tuple[Array, ...] = (x_kv, hw.W_k)
+    if rotary:
+        k_raw = tr.rec("k_raw", k, k_formula, *k_inputs)  # the new rows only
+        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base)
+        k_formula, k_inputs = "K = RoPE(K_raw, pos)", (k_raw,)
+    v = project(x_kv, hw.W_v, hw.b_v)
+    v_formula = f"V = {src} W_v" + _plus(hw.b_v, "b_v")
+    if cache is not None:
+        if start:  # the keys and values of positions 0..start-1 come from the cache
+            k_formula = f"K = [cached K, 0..{start - 1}; {k_formula.removeprefix('K = ')}]"
+            v_formula = f"V = [cached V, 0..{start - 1}; {v_formula.removeprefix('V = ')}]"
+        k, v = cache.extend(k, v)
+    k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
+    v = tr.rec("v", v, v_formula, x_kv, hw.W_v, rows="keys")
     return attend(q, k, v, mask, m.scale, m.scale_text, m.temperature, tr)
 
 
@@ -162,12 +236,14 @@ def multi_head_attention(
     m: ModelConfig,
     rotary: bool,
     tr: Tracer = NULL_TRACER,
+    cache: Sequence[HeadCache] | None = None,
 ) -> Array:
     """Concat(head_1..head_H) W_o + b_o (section 3.2.2). [L_q, d] x [L_k, d] -> [L_q, d]"""
     heads = []
     for h, hw in enumerate(aw.heads):
         with tr.scope(f"h{h}"):
-            heads.append(attention_head(x_q, x_kv, hw, mask, m, rotary, tr))
+            c = cache[h] if cache is not None else None
+            heads.append(attention_head(x_q, x_kv, hw, mask, m, rotary, tr, c))
     concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
     return tr.rec(
         "wo",
@@ -243,11 +319,16 @@ def add_and_norm(
 
 
 def _self_attention(
-    x: Array, aw: AttentionWeights, mask: Array | None, m: ModelConfig, tr: Tracer
+    x: Array,
+    aw: AttentionWeights,
+    mask: Array | None,
+    m: ModelConfig,
+    tr: Tracer,
+    cache: Sequence[HeadCache] | None = None,
 ) -> Array:
     rotary = m.positional == "rope"
     return add_and_norm(
-        x, lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr), aw.norm, m, tr
+        x, lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr, cache), aw.norm, m, tr
     )
 
 
@@ -270,17 +351,22 @@ def decoder_layer(
     m: ModelConfig,
     src_labels: tuple[str, ...] | None,
     tr: Tracer = NULL_TRACER,
+    cache: tuple[Sequence[HeadCache], Sequence[HeadCache]] | None = None,
 ) -> Array:
-    """Masked self-attention, cross-attention over the encoder output, feed-forward. [L, d] -> [L, d]"""
+    """Masked self-attention, cross-attention over the encoder output, feed-forward. [L, d] -> [L, d]
+
+    `cache`: this layer's (self-attention, cross-attention) head caches, when decoding
+    incrementally (`x` then holds only the new rows)."""
+    self_cache, cross_cache = cache if cache is not None else (None, None)
     with tr.scope("self_attn"):
-        x = _self_attention(x, lw.self_attn, mask, m, tr)
+        x = _self_attention(x, lw.self_attn, mask, m, tr, self_cache)
     if lw.cross_attn is not None and enc is not None:
         aw = lw.cross_attn
         with tr.scope("cross_attn", keys=src_labels):
             # Queries from the decoder, keys and values from the encoder output (3.2.3).
             x = add_and_norm(
                 x,
-                lambda h: multi_head_attention(h, enc, aw, cross_mask, m, False, tr),
+                lambda h: multi_head_attention(h, enc, aw, cross_mask, m, False, tr, cross_cache),
                 aw.norm,
                 m,
                 tr,
@@ -324,18 +410,38 @@ def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
         return tr.rec("output", x, "encoder output", x)
 
 
-def decoder(cfg: Config, target: Sequence_, enc: Array | None, tr: Tracer = NULL_TRACER) -> Array:
-    """The decoder stack on `target` (teacher forcing), attending to `enc`. -> [L_tgt, d]"""
+def decoder(
+    cfg: Config,
+    target: Sequence_,
+    enc: Array | None,
+    tr: Tracer = NULL_TRACER,
+    cache: KVCache | None = None,
+) -> Array:
+    """The decoder stack on `target` (teacher forcing), attending to `enc`. -> [L_tgt, d]
+
+    With a KV `cache` holding t tokens, `target` is only the new tokens: they sit at
+    positions t.., their keys and values are appended to the cache, and each new
+    row attends over all t + L_tgt positions (causally). -> [L_tgt, d]"""
     m = cfg.model
     labels = target.labels
+    start = cache.length if cache is not None else 0
+    keys = target
+    if cache is not None:
+        assert target.tokens is not None, "a KV cache needs tokens, not a numeric target"
+        keys = Sequence_(tokens=cache.tokens + target.tokens)
     src_labels = cfg.source.labels if cfg.source is not None else None
-    with tr.scope("decoder", rows=labels, keys=labels):
-        x = embed(cfg, target, tr)
+    with tr.scope("decoder", rows=labels, keys=keys.labels):
+        x = embed(cfg, target, tr, start)
         L = len(target)
-        # The decoder's self-attention is always causal (3.2.3), also for one token.
-        mask = ops.causal_mask(L, m.dtype)
-        pads = padding(cfg, target)
-        formula = "M[i,j] = −inf for j > i (causal)"
+        # The decoder's self-attention is always causal (3.2.3), also for one token;
+        # with a cache, the single newest row sees every key, so its row is all zeros.
+        mask = ops.causal_mask(L, start, m.dtype)
+        pads = padding(cfg, keys)
+        formula = (
+            "M[i,j] = −inf for j > i (causal)"
+            if start == 0
+            else (f"M[i,j] = −inf for j > {start} + i (causal; row i is position {start} + i)")
+        )
         if pads is not None:
             mask = mask + ops.key_padding_mask(L, pads, m.dtype)
             formula += " or key j a pad"
@@ -351,8 +457,12 @@ def decoder(cfg: Config, target: Sequence_, enc: Array | None, tr: Tracer = NULL
                     cols="keys",
                 )
         for l, lw in enumerate(cfg.decoder):
+            layer_cache = (cache.self_attn[l], cache.cross_attn[l]) if cache is not None else None
             with tr.scope(l):
-                x = decoder_layer(x, enc, lw, mask, cross_mask, m, src_labels, tr)
+                x = decoder_layer(x, enc, lw, mask, cross_mask, m, src_labels, tr, layer_cache)
+        if cache is not None:
+            assert keys.tokens is not None
+            cache.tokens = keys.tokens
         x = _final(x, cfg.decoder_final_norm, m, tr)
         return tr.rec("output", x, "decoder output", x)
 
@@ -367,6 +477,13 @@ def output_weights(cfg: Config) -> tuple[Array, Array | None]:
 
 def head(cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER) -> Array:
     """Logits = x W + b and their row softmax over the vocabulary. [L, d] -> [L, V]"""
+    return output_layer(cfg, x, rows, tr)[1]
+
+
+def output_layer(
+    cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER
+) -> tuple[Array, Array]:
+    """The logits x W + b and their row softmax, both. [L, d] -> [L, V], [L, V]"""
     W, b = output_weights(cfg)
     tied = ""
     if cfg.model.tie_embeddings:
@@ -381,7 +498,8 @@ def head(cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER
             W,
             cols=cfg.vocab,
         )
-        return tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
+        probs = tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
+        return logits, probs
 
 
 # ---------------------------------------------------------------------------
@@ -417,21 +535,27 @@ def run_encode(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
     return enc
 
 
-def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None = None) -> Array:
-    """Encoder (if any), decoder on the target, logits and probabilities. -> [L_tgt, V]"""
+def require_decoder(cfg: Config, command: str) -> None:
+    """Refuse a model without a decoder, or without a vocabulary for its logits."""
     if cfg.model.decoder_layers == 0:
         raise InputError(
-            "decode needs a decoder, and this model is encoder-only (decoder_layers: 0); use encode",
+            f"{command} needs a decoder, and this model is encoder-only (decoder_layers: 0); "
+            "use encode",
             file=cfg.file,
             path="model.decoder_layers",
         )
     if not cfg.vocab:
         raise InputError(
-            "decode needs a vocab for the logits",
+            f"{command} needs a vocab for the logits",
             file=cfg.file,
             path="vocab",
-            expected="a vocab list",
+            expected="a non-empty vocab list",
         )
+
+
+def run_decode(cfg: Config, tr: Tracer = NULL_TRACER, target: Sequence_ | None = None) -> Array:
+    """Encoder (if any), decoder on the target, logits and probabilities. -> [L_tgt, V]"""
+    require_decoder(cfg, "decode")
     tgt = target if target is not None else target_of(cfg)
     enc = encoder(cfg, tr) if cfg.model.encoder_layers else None
     dec = decoder(cfg, tgt, enc, tr)

@@ -153,13 +153,14 @@ def rms_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
 
 
 def sinusoidal_pe(
-    length: int, d: int, base: float = 10000.0, dtype: DTypeLike = np.float64
+    length: int, d: int, base: float = 10000.0, start: int = 0, dtype: DTypeLike = np.float64
 ) -> Array:
     """PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(pos / base^(2i/d)). -> [L, d]
 
-    Vaswani et al. section 3.5; for an odd d the last column is a sine.
+    Vaswani et al. section 3.5; for an odd d the last column is a sine. The rows
+    are positions start..start+L-1 (start > 0: the new tokens of a KV-cached step).
     """
-    pos = np.arange(length, dtype=np.float64)[:, None]
+    pos = np.arange(start, start + length, dtype=np.float64)[:, None]
     two_i = np.arange(0, d, 2, dtype=np.float64)  # 2i for each sine column
     angles = pos / np.power(base, two_i / d)  # [L, ceil(d/2)]
     pe = np.empty((length, d), dtype=dtype)  # angles in float64, stored in dtype
@@ -168,9 +169,13 @@ def sinusoidal_pe(
     return pe
 
 
-def causal_mask(n: int, dtype: DTypeLike = np.float64) -> Array:
-    """Additive mask: 0 on and below the diagonal, -inf above (a query sees no later key). -> [n, n]"""
-    return np.triu(np.full((n, n), -np.inf, dtype=dtype), k=1)
+def causal_mask(n: int, start: int = 0, dtype: DTypeLike = np.float64) -> Array:
+    """Additive mask: 0 where key j <= query position, -inf above (a query sees no later key).
+
+    Query row i sits at position start + i over keys 0..start+n-1 (start > 0: the
+    new rows of a KV-cached step; the newest single row sees every key). -> [n, start + n]
+    """
+    return np.triu(np.full((n, start + n), -np.inf, dtype=dtype), k=start + 1)
 
 
 def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_], dtype: DTypeLike = np.float64) -> Array:

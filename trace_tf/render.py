@@ -11,6 +11,7 @@ import numpy as np
 from rich.color import Color
 from rich.console import Group, RenderableType
 from rich.panel import Panel
+from rich.rule import Rule
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -20,6 +21,7 @@ from trace_tf.trace import Step
 
 if TYPE_CHECKING:
     from trace_tf.cost import Cost, Totals, VaryRow
+    from trace_tf.generate import Generation, Hypothesis, Iteration
 
 HEATMAP_STAGES = {"softmax", "probs", "attn.softmax"}
 ELLIPSIS = "…"
@@ -341,3 +343,303 @@ def _si(n: int) -> str:
         if n >= 10**power:
             return f"{n / 10**power:.3g}{prefix}"
     return str(n)  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------
+# generate: iterations, distributions, beams
+# ---------------------------------------------------------------------------
+
+_STOPPED = {
+    "eos": "it produced tokens.eos",
+    "max_tokens": "it reached --max-tokens",
+    "beams_finished": "every beam slot finished (ended in tokens.eos)",
+}
+
+
+def _p(x: float, precision: int) -> str:
+    return _format_cells(np.array([x]), precision)[0]
+
+
+def distribution_table(
+    columns: Sequence[tuple[str, np.ndarray]],
+    vocab: Sequence[str],
+    chosen: str | None,
+    show: int,
+    view: View = View(),
+) -> Table:
+    """Next-token distributions side by side (the model's, then after each sampling stage),
+    sorted by the last, then by the earlier ones, then in vocabulary order; the top `show`
+    rows with a bar of the last, the rest summed in one row."""
+    last = columns[-1][1]
+    order = np.lexsort([-p for _, p in columns])  # the last key sorts first; stable
+    shown = order if view.full else order[:show]
+    rest = order[len(shown) :]
+    cells = []
+    for _, p in columns:
+        column = p[shown] if not len(rest) else np.append(p[shown], p[rest].sum())
+        cells.append(_format_cells(column, view.precision))
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("token", no_wrap=True)
+    for name, _ in columns:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for r, i in enumerate(shown):
+        mark = vocab[i] == chosen
+        table.add_row(
+            str(r + 1),
+            Text(vocab[i], style="bold green" if mark else ""),
+            *[column[r] for column in cells],
+            Text.assemble(_bar_text(float(last[i])), ("  ◀ chosen" if mark else "", "bold green")),
+        )
+    if len(rest):
+        table.add_row(
+            ELLIPSIS,
+            Text(f"{len(rest)} more", style="dim"),
+            *[column[-1] for column in cells],
+            Text("(their total)", style="dim"),
+        )
+    return table
+
+
+def _bar_text(p: float, width: int = 24) -> Text:
+    """A horizontal bar of p in [0, 1], in eighths of a character."""
+    blocks = " ▏▎▍▌▋▊▉█"
+    eighths = round(max(0.0, min(p, 1.0)) * width * 8) if math.isfinite(p) else 0
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + (blocks[part] if part else "")
+    return Text(bar.ljust(width), style="blue")
+
+
+def _tokens(tokens: Sequence[str]) -> str:
+    return " ".join(tokens) if tokens else "(none)"
+
+
+def iteration_view(
+    it: Iteration, gen: Generation, vocab: Sequence[str], show: int, view: View
+) -> Panel:
+    """One decoding iteration: the prefix, the distribution (sorted, bars), the choice.
+
+    `it` is a generate.Iteration and `gen` a generate.Generation."""
+    s = gen.settings
+    parts: list[RenderableType] = []
+    if s.strategy == "beam":
+        parts.append(_beams_table(it, gen, vocab, show, view))
+        best = it.candidates[0]
+        parts.append(
+            Text.assemble(
+                ("best extension ", "bold"),
+                f"beam {best.beam} + ",
+                (best.token, "bold green"),
+                f"   (log p {best.token_logprob:.{view.precision}f}, "
+                f"cumulative {best.logprob:.{view.precision}f})",
+            )
+        )
+        title = f"iteration {it.index} · {len(it.beams)} live beam(s)"
+        return Panel(Group(*parts), title=Text(title), title_align="left")
+    parts.append(Text.assemble(("prefix ", "bold"), _tokens(it.prefix)))
+    if s.strategy == "sample":
+        columns = [("model p", it.model_probs)]
+        names = {
+            "tempered": f"T = {s.temperature:g}",
+            "top_k": f"top-k {s.top_k}",
+            "top_p": f"top-p {s.top_p:g}",
+        }
+        columns += [(names[n], p) for n, p in it.stages]
+        parts.append(distribution_table(columns, vocab, it.next, show, view))
+        parts.append(
+            Text.assemble(
+                ("next ", "bold"),
+                (it.next, "bold green"),
+                f"   sampled: u = {it.u:.{max(view.precision, 6)}f}, the first token (vocabulary "
+                "order) whose cumulative p > u",
+            )
+        )
+    else:
+        parts.append(distribution_table([("p", it.probs)], vocab, it.next, show, view))
+        p = float(it.probs[vocab.index(it.next)])
+        parts.append(
+            Text.assemble(
+                ("next ", "bold"),
+                (it.next, "bold green"),
+                f"   greedy: the most probable, p = {_p(p, view.precision)}",
+            )
+        )
+    return Panel(Group(*parts), title=Text(f"iteration {it.index}"), title_align="left")
+
+
+def _beams_table(
+    it: Iteration, gen: Generation, vocab: Sequence[str], show: int, view: View
+) -> Group:
+    """The live beams, then every extension of them ranked by cumulative log-probability,
+    the kept ones marked (live in the next iteration, or finished)."""
+    from trace_tf.generate import extensions
+
+    beams = Table(box=None, padding=(0, 1), show_edge=False)
+    for col in ("beam", "prefix", "logP"):
+        beams.add_column(col, justify="left" if col == "prefix" else "right")
+    for j, b in enumerate(it.beams):
+        beams.add_row(str(j), _tokens((*gen.start, *b.tokens)), f"{b.logprob:.{view.precision}f}")
+    token_logp, totals, order = extensions(it.beams)
+    V = len(vocab)
+    kept = {c.beam * V + vocab.index(c.token): c for c in it.candidates}
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    for col in ("#", "beam", "+ token", "p", "log p", "logP", "", ""):
+        table.add_column(col, justify="left" if col in ("+ token", "") else "right", no_wrap=True)
+    shown = order if view.full else order[: max(show, len(it.candidates))]
+    live = 0
+    for rank, f in enumerate(shown, start=1):
+        j, i = divmod(int(f), V)
+        c = kept.get(int(f))
+        if c is None:
+            status = Text("dropped", style="dim")
+        elif c.finished:
+            status = Text(f"finished, score {c.score:.{view.precision}f}", style="bold yellow")
+        else:
+            status = Text(f"→ beam {live}", style="bold green")
+            live += 1
+        p = float(it.beams[j].probs[i])
+        table.add_row(
+            str(rank),
+            str(j),
+            vocab[i],
+            _p(p, view.precision),
+            *(
+                f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
+                for x in (float(token_logp[j, i]), float(totals[j, i]))
+            ),
+            _bar_text(p, 10),
+            status,
+        )
+    if len(order) > len(shown):
+        more = Text(f"{len(order) - len(shown)} more, dropped", style="dim")
+        table.add_row(ELLIPSIS, *[""] * 6, more)
+    return Group(Text("live beams", style="bold"), beams, Text("extensions", style="bold"), table)
+
+
+def generation_summary(gen: Generation, view: View) -> Panel:
+    """What was produced, and why the loop stopped; for beam search, every finished hypothesis."""
+    s = gen.settings
+    parts: list[RenderableType] = [
+        Text.assemble(("start     ", "bold"), _tokens(gen.start)),
+        Text.assemble(("generated ", "bold"), (_tokens(gen.generated), "bold green")),
+        Text(
+            f"{len(gen.generated)} token(s) in {len(gen.iterations)} iteration(s); "
+            f"stopped because {_STOPPED[gen.stopped]}",
+            style="dim",
+        ),
+    ]
+    if s.strategy == "beam":
+        rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
+        title = f"finished hypotheses (n produced tokens; score = {rule})"
+        table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
+        for col in ("tokens", "n", "logP", "score", ""):
+            table.add_column(col, justify="left" if col == "tokens" else "right", no_wrap=True)
+        pool = list(gen.finished)
+        if not gen.finished and gen.result is not None:
+            pool = [gen.result]
+            table.title = "no beam finished: the best live beam"
+        for h in pool:
+            table.add_row(
+                _tokens(h.tokens),
+                str(len(h.tokens)),
+                f"{h.logprob:.{view.precision}f}",
+                f"{h.score:.{view.precision}f}",
+                Text("◀ result", style="bold green") if h is gen.result else "",
+            )
+        parts.append(table)
+    return Panel(Group(*parts), title=Text("generated"), title_align="left")
+
+
+def generation_view(
+    gen: Generation,
+    vocab: Sequence[str],
+    steps: Sequence[Step],
+    show: int = 10,
+    view: View = View(),
+) -> list[RenderableType]:
+    """Each iteration (its traced steps first, when there are any), then the summary."""
+    by_iteration: dict[int, list[Step]] = {}
+    before: list[Step] = []
+    for st in steps:
+        head, _, _ = st.path.partition(".")
+        if head[:1] == "t" and head[1:].isdigit():
+            by_iteration.setdefault(int(head[1:]), []).append(st)
+        else:
+            before.append(st)
+    out: list[RenderableType] = []
+    if before:
+        out.append(trace_view(before, view))
+    for it in gen.iterations:
+        if it.index in by_iteration:
+            out.append(Rule(Text(f"iteration {it.index}: the steps (paths t{it.index}.…)")))
+            out.append(trace_view(by_iteration[it.index], view))
+        out.append(iteration_view(it, gen, vocab, show, view))
+    out.append(generation_summary(gen, view))
+    return out
+
+
+def generation_json(gen: Generation, vocab: Sequence[str]) -> dict[str, Any]:
+    """SPEC section 5's `generated` and `iterations`, plus the strategy and, for beam
+    search, the live beams and kept extensions of each iteration and the finished ones."""
+    s = gen.settings
+
+    def dist(p: np.ndarray) -> dict[str, Any]:
+        return {tok: json_value(float(x)) for tok, x in zip(vocab, p, strict=True)}
+
+    strategy: dict[str, Any] = {"name": s.strategy, "max_tokens": s.max_tokens, "cache": s.cache}
+    if s.strategy == "sample":
+        strategy.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    if s.strategy == "beam":
+        strategy.update(width=s.width, length_penalty=s.length_penalty)
+    iterations = []
+    for it in gen.iterations:
+        item: dict[str, Any] = {
+            "index": it.index,
+            "prefix": list(it.prefix),
+            "probs": dist(it.probs),
+            "next": it.next,
+        }
+        if s.strategy == "sample":
+            item["model_probs"] = dist(it.model_probs)
+            item["u"] = it.u
+        if s.strategy == "beam":
+            item["beams"] = [
+                {
+                    "prefix": [*gen.start, *b.tokens],
+                    "logprob": json_value(b.logprob),
+                    "probs": dist(b.probs),
+                }
+                for b in it.beams
+            ]
+            item["candidates"] = [
+                {
+                    "beam": c.beam,
+                    "token": c.token,
+                    "token_logprob": json_value(c.token_logprob),
+                    "logprob": json_value(c.logprob),
+                    "finished": c.finished,
+                    "score": json_value(c.score),
+                }
+                for c in it.candidates
+            ]
+        iterations.append(item)
+    out: dict[str, Any] = {
+        "strategy": strategy,
+        "generated": list(gen.generated),
+        "stopped": gen.stopped,
+        "iterations": iterations,
+    }
+    if s.strategy == "beam" and gen.result is not None:
+
+        def hyp(h: Hypothesis) -> dict[str, Any]:
+            return {
+                "tokens": list(h.tokens),
+                "length": len(h.tokens),
+                "logprob": json_value(h.logprob),
+                "score": json_value(h.score),
+            }
+
+        out["finished"] = [hyp(h) for h in gen.finished]
+        out["result"] = hyp(gen.result)
+    return out

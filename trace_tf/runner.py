@@ -18,10 +18,15 @@ COMMANDS = ("encode", "decode", "full")
 
 
 def run(
-    cfg: Config | OpConfig, command: str = "full", keep: Callable[[str], bool] | None = None
+    cfg: Config | OpConfig,
+    command: str = "full",
+    keep: Callable[[str], bool] | None = None,
+    with_inputs: bool = False,
 ) -> Trace:
-    """Trace what `command` computes: encode, decode, or everything the config holds."""
-    tr = Tracer(keep=keep)
+    """Trace what `command` computes: encode, decode, or everything the config holds.
+
+    `keep`: store only the steps it accepts (and, `with_inputs`, what they were made from)."""
+    tr = Tracer(keep=keep, with_inputs=with_inputs)
     if isinstance(cfg, OpConfig):
         run_op(cfg, tr)
         return tr.trace

@@ -53,7 +53,9 @@ GROUPS: dict[str, Callable[[str], bool]] = {
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
     "cross": lambda p: (
-        bool(re.match(r"^(t\d+\.)?decoder\.\d+\.cross_attn\.", p)) or p.endswith("cross_mask")
+        # t<i>. (and b<j>.): a step of generate's iteration i (live beam j)
+        bool(re.match(r"^(t\d+\.)?(b\d+\.)?decoder\.\d+\.cross_attn\.", p))
+        or p.endswith("cross_mask")
     ),
     "attention": lambda p: (
         bool(re.search(r"(^|\.)(self_attn|cross_attn|attn)\.", p))
@@ -153,15 +155,16 @@ class _Recorded(NamedTuple):
 class Tracer:
     """Records steps under a dotted scope; `rec` returns its value unchanged.
 
-    With `keep`, only the steps it accepts are stored, and with them the steps
-    they were computed from (so each can be shown with its inputs): an input is
-    still alive when a step made from it is recorded, so it is stored then.
-    Nothing else is held, and nothing is copied.
+    With `keep`, only the steps it accepts are stored; with `with_inputs` too,
+    the steps they were computed from (so each can be shown with its inputs): an
+    input is still alive when a step made from it is recorded, so it is stored
+    then. Nothing else is held, and nothing is copied.
     """
 
     trace: Trace = field(default_factory=Trace)
     names: dict[int, str] = field(default_factory=dict)  # id(weight) -> path, for inputs
     keep: Callable[[str], bool] | None = None  # store only the steps this accepts
+    with_inputs: bool = False  # ... and, with `keep`, the steps those were computed from
     _recorded: dict[int, _Recorded] = field(default_factory=dict)  # id(value) -> its step
     _scope: list[str] = field(default_factory=list)
     _rows: list[Labels] = field(default_factory=list)
@@ -217,19 +220,24 @@ class Tracer:
         formula: str,
         *inputs: Any,
         cols: Labels | str = None,
+        rows: Labels | str = None,
     ) -> np.ndarray:
         """Record `value` as step `name` in the current scope and return it unchanged.
 
-        `cols="keys"` labels the columns with the key tokens of the current scope.
+        `cols="keys"` labels the columns with the key tokens of the current scope;
+        `rows="keys"` the rows (K and V: one row per key).
         """
         path = self.path(name)
         value.flags.writeable = False  # the engine never writes in place; make sure of it
         if not self._nonfinite_seen and value.dtype.kind == "f" and not _all_finite(value):
             self._check_nonfinite(name, path, value)
-        rows = self._current(self._rows)
+        if rows is None or isinstance(rows, str):
+            row_labels = self._current(self._keys if rows == "keys" else self._rows)
+        else:
+            row_labels = tuple(rows)
         col_labels = self._current(self._keys) if cols == "keys" else cols
-        if rows is not None and (value.ndim < 1 or len(rows) != value.shape[0]):
-            rows = None
+        if row_labels is not None and (value.ndim < 1 or len(row_labels) != value.shape[0]):
+            row_labels = None
         if col_labels is not None and (value.ndim < 2 or len(col_labels) != value.shape[-1]):
             col_labels = None
         made = [self._step_of(x) for x in inputs]  # before `value` is registered: it may be one
@@ -242,7 +250,7 @@ class Tracer:
             path,
             formula,
             tuple(names),
-            rows,
+            row_labels,
             tuple(col_labels) if col_labels is not None else None,
         )
         self._recorded[id(value)] = rec
@@ -251,7 +259,7 @@ class Tracer:
             self.trace.steps[path] = rec.step(value)
         elif self.keep(path):
             for m, x in zip(made, inputs, strict=True):  # shown beside it: store them while alive
-                if m is not None and m.path not in self.trace.steps:
+                if self.with_inputs and m is not None and m.path not in self.trace.steps:
                     self.trace.steps[m.path] = m.step(x)
             self.trace.steps[path] = rec.step(value)
         return value
@@ -289,6 +297,7 @@ class NullTracer(Tracer):
         formula: str,
         *inputs: Any,
         cols: Labels | str = None,
+        rows: Labels | str = None,
     ) -> np.ndarray:
         return value
 

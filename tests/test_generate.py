@@ -1,0 +1,596 @@
+"""`generate`: decoding against an independent step-by-step reference (tests/reference_torch.py
+on the growing prefix), the KV cache against full recomputation, sampling and beam search
+against hand computations and brute force, the JSON shape, and every exit-2 error."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import config_from
+from random_configs import random_config
+from reference_torch import reference_forward
+from typer.testing import CliRunner
+
+from trace_tf import generate as gen
+from trace_tf.cli import app
+from trace_tf.config import Config
+from trace_tf.trace import Tracer
+
+runner = CliRunner()
+BOS, EOS = "t0", "t1"  # random_configs' tokens
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def model_of(raw: dict[str, Any]) -> Config:
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def generation_config(seed: int, max_len: int = 16, **shape: Any) -> dict[str, Any]:
+    """A random config with a decoder (every array given), with room for `max_len`
+    learned positions."""
+    shape.setdefault("decoder_layers", 1)
+    shape.setdefault("tgt_len", 1)
+    rng = np.random.default_rng(seed)
+    raw = random_config(rng, **shape)
+    if shape.get("positional") == "learned":
+        raw["model"]["max_len"] = max_len
+        raw["weights"]["positional"] = (
+            0.5 * rng.standard_normal((max_len, len(raw["embeddings"]["t0"])))
+        ).tolist()
+    return raw
+
+
+SHAPES = [
+    dict(d_model=4, n_heads=2),
+    dict(d_model=6, n_heads=2, norm_position="pre", norm="rms", decoder_layers=2),
+    dict(
+        d_model=4,
+        n_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        activation="gelu",
+        positional="learned",
+    ),
+    dict(d_model=8, n_heads=4, pad=True, src_len=5, tgt_len=3),
+    dict(d_model=6, n_heads=2, positional="none", tie_embeddings=True, embed_scale="sqrt_d_model"),
+    dict(d_model=5, n_heads=2, d_k=3, d_v=4, biases=False, fused=True, final_norm=True),
+]
+ROPE = [
+    dict(d_model=6, n_heads=2, positional="rope"),
+    dict(
+        d_model=4,
+        n_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="rope",
+        norm_position="pre",
+    ),
+]
+
+
+def _ids(shape: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+# ---------------------------------------------------------------------------
+# Greedy against the independent reference, iteration by iteration
+# ---------------------------------------------------------------------------
+
+
+def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], list[np.ndarray]]:
+    """Greedy decoding by hand: the torch reference on the whole prefix at each iteration,
+    argmax of its last row of probabilities."""
+    prefix = list(raw["target"])
+    produced, dists = [], []
+    for _ in range(max_tokens):
+        probs = reference_forward({**raw, "target": prefix})["probs"][-1]
+        token = raw["vocab"][int(np.argmax(probs))]
+        produced.append(token)
+        dists.append(probs)
+        prefix.append(token)
+        if token == EOS:
+            break
+    return produced, dists
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
+    raw = generation_config(5, **shape)
+    expected, dists = reference_greedy(raw, max_tokens=6)
+    for cache in (True, False):
+        result = gen.run(model_of(raw), gen.settings(greedy=True, max_tokens=6, cache=cache))
+        assert list(result.generated) == expected
+        assert result.stopped == ("eos" if expected[-1] == EOS else "max_tokens")
+        for k, (it, probs) in enumerate(zip(result.iterations, dists, strict=True)):
+            assert it.index == k and it.prefix == (*raw["target"], *expected[:k])
+            np.testing.assert_allclose(it.probs, probs, rtol=0, atol=1e-10)
+            assert it.next == expected[k]
+
+
+def test_the_packaged_example_ends_at_eos_or_the_limit() -> None:
+    code, out, err = invoke("generate", "--greedy", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    generated = data["generated"]
+    assert generated[-1] == "EOS" or len(generated) == 20
+    assert "EOS" not in generated[:-1]
+    assert data["tokens"]["target"] == ["SOS"] and data["iterations"][0]["prefix"] == ["SOS"]
+    # Each iteration's distribution is what `decode` gives for that prefix (teacher forcing).
+    for it in data["iterations"][:3]:
+        target = "[" + ", ".join(it["prefix"]) + "]"
+        code, out, _ = invoke("decode", "--set", f"target={target}", "--format", "json")
+        last_row = json.loads(out)["steps"][-1]["value"][-1]
+        assert np.allclose(list(it["probs"].values()), last_row, rtol=0, atol=1e-12)
+
+
+def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> None:
+    code, out, err = invoke("generate", "--max-tokens", "2")
+    assert code == 0, err
+    assert "iteration 0" in out and "iteration 1" in out and "prefix SOS" in out
+    assert "◀ chosen" in out and "greedy: the most probable" in out and "█" in out
+    assert "stopped because it reached --max-tokens" in out
+
+
+# ---------------------------------------------------------------------------
+# The KV cache: the same numbers as recomputing the whole prefix
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES + ROPE, ids=_ids)
+def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
+    cfg = model_of(generation_config(9, **shape))
+    for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):
+        a = gen.run(cfg, gen.settings(max_tokens=8, cache=True, **strategy))  # type: ignore[arg-type]
+        b = gen.run(cfg, gen.settings(max_tokens=8, cache=False, **strategy))  # type: ignore[arg-type]
+        assert a.generated == b.generated and len(a.iterations) == len(b.iterations)
+        for x, y in zip(a.iterations, b.iterations, strict=True):
+            assert x.prefix == y.prefix and x.next == y.next
+            assert np.abs(x.model_probs - y.model_probs).max() <= 1e-12
+            for bx, by in zip(x.beams, y.beams, strict=True):
+                assert np.abs(bx.probs - by.probs).max() <= 1e-12
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0]], ids=_ids)
+def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
+    raw = generation_config(2, **shape)
+    raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: four iterations
+    cfg = model_of(raw)
+    s_cached = gen.settings(greedy=True, max_tokens=4)
+    s_full = gen.settings(greedy=True, max_tokens=4, cache=False)
+    cached, full = Tracer(), Tracer()
+    gen.run(cfg, s_cached, cached)
+    gen.run(cfg, s_full, full)
+    c, f = cached.trace, full.trace
+    for i in range(4):
+        base = f"t{i}.decoder.0.self_attn.h0"
+        for name in ("k", "v"):
+            k_cached, k_full = c.value(f"{base}.{name}"), f.value(f"{base}.{name}")
+            assert k_cached.shape[0] == i + 1  # one row per position fed so far
+            assert np.abs(k_cached - k_full).max() <= 1e-12
+        assert c.value(f"{base}.q").shape[0] == 1 and f.value(f"{base}.q").shape[0] == i + 1
+        # The newest row sees every cached key: its causal mask row is all zeros.
+        assert np.array_equal(c.value(f"t{i}.decoder.mask"), np.zeros((1, i + 1)))
+        cross = f"t{i}.decoder.0.cross_attn.h0.k"
+        assert np.array_equal(c.value(cross), c.value("t0.decoder.0.cross_attn.h0.k"))
+        assert (i == 0) != c[cross].formula.endswith("(cached)")
+    # The row labels of K are the tokens of the cached positions.
+    assert c["t3.decoder.0.self_attn.h0.k"].rows == ("t0", *gen.run(cfg, s_cached).generated[:3])
+    # The encoder ran once, outside the iterations.
+    assert "encoder.output" in c and not any(p.startswith("t1.encoder") for p in c.steps)
+
+
+def test_traced_and_untraced_generation_agree() -> None:
+    cfg = model_of(generation_config(3, **SHAPES[1]))
+    s = gen.settings(beam=2, max_tokens=5)
+    a, b = gen.run(cfg, s, Tracer()), gen.run(cfg, s)
+    assert a.generated == b.generated
+    for x, y in zip(a.iterations, b.iterations, strict=True):
+        assert np.array_equal(x.model_probs, y.model_probs)
+
+
+# ---------------------------------------------------------------------------
+# Sampling: temperature, top-k, top-p and the draw, checked by hand
+# ---------------------------------------------------------------------------
+
+FIXED_P = {"BOS": 0.05, "a": 0.4, "b": 0.25, "c": 0.15, "d": 0.1, "EOS": 0.05}
+
+
+def fixed_config(p: dict[str, float], bias: dict[str, float] | None = None) -> dict[str, Any]:
+    """A decoder-only model whose next-token distribution is `p` whatever the prefix:
+    output W = 0 and output b = log p (exp(-1000) underflows to exactly 0)."""
+    vocab = list(p)
+    b = [math.log(x) if x > 0 else -1000.0 for x in p.values()]
+    return {
+        "model": {"d_model": 2, "encoder_layers": 0, "decoder_layers": 1},
+        "vocab": vocab,
+        "tokens": {"bos": vocab[0], "eos": "EOS"},
+        "weights": {"output": {"W": [[0.0] * len(vocab)] * 2, "b": b}},
+    }
+
+
+def probs_of(raw: dict[str, Any], **options: Any) -> dict[str, float]:
+    result = gen.run(model_of(raw), gen.settings(sample=True, max_tokens=1, **options))
+    return dict(zip(raw["vocab"], result.iterations[0].probs.tolist(), strict=True))
+
+
+def test_temperature_by_hand() -> None:
+    # softmax(log p / T) = p^(1/T) / sum p^(1/T); T = 2: square roots.
+    got = probs_of(fixed_config(FIXED_P), temperature=2.0)
+    total = sum(math.sqrt(x) for x in FIXED_P.values())
+    for token, x in FIXED_P.items():
+        assert math.isclose(got[token], math.sqrt(x) / total, rel_tol=1e-12)
+
+
+def test_top_k_and_top_p_keep_exactly_the_documented_sets() -> None:
+    raw = fixed_config(FIXED_P)
+    got = probs_of(raw, top_k=3)  # a, b, c of 0.4 + 0.25 + 0.15 = 0.8
+    assert {t for t, x in got.items() if x > 0} == {"a", "b", "c"}
+    assert math.isclose(got["a"], 0.5) and math.isclose(got["b"], 0.3125)
+    assert math.isclose(got["c"], 0.1875)
+    got = probs_of(raw, top_p=0.6)  # 0.4 < 0.6, 0.4 + 0.25 = 0.65 >= 0.6: b crosses and is kept
+    assert {t for t, x in got.items() if x > 0} == {"a", "b"}
+    assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
+    got = probs_of(raw, top_p=0.4)  # a alone reaches 0.4
+    assert got["a"] == 1.0 and sum(got.values()) == 1.0
+    # top-p measures what top-k left, renormalised: 0.5, 0.5 + 0.3125 = 0.8125 >= 0.8.
+    got = probs_of(raw, top_k=3, top_p=0.8)
+    assert {t for t, x in got.items() if x > 0} == {"a", "b"}
+    assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
+    assert probs_of(raw, top_p=1.0) == pytest.approx(FIXED_P, rel=1e-12)
+
+
+def test_ties_go_to_the_earlier_vocabulary_entry() -> None:
+    raw = fixed_config({"BOS": 0.1, "x": 0.3, "y": 0.3, "z": 0.2, "EOS": 0.1})
+    got = probs_of(raw, top_k=1)
+    assert got["x"] == 1.0 and got["y"] == 0.0
+    assert gen.run(model_of(raw), gen.settings(greedy=True, max_tokens=1)).generated == ("x",)
+
+
+def test_sampling_draws_by_the_documented_inverse_cdf() -> None:
+    # Independently: one default_rng(seed) for the run, u = rng.random() per iteration,
+    # the first token in vocabulary order whose running total exceeds u.
+    p = {"BOS": 0.1, "a": 0.3, "b": 0.2, "c": 0.25, "d": 0.15, "EOS": 0.0}
+    raw = fixed_config(p)
+    for seed in (0, 1, 2024):
+        rng = np.random.default_rng(seed)
+        expected = []
+        for _ in range(12):
+            u, running = rng.random(), 0.0
+            for token, x in p.items():
+                running += x
+                if running > u:
+                    expected.append(token)
+                    break
+        result = gen.run(model_of(raw), gen.settings(sample=True, seed=seed, max_tokens=12))
+        assert list(result.generated) == expected
+        assert [it.u for it in result.iterations] == list(np.random.default_rng(seed).random(12))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_sampling_is_reproducible_with_a_seed(cache: bool) -> None:
+    cfg = model_of(generation_config(4, **SHAPES[0]))
+    s = gen.settings(sample=True, seed=7, temperature=1.5, top_p=0.95, max_tokens=12, cache=cache)
+    first, again = gen.run(cfg, s), gen.run(cfg, s)
+    assert first.generated == again.generated
+    other = [
+        gen.run(cfg, gen.settings(sample=True, seed=n, max_tokens=12)).generated for n in range(5)
+    ]
+    assert len(set(other)) > 1  # the seed matters
+    code, out, _ = invoke("generate", "--sample", "--seed", "3", "--format", "json")
+    code2, out2, _ = invoke("generate", "--sample", "--seed", "3", "--format", "json")
+    assert code == code2 == 0 and json.loads(out)["generated"] == json.loads(out2)["generated"]
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=_ids)
+def test_top_k_1_and_beam_width_1_equal_greedy(shape: dict[str, Any]) -> None:
+    cfg = model_of(generation_config(6, **shape))
+    greedy = gen.run(cfg, gen.settings(greedy=True, max_tokens=8))
+    top1 = gen.run(cfg, gen.settings(sample=True, top_k=1, seed=11, max_tokens=8))
+    beam1 = gen.run(cfg, gen.settings(beam=1, max_tokens=8))
+    assert top1.generated == greedy.generated == beam1.generated
+    assert [it.prefix for it in beam1.iterations] == [it.prefix for it in greedy.iterations]
+
+
+# ---------------------------------------------------------------------------
+# Beam search: by hand, and against brute force over every sequence
+# ---------------------------------------------------------------------------
+
+
+def test_beam_by_hand_with_and_without_length_penalty() -> None:
+    # p(EOS) 0.4, p(a) 0.35, p(b) 0.25 after any prefix; width 2.
+    # t0: EOS (log 0.4) finishes, a (log 0.35) lives; the beam narrows to 1.
+    # t1: a EOS (log 0.14) beats a a (log 0.1225): it finishes; the beam is empty.
+    raw = fixed_config({"BOS": 0.0, "a": 0.35, "b": 0.25, "EOS": 0.4})
+    cfg = model_of(raw)
+    plain = gen.run(cfg, gen.settings(beam=2, max_tokens=5))
+    assert plain.stopped == "beams_finished" and len(plain.iterations) == 2
+    assert [(h.tokens, round(math.exp(h.logprob), 12)) for h in plain.finished] == [
+        (("EOS",), 0.4),
+        (("a", "EOS"), 0.14),
+    ]
+    c0 = plain.iterations[0].candidates
+    assert [(c.token, c.finished) for c in c0] == [("EOS", True), ("a", False)]
+    assert plain.generated == ("EOS",)  # log 0.4 > log 0.14
+    assert gen.run(cfg, gen.settings(greedy=True)).generated == ("EOS",)
+    # GNMT: score = logP / ((5 + n) / 6)^alpha. alpha = 5: log 0.14 / (7/6)^5 = -0.9096 beats
+    # log 0.4 = -0.9163, so the longer hypothesis wins; alpha = 4 (-0.9774) it does not.
+    for alpha, winner in ((5.0, ("a", "EOS")), (4.0, ("EOS",))):
+        result = gen.run(cfg, gen.settings(beam=2, length_penalty=alpha, max_tokens=5))
+        assert result.generated == winner
+        scores = {h.tokens: h.score for h in result.finished}
+        assert math.isclose(scores[("a", "EOS")], math.log(0.14) / (7 / 6) ** alpha, rel_tol=1e-12)
+        assert math.isclose(scores[("EOS",)], math.log(0.4), rel_tol=1e-12)
+
+
+def _brute_force_config() -> dict[str, Any]:
+    raw = random_config(
+        np.random.default_rng(7),
+        d_model=4,
+        n_heads=1,
+        encoder_layers=0,
+        decoder_layers=1,
+        tgt_len=1,
+    )
+    raw["weights"]["output"]["b"][1] += 1.0  # make EOS likely enough to finish
+    return raw
+
+
+def _reference_logp(raw: dict[str, Any], max_tokens: int) -> dict[tuple[str, ...], np.ndarray]:
+    """log p(. | prefix) from the torch reference, for every prefix that does not hold EOS."""
+    vocab = raw["vocab"]
+    out: dict[tuple[str, ...], np.ndarray] = {}
+    for n in range(max_tokens):
+        for tail in itertools.product([t for t in vocab if t != EOS], repeat=n):
+            probs = reference_forward({**raw, "target": [BOS, *tail]})["probs"][-1]
+            out[tail] = np.log(probs)
+    return out
+
+
+def test_beam_search_finds_the_brute_force_best_where_greedy_does_not() -> None:
+    raw, max_tokens = _brute_force_config(), 3
+    logp = _reference_logp(raw, max_tokens)
+    vocab = raw["vocab"]
+    # Every sequence that ends in EOS within 3 tokens, with its log-probability.
+    complete = {}
+    for tail, lp in logp.items():
+        complete[(*tail, EOS)] = (
+            sum(logp[tail[:k]][vocab.index(t)] for k, t in enumerate(tail)) + lp[vocab.index(EOS)]
+        )
+    best = max(complete, key=lambda s: complete[s])
+    cfg = model_of(raw)
+    greedy = gen.run(cfg, gen.settings(greedy=True, max_tokens=max_tokens)).generated
+    wide = gen.run(cfg, gen.settings(beam=200, max_tokens=max_tokens))  # exhaustive
+    assert wide.generated == best and greedy != best
+    assert {h.tokens for h in wide.finished} == set(complete)
+    for h in wide.finished:
+        assert math.isclose(h.logprob, complete[h.tokens], rel_tol=0, abs_tol=1e-10)
+    # Width 2 already finds it here, following the documented rules step by step:
+    assert gen.run(cfg, gen.settings(beam=2, max_tokens=max_tokens)).generated == best
+    assert _by_the_rules(logp, vocab, width=2, max_tokens=max_tokens) == best
+
+
+def _by_the_rules(
+    logp: dict[tuple[str, ...], np.ndarray], vocab: list[str], width: int, max_tokens: int
+) -> tuple[str, ...]:
+    """Beam search as the README states it, in plain Python: rank every extension by
+    cumulative logP (ties: earlier beam, earlier vocabulary entry), keep width - finished,
+    set aside those ending in EOS; the best finished logP wins."""
+    live: list[tuple[tuple[str, ...], float]] = [((), 0.0)]
+    finished: list[tuple[tuple[str, ...], float]] = []
+    for _ in range(max_tokens):
+        ext = [
+            (total + float(logp[tail][i]), j, i, tail)
+            for j, (tail, total) in enumerate(live)
+            for i in range(len(vocab))
+        ]
+        ext.sort(key=lambda e: (-e[0], e[1], e[2]))
+        live = []
+        for total, _, i, tail in ext[: width - len(finished)]:
+            (finished if vocab[i] == EOS else live).append(((*tail, vocab[i]), total))
+        if not live:
+            break
+    pool = finished or live
+    return max(pool, key=lambda h: h[1])[0]
+
+
+# ---------------------------------------------------------------------------
+# JSON (SPEC section 5) and the trace under t<i>. paths
+# ---------------------------------------------------------------------------
+
+
+def test_json_shape_greedy_with_trace() -> None:
+    code, out, err = invoke("generate", "--max-tokens", "3", "--trace", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert {"trace_tf", "title", "tokens", "steps", "generated", "iterations"} <= set(data)
+    vocab = ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
+    prefix = ["SOS"]
+    for k, it in enumerate(data["iterations"]):
+        assert set(it) == {"index", "prefix", "probs", "next"}
+        assert it["index"] == k and it["prefix"] == prefix
+        assert list(it["probs"]) == vocab and math.isclose(sum(it["probs"].values()), 1.0)
+        assert it["next"] == max(vocab, key=lambda t: it["probs"][t])
+        prefix = [*prefix, it["next"]]
+    assert data["generated"] == prefix[1:]
+    paths = [s["path"] for s in data["steps"]]
+    assert paths[0] == "encoder.embed"
+    for p in paths:
+        head = p.split(".")[0]
+        assert head == "encoder" or (head[0] == "t" and int(head[1:]) < len(data["iterations"]))
+    assert {"t0.probs", "t2.probs", "t2.decoder.0.self_attn.h1.k"} <= set(paths)
+    k = next(s for s in data["steps"] if s["path"] == "t2.decoder.0.self_attn.h1.k")
+    assert k["shape"] == [3, 3]
+
+
+def test_json_shape_sample_and_beam() -> None:
+    code, out, _ = invoke(
+        "generate", "--sample", "--top-k", "3", "--max-tokens", "2", "--format", "json"
+    )
+    data = json.loads(out)
+    assert code == 0 and data["strategy"]["name"] == "sample" and data["strategy"]["top_k"] == 3
+    for it in data["iterations"]:
+        assert sum(x > 0 for x in it["probs"].values()) <= 3
+        assert set(it["model_probs"]) == set(it["probs"]) and 0 <= it["u"] < 1
+    code, out, _ = invoke("generate", "--beam", "3", "--max-tokens", "3", "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["strategy"] == {
+        "name": "beam",
+        "max_tokens": 3,
+        "cache": True,
+        "width": 3,
+        "length_penalty": 0.0,
+    }
+    first = data["iterations"][0]
+    assert [b["prefix"] for b in first["beams"]] == [["SOS"]] and first["beams"][0]["logprob"] == 0
+    assert len(first["candidates"]) == 3
+    best = first["candidates"][0]
+    assert first["next"] == best["token"] and first["prefix"] == ["SOS"]
+    assert math.isclose(best["logprob"], math.log(first["probs"][best["token"]]), rel_tol=1e-12)
+    assert data["result"]["tokens"] == data["generated"]
+    assert len(data["iterations"][1]["beams"]) == 3
+
+
+def test_stage_selection_works_on_iteration_paths() -> None:
+    code, out, _ = invoke(
+        "generate", "--max-tokens", "2", "--trace", "--stage", "cross", "--format", "json"
+    )
+    paths = [s["path"] for s in json.loads(out)["steps"]]
+    assert code == 0 and paths and all(".cross_attn." in p for p in paths)
+    assert any(p.startswith("t1.") for p in paths)
+    code, out, _ = invoke(
+        "generate",
+        "--beam",
+        "2",
+        "--max-tokens",
+        "2",
+        "--trace",
+        "--stage",
+        "cross",
+        "--head",
+        "1",
+        "--format",
+        "json",
+    )
+    paths = [s["path"] for s in json.loads(out)["steps"]]
+    assert code == 0 and "t1.b1.decoder.0.cross_attn.h1.softmax" in paths
+    assert all(".h1." in p for p in paths)
+    code, out, _ = invoke(
+        "generate", "--max-tokens", "3", "--trace", "--stage", "k", "--layer", "0"
+    )
+    assert code == 0 and "K = [cached K, 0..1; X W_k]" in out
+
+
+def test_decoder_only_generates_from_the_target_prompt() -> None:
+    raw = generation_config(1, d_model=4, n_heads=1, encoder_layers=0, decoder_layers=1, tgt_len=3)
+    result = gen.run(model_of(raw), gen.settings(greedy=True, max_tokens=3))
+    assert result.start == tuple(raw["target"]) and result.iterations[0].prefix == result.start
+
+
+# ---------------------------------------------------------------------------
+# Errors: exit 2, one clear line
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--sample", "--temperature", "0"], "--temperature must be positive"),
+        (["--sample", "--temperature", "-1"], "--temperature must be positive"),
+        (["--sample", "--top-p", "0"], "--top-p must lie in (0, 1]"),
+        (["--sample", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
+        (["--sample", "--top-k", "0"], "--top-k must be at least 1"),
+        (["--beam", "0"], "--beam width must be at least 1"),
+        (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
+        (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),
+        (["--temperature", "2"], "--temperature applies to --sample only"),
+        (["--beam", "2", "--top-k", "2"], "--top-k applies to --sample only"),
+        (["--length-penalty", "1"], "--length-penalty applies to --beam only"),
+        (["--stage", "k"], "add --trace"),
+        (["--trace", "--stage", "softmx"], "did you mean 'softmax'"),
+        (["--trace", "--max-elements", "5000"], "over the limit of 5,000"),
+    ],
+)
+def test_bad_options_exit_2(args: list[str], message: str) -> None:
+    code, _, err = invoke("generate", *args)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, E]\ntokens: {eos: E}\n",
+            "tokens.bos",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, E]\ntokens: {bos: a}\n",
+            "tokens.eos",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a]\ntokens: {bos: a, eos: E}\n",
+            "not in the vocabulary",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: []\n",
+            "generate needs a vocab",
+        ),
+        (
+            "model: {d_model: 2}\nvocab: [a, E]\ntokens: {bos: a, eos: E}\nsource: [a]\n",
+            "encoder-only",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, E]\ntokens: {bos: a, eos: E}\ntarget: [[1, 2]]\n",
+            "numeric matrix",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: learned, max_len: 4}\n"
+            "vocab: [a, E]\ntokens: {bos: a, eos: E}\n",
+            "beyond the 4 learned ones",
+        ),
+    ],
+)
+def test_configs_generate_cannot_serve_exit_2(tmp_yaml, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(text)
+    code, _, err = invoke("generate", path)
+    assert code == 2 and message in err and path in err and "Traceback" not in err
+
+
+def test_a_nan_distribution_is_an_error_not_a_token(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # The only key is a pad: the decoder's softmax row is fully masked.
+    path = tmp_yaml(
+        "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, E, P]\n"
+        "tokens: {bos: a, eos: E, pad: P}\ntarget: [P]\n"
+    )
+    code, _, err = invoke("generate", path)
+    assert code == 2 and "not finite" in err and "NaN first appears in step t0.decoder.0" in err
+
+
+def test_helpers_by_hand() -> None:
+    p = np.array([0.1, 0.4, 0.2, 0.3])
+    assert gen.ranking(p).tolist() == [1, 3, 2, 0]
+    assert gen.top_k_filter(p, 2).tolist() == pytest.approx([0, 4 / 7, 0, 3 / 7])
+    assert gen.top_p_filter(p, 0.7).tolist() == pytest.approx([0, 4 / 7, 0, 3 / 7])
+    assert gen.top_p_filter(p, 0.71).tolist() == pytest.approx([0, 4 / 9, 2 / 9, 3 / 9])
+    assert [gen.draw(p, u) for u in (0.0, 0.0999, 0.1, 0.49, 0.5, 0.7, 0.9999999)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        3,
+        3,
+    ]
+    assert gen.draw(np.array([0.5, 0.5, 0.0]), 1 - 2**-53) == 1  # never a zero-probability token
+    assert gen.length_penalty(3, 0.0) == 1.0 and math.isclose(gen.length_penalty(7, 1.0), 2.0)

@@ -1,0 +1,516 @@
+"""Autoregressive decoding over model.py: greedy, sampling and beam search, with a KV cache.
+
+The encoder runs once. Each iteration runs the decoder on the prefix under the
+causal mask (section 3.2.3 of the paper: the decoder sees every token produced so
+far and cross-attends to the encoder output) and turns the last row of the
+logits into the next token. With the KV cache (`model.KVCache`), an iteration
+feeds only the tokens the cache has not seen, so it computes one new row per
+layer and attends it over the cached keys and values; without it, the whole
+prefix is recomputed, as `decode` would. Both use the same functions of
+model.py, so they give the same numbers.
+
+The decoding rules (SPEC section 4, stated here once):
+
+- greedy: the most probable token; a tie goes to the earlier vocabulary entry.
+- sample: softmax(logits / T); then top-k (the k most probable, ties to the
+  earlier vocabulary entry); then top-p over what is left, renormalised (sort by
+  probability, keep the smallest prefix whose total reaches p, the token that
+  crosses p included); renormalise. One generator for the whole run,
+  `numpy.random.default_rng(seed)`; each iteration draws u = rng.random() and
+  takes the first token, in vocabulary order, whose cumulative probability
+  exceeds u x (the total).
+- beam (Jurafsky & Martin, 3rd ed., section 10.4): every extension of every
+  live beam is ranked by its cumulative log-probability (ties: the earlier
+  beam, then the earlier vocabulary entry); the best `slots` are kept, with
+  slots = width - finished; a kept extension that ends in eos is set aside as
+  finished, so the beam narrows by one. The search ends when the beam is empty
+  or at --max-tokens. The result is the finished hypothesis with the best
+  score logP / ((5 + n) / 6)^alpha (Wu et al. 2016, n = its produced tokens,
+  eos included; alpha = --length-penalty, default 0: plain logP); with none
+  finished, the best live beam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from trace_tf import model, ops
+from trace_tf.config import Config, Sequence_, trace_size
+from trace_tf.errors import InputError
+from trace_tf.model import KVCache
+from trace_tf.trace import NULL_TRACER, Tracer
+
+Array = np.ndarray
+
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+# ---------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to decode: the strategy and its parameters, the limit, the cache."""
+
+    strategy: str = "greedy"  # greedy | sample | beam
+    max_tokens: int = 20  # produced tokens, eos included
+    temperature: float = 1.0  # sample
+    top_k: int | None = None  # sample
+    top_p: float | None = None  # sample
+    seed: int = 0  # sample
+    width: int = 1  # beam
+    length_penalty: float = 0.0  # beam: alpha of ((5 + n) / 6)^alpha
+    cache: bool = True
+
+
+def settings(
+    *,
+    greedy: bool = False,
+    sample: bool = False,
+    beam: int | None = None,
+    max_tokens: int = 20,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    length_penalty: float | None = None,
+    cache: bool = True,
+) -> Settings:
+    """Validated settings from the command-line options; greedy when no strategy is named."""
+    chosen = [
+        name
+        for name, on in (("--greedy", greedy), ("--sample", sample), ("--beam", beam is not None))
+        if on
+    ]
+    if len(chosen) > 1:
+        raise InputError(
+            "conflicting strategies " + " and ".join(chosen),
+            expected="one of --greedy, --sample, --beam N",
+            found=" ".join(chosen),
+        )
+    strategy = "sample" if sample else "beam" if beam is not None else "greedy"
+    if max_tokens < 1:
+        raise InputError(
+            "--max-tokens must be at least 1", expected="an integer >= 1", found=str(max_tokens)
+        )
+    for option, value, needs in (
+        ("--temperature", temperature, "sample"),
+        ("--top-k", top_k, "sample"),
+        ("--top-p", top_p, "sample"),
+        ("--seed", seed, "sample"),
+        ("--length-penalty", length_penalty, "beam"),
+    ):
+        if value is not None and strategy != needs:
+            raise InputError(
+                f"{option} applies to --{needs} only, and the strategy is {strategy}",
+                expected=f"--{needs}" + (" N" if needs == "beam" else ""),
+            )
+    if temperature is not None and not (temperature > 0 and np.isfinite(temperature)):
+        raise InputError(
+            "--temperature must be positive", expected="a number > 0", found=f"{temperature:g}"
+        )
+    if top_k is not None and top_k < 1:
+        raise InputError("--top-k must be at least 1", expected="an integer >= 1", found=str(top_k))
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InputError("--top-p must lie in (0, 1]", expected="0 < p <= 1", found=f"{top_p:g}")
+    if beam is not None and beam < 1:
+        raise InputError(
+            "--beam width must be at least 1", expected="an integer >= 1", found=str(beam)
+        )
+    if length_penalty is not None and not np.isfinite(length_penalty):
+        raise InputError("--length-penalty must be a finite number", found=f"{length_penalty:g}")
+    return Settings(
+        strategy=strategy,
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else float(temperature),
+        top_k=top_k,
+        top_p=top_p,
+        seed=0 if seed is None else seed,
+        width=beam if beam is not None else 1,
+        length_penalty=0.0 if length_penalty is None else float(length_penalty),
+        cache=cache,
+    )
+
+
+def describe(s: Settings) -> list[tuple[str, str]]:
+    """The decoding conventions in force, for the header."""
+    if s.strategy == "greedy":
+        rule = "greedy: the most probable token (a tie goes to the earlier vocabulary entry)"
+    elif s.strategy == "sample":
+        parts = [f"softmax(logits / {s.temperature:g})"]
+        if s.top_k is not None:
+            parts.append(f"top-k {s.top_k}")
+        if s.top_p is not None:
+            parts.append(f"top-p {s.top_p:g} (smallest prefix reaching p, the crossing token in)")
+        rule = (
+            "sample from "
+            + ", then ".join(parts)
+            + f", renormalised; numpy.random.default_rng({s.seed}), u = rng.random() per "
+            "iteration, the first token (vocabulary order) whose cumulative p exceeds u"
+        )
+    else:
+        penalty = (
+            f"score logP / ((5 + n) / 6)^{s.length_penalty:g} (GNMT)"
+            if s.length_penalty
+            else "score logP (no length penalty)"
+        )
+        rule = (
+            f"beam search, width {s.width}: extensions ranked by cumulative log-probability; "
+            f"a kept one ending in eos finishes and the beam narrows by one; {penalty}"
+        )
+    return [
+        ("decoding", rule),
+        ("stop", f"at tokens.eos or after {s.max_tokens} produced token(s), eos included"),
+        (
+            "cache",
+            "KV cache: each iteration computes only the new row, over the cached K and V"
+            if s.cache
+            else "none (--no-cache): each iteration recomputes the whole prefix",
+        ),
+        ("encoder", "run once; cross-attention reads its output at every iteration"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# The distribution a choice is made from
+# ---------------------------------------------------------------------------
+
+
+def ranking(p: Array) -> Array:
+    """Token indices by probability, highest first; ties in vocabulary order. [V] -> [V]"""
+    return np.argsort(-p, kind="stable")
+
+
+def top_k_filter(p: Array, k: int) -> Array:
+    """Keep the k most probable tokens (ties to the earlier entry), renormalised. [V] -> [V]"""
+    keep = ranking(p)[:k]
+    out = np.zeros_like(p)
+    out[keep] = p[keep]
+    return out / out.sum()
+
+
+def top_p_filter(p: Array, top_p: float) -> Array:
+    """Nucleus: sorted by probability, the smallest prefix whose total reaches top_p (the
+    crossing token included), renormalised (Holtzman et al. 2020). [V] -> [V]"""
+    order = ranking(p)
+    total = np.cumsum(p[order])
+    n = min(int(np.searchsorted(total, top_p, side="left")) + 1, len(p))
+    keep = order[:n]
+    out = np.zeros_like(p)
+    out[keep] = p[keep]
+    return out / out.sum()
+
+
+def sampling_steps(logits: Array, s: Settings) -> list[tuple[str, Array]]:
+    """The distribution after each sampling stage in turn: temperature, top-k, top-p. [V]"""
+    p = ops.softmax(logits, s.temperature)
+    steps = [("tempered", p)]
+    if s.top_k is not None:
+        p = top_k_filter(p, s.top_k)
+        steps.append(("top_k", p))
+    if s.top_p is not None:
+        p = top_p_filter(p, s.top_p)
+        steps.append(("top_p", p))
+    return steps
+
+
+def draw(p: Array, u: float) -> int:
+    """The first index whose cumulative probability exceeds u x total (inverse CDF)."""
+    total = np.cumsum(p)
+    i = int(np.searchsorted(total, u * total[-1], side="right"))
+    return min(i, int(np.flatnonzero(p)[-1]))  # u x total rounding up to the total
+
+
+def length_penalty(n: int, alpha: float) -> float:
+    """((5 + n) / 6)^alpha (Wu et al. 2016, GNMT); 1 when alpha is 0."""
+    return ((5 + n) / 6) ** alpha if alpha else 1.0
+
+
+# ---------------------------------------------------------------------------
+# The results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Beam:
+    """A live beam at an iteration: its produced tokens, their cumulative log-probability,
+    and its next-token distribution."""
+
+    tokens: tuple[str, ...]
+    logprob: float
+    probs: Array  # its next-token distribution [V]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An extension kept at a beam iteration."""
+
+    beam: int  # index of the live beam it extends
+    token: str
+    token_logprob: float  # log p(token | that beam's prefix)
+    logprob: float  # cumulative, the beam's plus token_logprob
+    finished: bool  # ends in eos: set aside
+    score: float  # logprob / the length penalty of its length
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished (or, at the limit, live) beam with its length-penalised score."""
+
+    tokens: tuple[str, ...]
+    logprob: float
+    score: float
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One decoding step: what went in, what came out, what was chosen.
+
+    `prefix`, `probs` and `next` are one extension: for beam search, the best-ranked
+    kept candidate's parent prefix, that prefix's distribution, and its token."""
+
+    index: int
+    prefix: tuple[str, ...]
+    probs: Array  # [V] the distribution the choice was made from
+    next: str
+    model_probs: Array  # [V] the model's softmax(logits) for `prefix`
+    stages: tuple[tuple[str, Array], ...] = ()  # sample: after temperature, top-k, top-p
+    u: float | None = None  # sample: the uniform number drawn
+    beams: tuple[Beam, ...] = ()  # beam: the live beams this iteration extends
+    candidates: tuple[Candidate, ...] = ()  # beam: the kept extensions, best first
+
+
+@dataclass(frozen=True)
+class Generation:
+    settings: Settings
+    start: tuple[str, ...]  # the starting prefix: target, or [bos]
+    generated: tuple[str, ...]  # produced tokens, ending with eos when it was produced
+    iterations: tuple[Iteration, ...]
+    stopped: str  # eos | max_tokens | beams_finished (beam: every slot finished)
+    finished: tuple[Hypothesis, ...] = ()  # beam: every finished hypothesis, in order
+    result: Hypothesis | None = None  # beam: the chosen hypothesis
+
+
+# ---------------------------------------------------------------------------
+# Checks before anything runs
+# ---------------------------------------------------------------------------
+
+
+def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
+    """The starting prefix (target, or [tokens.bos]); refuses what generate cannot serve."""
+    m = cfg.model
+    model.require_decoder(cfg, "generate")
+    for key in ("bos", "eos"):
+        if getattr(cfg.tokens, key) is None:
+            raise InputError(
+                f"generate needs tokens.{key} (decoding starts from bos and stops at eos), "
+                "and the file sets none",
+                file=cfg.file,
+                path=f"tokens.{key}",
+                expected="a token of vocab",
+            )
+    start = model.target_of(cfg)
+    if start.tokens is None:
+        raise InputError(
+            "generate appends tokens to the target, and this target is a numeric matrix",
+            file=cfg.file,
+            path="target",
+            expected="a list of tokens",
+        )
+    longest = len(start) + s.max_tokens - 1  # the last token produced is never fed back
+    if m.positional == "learned" and longest > m.max_len:
+        raise InputError(
+            f"--max-tokens {s.max_tokens} after a prefix of {len(start)} would feed the decoder "
+            f"{longest} positions, beyond the {m.max_len} learned ones",
+            file=cfg.file,
+            path="model.max_len",
+            expected=f"--max-tokens <= {m.max_len - len(start) + 1}",
+            found=str(s.max_tokens),
+        )
+    return start.tokens
+
+
+def size(cfg: Config, s: Settings, traced: bool) -> int:
+    """About how many numbers a generation holds at its peak: one iteration's
+    intermediates (with the cache, the cached K and V too) per beam; with `traced`,
+    everything the trace records."""
+    m = cfg.model
+    longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
+    decoder_only = replace(m, encoder_layers=0)
+    # K and V (self and cross) of every layer and head, per live beam.
+    kv = 2 * m.decoder_layers * m.n_heads * longest * (m.d_k + m.d_v)
+    if s.cache:  # one new row per iteration, plus the cached K, V and a row of scores
+        iteration = trace_size(decoder_only, 1, len(cfg.vocab)) + kv + 2 * longest
+    else:
+        iteration = trace_size(decoder_only, longest, len(cfg.vocab))
+    source = len(cfg.source) if cfg.source is not None else 0
+    encoder = trace_size(replace(m, decoder_layers=0), source, 0) if m.encoder_layers else 0
+    return encoder + iteration * s.width * (s.max_tokens if traced else 1)
+
+
+def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> None:
+    """Refuse, before anything runs, a generation whose arrays (with `traced`, whose whole
+    trace) would hold more than max_elements numbers."""
+    total = size(cfg, s, traced)
+    if total > max_elements:
+        raise InputError(
+            f"{'the trace of ' if traced else ''}{s.max_tokens} iteration(s) would hold about "
+            f"{total:,} numbers, over the limit of {max_elements:,}",
+            expected="fewer --max-tokens, a --stage to keep, or a higher --max-elements",
+        )
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------
+
+
+def next_distribution(
+    cfg: Config,
+    enc: Array | None,
+    prefix: tuple[str, ...],
+    cache: KVCache | None,
+    tr: Tracer = NULL_TRACER,
+) -> tuple[Array, Array]:
+    """The logits and probabilities of the token after `prefix`. -> [V], [V]
+
+    Without a cache the decoder runs on the whole prefix; with one, only on the
+    tokens it has not cached yet (the whole prefix at the first iteration, then
+    one token)."""
+    seq = Sequence_(tokens=prefix if cache is None else prefix[cache.length :])
+    out = model.decoder(cfg, seq, enc, tr, cache)
+    logits, probs = model.output_layer(cfg, out, seq, tr)
+    if not np.isfinite(probs[-1]).all():
+        first = f" ({tr.trace.warnings[0]})" if tr.trace.warnings else ""
+        raise InputError(
+            f"the next-token distribution after {' '.join(prefix)} is not finite{first}",
+            expected="finite probabilities",
+            found="NaN or infinity",
+        )
+    return logits[-1], probs[-1]
+
+
+def run(cfg: Config, s: Settings, tr: Tracer = NULL_TRACER) -> Generation:
+    """Decode from `target` (or [tokens.bos]) until tokens.eos or s.max_tokens.
+
+    With a recording tracer, every step of iteration i is under `t<i>.` (beam:
+    `t<i>.b<j>.` for live beam j); the encoder's steps keep their plain paths."""
+    start = start_of(cfg, s)
+    enc = model.encoder(cfg, tr) if cfg.model.encoder_layers else None
+    if s.strategy == "beam":
+        return _beam(cfg, s, enc, start, tr)
+    return _single(cfg, s, enc, start, tr)
+
+
+def _single(
+    cfg: Config, s: Settings, enc: Array | None, start: tuple[str, ...], tr: Tracer
+) -> Generation:
+    """Greedy or sampling: one prefix, one token per iteration."""
+    vocab, eos = cfg.vocab, cfg.tokens.eos
+    rng = np.random.default_rng(s.seed) if s.strategy == "sample" else None
+    cache = KVCache.empty(cfg) if s.cache else None
+    prefix, iterations = start, []
+    stopped = "max_tokens"
+    for index in range(s.max_tokens):
+        with tr.scope(f"t{index}"):
+            logits, probs = next_distribution(cfg, enc, prefix, cache, tr)
+            if rng is None:
+                stages: tuple[tuple[str, Array], ...] = ()
+                chosen, u = probs, None
+                i = int(np.argmax(probs))
+            else:
+                stages = tuple(sampling_steps(logits, s))
+                with tr.scope("sample", rows=(prefix[-1],)):
+                    for name, p in stages:
+                        tr.rec(name, p[None, :], _STAGE_FORMULA[name].format(s=s), cols=vocab)
+                chosen, u = stages[-1][1], float(rng.random())
+                i = draw(chosen, u)
+        token = vocab[i]
+        iterations.append(Iteration(index, prefix, chosen, token, probs, stages, u))
+        prefix = (*prefix, token)
+        if token == eos:
+            stopped = "eos"
+            break
+    return Generation(s, start, prefix[len(start) :], tuple(iterations), stopped)
+
+
+_STAGE_FORMULA = {
+    "tempered": "softmax(logits / T), T = {s.temperature:g}",
+    "top_k": "the {s.top_k} most probable kept, renormalised",
+    "top_p": "smallest sorted prefix with total ≥ {s.top_p:g} kept, renormalised",
+}
+
+
+def extensions(beams: Sequence[Beam]) -> tuple[Array, Array, Array]:
+    """Every extension of every live beam: log p(token | beam), the cumulative logP, and
+    the flat indices beam * V + token ranked by logP, best first (ties: the earlier beam,
+    then the earlier vocabulary entry). -> [n, V], [n, V], [n * V]"""
+    with np.errstate(divide="ignore"):
+        token_logp = np.log(np.stack([b.probs for b in beams]))
+    totals = np.array([b.logprob for b in beams])[:, None] + token_logp
+    return token_logp, totals, np.argsort(-totals.ravel(), kind="stable")
+
+
+def _beam(
+    cfg: Config, s: Settings, enc: Array | None, start: tuple[str, ...], tr: Tracer
+) -> Generation:
+    """Beam search (module docstring): live beams, finished hypotheses, the best score."""
+    vocab, eos = cfg.vocab, cfg.tokens.eos
+    V = len(vocab)
+    live: list[tuple[tuple[str, ...], float, KVCache | None]] = [
+        ((), 0.0, KVCache.empty(cfg) if s.cache else None)
+    ]
+    finished: list[Hypothesis] = []
+    iterations: list[Iteration] = []
+    stopped = "max_tokens"
+
+    def hypothesis(tokens: tuple[str, ...], logprob: float) -> Hypothesis:
+        return Hypothesis(tokens, logprob, logprob / length_penalty(len(tokens), s.length_penalty))
+
+    for index in range(s.max_tokens):
+        beams: list[Beam] = []
+        with tr.scope(f"t{index}"):
+            for j, (tokens, logprob, cache) in enumerate(live):
+                with tr.scope(f"b{j}"):
+                    _, probs = next_distribution(cfg, enc, start + tokens, cache, tr)
+                beams.append(Beam(tokens, logprob, probs))
+        token_logp, totals, order = extensions(beams)
+        slots = s.width - len(finished)
+        candidates: list[Candidate] = []
+        new_live: list[tuple[tuple[str, ...], float, KVCache | None]] = []
+        for f in order[:slots]:
+            j, i = divmod(int(f), V)
+            if not np.isfinite(totals[j, i]):
+                break  # probability 0: never kept
+            h = hypothesis((*beams[j].tokens, vocab[i]), float(totals[j, i]))
+            c = Candidate(j, vocab[i], float(token_logp[j, i]), h.logprob, vocab[i] == eos, h.score)
+            candidates.append(c)
+            if c.finished:
+                finished.append(h)
+            else:
+                parent = live[j][2]
+                new_live.append((h.tokens, h.logprob, parent.fork() if parent else None))
+        best = beams[candidates[0].beam]
+        iterations.append(
+            Iteration(
+                index,
+                start + best.tokens,
+                best.probs,
+                candidates[0].token,
+                best.probs,
+                beams=tuple(beams),
+                candidates=tuple(candidates),
+            )
+        )
+        live = new_live
+        if not live:
+            stopped = "beams_finished"
+            break
+    pool = finished or [hypothesis(tokens, logprob) for tokens, logprob, _ in live]
+    result = max(pool, key=lambda h: h.score)  # max keeps the first of equal scores
+    return Generation(s, start, result.tokens, tuple(iterations), stopped, tuple(finished), result)
