@@ -3,12 +3,13 @@ one normalisation, one positional encoding, each traced step by step."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from trace_tf import ops
-from trace_tf.config import OpConfig
+from trace_tf.config import ALL_SCORE_WEIGHTS, OpConfig, ScoreWeights
 from trace_tf.model import attend
 from trace_tf.trace import Tracer
 
@@ -21,16 +22,46 @@ NORM_AXES = {
 }
 
 
+def norm_axes_text(kind: str, shape: tuple[int, ...]) -> str:
+    """Which axis of x a normalisation reduces over, and the shape its statistics keep."""
+    dims = " × ".join(str(n) for n in shape)
+    stats = "rms" if kind == "rms" else "mean and var"
+    if kind == "instance":
+        B, C, n = shape
+        return (
+            f"x is B × C × n = {dims}; {stats} over axis 2 (the {n} positions of each "
+            f"sample and channel), kept as {B} × {C} × 1"
+        )
+    L, d = shape
+    if kind == "batch":
+        return (
+            f"x is batch × features = {dims}; {stats} over axis 0 (the {L} samples of "
+            f"each feature column), kept as a 1 × {d} row"
+        )
+    return (
+        f"x is rows × features = {dims}; {stats} over axis 1 (the {d} features of "
+        f"each row), kept as a {L} × 1 column"
+    )
+
+
+def op_arrays(kind: str, p: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The given arrays of a single operation, by the key they have in the file."""
+    keys = {
+        "attention": ("Q", "K", "V", "mask", *ALL_SCORE_WEIGHTS),
+        "norm": ("x", "gamma", "beta"),
+    }
+    return {k: p[k] for k in keys.get(kind, ()) if isinstance(p.get(k), np.ndarray)}
+
+
 def attention_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
-    """softmax((Q Kᵀ / scale + M) / T) V on given matrices."""
-    Q, K, V = (np.asarray(p[k]) for k in ("Q", "K", "V"))
+    """softmax((score(Q, K) / scale + M) / T) V on given matrices."""
+    Q, K, V = (p[k] for k in ("Q", "K", "V"))
     mask = p["mask"]
     keys = tuple(f"k{j}" for j in range(K.shape[0]))
     rows = tuple(f"q{i}" for i in range(Q.shape[0]))
+    sw = ScoreWeights(**{k: p[k] for k in ALL_SCORE_WEIGHTS if p.get(k) is not None})
     with tr.scope("attn", rows=rows, keys=keys):
-        tr.name(Q, "Q")
-        tr.name(K, "K")
-        tr.name(V, "V")
+        tr.name_all(op_arrays("attention", p))
         return attend(
             Q,
             K,
@@ -40,6 +71,8 @@ def attention_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
             str(p["scale_text"]),
             float(p["temperature"]),
             tr,
+            score=str(p["score"]),
+            sw=sw,
         )
 
 
@@ -54,7 +87,7 @@ def norm_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
     if kind == "instance":
         gamma, beta = gamma.reshape(1, -1, 1), beta.reshape(1, -1, 1)
     with tr.scope("norm"):
-        tr.name(x, "x")
+        tr.name_all(op_arrays("norm", p))
         if kind == "rms":
             r = tr.rec("rms", ops.rms(x, eps), f"√(mean(x²) + ε) of {where}, ε = {eps:g}", x)
             return tr.rec("out", ops.rms_scale(x, r, gamma, beta), "x / rms · γ + β", x, r)

@@ -653,6 +653,423 @@ def generate(
 # calculators and tools (issue 4): attend, norm, pe, diff, explain, stages
 # ---------------------------------------------------------------------------
 
+MatrixOpt = Optional[str]  # noqa: UP045 (typer needs Optional on Python 3.10)
+WordOpt = Optional[str]  # noqa: UP045
+_MATRIX_HELP = "rows separated by ';', numbers by spaces or commas, e.g. '1 0 0; 1,2,0'"
+
+
+def _inline_value(text: str, option: str) -> Any:
+    """A number, or a vector, given to an option."""
+    from trace_tf.config import parse_matrix
+
+    rows = parse_matrix(text, option)
+    if len(rows) == 1 and len(rows[0]) == 1:
+        return rows[0][0]
+    return rows[0] if len(rows) == 1 else [r[0] if len(r) == 1 else r for r in rows]
+
+
+def _scale_value(text: str) -> float | str:
+    if text.strip() == "sqrt_dk":
+        return "sqrt_dk"
+    try:
+        return float(text)
+    except ValueError:
+        _fail(f"--scale must be a number or sqrt_dk, not {text!r}")
+        raise  # unreachable: _fail raises
+
+
+def _op_config(
+    command: str, kind: str, file: str | None, options: list[tuple[str, str, Any]], c: Common
+) -> OpConfig:
+    """A single-operation config: the file's `kind:` section (or an empty one), then its
+    variant, --set, and the command's own options, each an override of that section."""
+    from trace_tf.config import OP_KINDS, Document, OpConfig, build, parse_set, read_document
+    from trace_tf.errors import InputError
+    from trace_tf.loader import Lines
+
+    if file is None:
+        doc = Document(
+            "command line", {"title": f"{command}, from the command line", kind: {}}, Lines()
+        )
+    else:
+        doc = read_document(file)
+        found = [k for k in ("model", *OP_KINDS) if k in doc.data]
+        if found != [kind]:
+            raise InputError(
+                f"{command} needs a single {kind} operation",
+                file=doc.file,
+                expected=f"a file with a '{kind}:' section (and no other)",
+                found=", ".join(f"'{k}:'" for k in found) or "neither",
+            )
+    sets = [parse_set(s) for s in c.sets]
+    for key, option, value in options:
+        sets.append((f"{kind}.{key}", value))
+        doc.origins[f"{kind}.{key}"] = option
+    cfg = build(doc, sets, c.variant, c.max_elements)
+    assert isinstance(cfg, OpConfig)
+    return cfg
+
+
+def _run_op(cfg: OpConfig, c: Common) -> None:
+    """Run a single operation and show what it was given, then every step."""
+    from trace_tf import render
+    from trace_tf.calc import op_arrays
+    from trace_tf.runner import run
+    from trace_tf.trace import Step
+
+    trace = run(cfg)
+    view = c.view()
+
+    def body() -> list[RenderableType]:
+        given = [
+            render.step_table(Step(path=name, formula="given", value=arr), view)
+            for name, arr in op_arrays(cfg.kind, cfg.params).items()
+            if arr.ndim >= 1
+        ]
+        return [*given, render.trace_view(list(trace), view)]
+
+    _show(cfg, trace, list(trace), c, body)
+
+
+@app.command()
+@running
+def attend(
+    c: Common,
+    file: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A file with an 'attention:' section.", show_default=False),
+    ] = None,
+    q: Annotated[MatrixOpt, typer.Option("--q", help=f"Queries Q: {_MATRIX_HELP}.")] = None,
+    k: Annotated[MatrixOpt, typer.Option("--k", help="Keys K, one row per key.")] = None,
+    v: Annotated[MatrixOpt, typer.Option("--v", help="Values V, one row per key.")] = None,
+    mask: Annotated[
+        MatrixOpt, typer.Option("--mask", help="Additive mask, n_q x n_k of 0 and -inf.")
+    ] = None,
+    scale: Annotated[
+        WordOpt,
+        typer.Option("--scale", help="Divide the scores by this (a number or sqrt_dk)."),
+    ] = None,
+    temperature: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--temperature", help="Softmax temperature T (divides inside the softmax)."),
+    ] = None,
+    score: Annotated[
+        WordOpt,
+        typer.Option("--score", help="scaled_dot (default), dot, additive, bilinear or gaussian."),
+    ] = None,
+    w: Annotated[
+        MatrixOpt, typer.Option("--w", help="gaussian: the kernel width w (a number or a vector).")
+    ] = None,
+) -> None:
+    """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
+    from trace_tf.config import parse_matrix
+
+    if file is None and not (q and k and v):
+        _fail("attend needs --q, --k and --v (or a FILE with an 'attention:' section)")
+    options: list[tuple[str, str, Any]] = []
+    for key, option, text in (("Q", "--q", q), ("K", "--k", k), ("V", "--v", v)):
+        if text is not None:
+            options.append((key, option, parse_matrix(text, option)))
+    if mask is not None:
+        options.append(("mask", "--mask", parse_matrix(mask, "--mask", allow_inf=True)))
+    if scale is not None:
+        options.append(("scale", "--scale", _scale_value(scale)))
+    if temperature is not None:
+        options.append(("temperature", "--temperature", temperature))
+    if score is not None:
+        options.append(("score", "--score", score))
+    if w is not None:
+        options.append(("w", "--w", _inline_value(w, "--w")))
+    _run_op(_op_config("attend", "attention", file, options, c), c)
+
+
+@app.command()
+@running
+def norm(
+    c: Common,
+    file: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A file with a 'norm:' section.", show_default=False),
+    ] = None,
+    x: Annotated[
+        MatrixOpt,
+        typer.Option(
+            "--x", help=f"The input: {_MATRIX_HELP}; '|' separates the B samples of instance."
+        ),
+    ] = None,
+    kind: Annotated[
+        WordOpt,
+        typer.Option("--kind", help="layer (default), rms, batch or instance."),
+    ] = None,
+    eps: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--eps", help="Added to the variance inside the root (default 1e-5)."),
+    ] = None,
+    gamma: Annotated[MatrixOpt, typer.Option("--gamma", help="Scale per feature.")] = None,
+    beta: Annotated[MatrixOpt, typer.Option("--beta", help="Shift per feature.")] = None,
+) -> None:
+    """One normalisation (layer, rms, batch, instance): its statistics, then its output."""
+    from trace_tf.config import parse_matrix
+
+    if file is None and x is None:
+        _fail("norm needs --x (or a FILE with a 'norm:' section)")
+    options: list[tuple[str, str, Any]] = []
+    if x is not None:
+        if kind == "instance" and "|" not in x and not x.lstrip().startswith("["):
+            _fail(
+                "--x: instance norm takes a B x C x n array: separate the B samples "
+                "(each C x n) with '|', e.g. --x '1 2 3; 4 5 6 | 0 1 0; 2 2 3'"
+            )
+        options.append(("x", "--x", parse_matrix(x, "--x")))
+    if kind is not None:
+        options.append(("kind", "--kind", kind))
+    if eps is not None:
+        options.append(("eps", "--eps", eps))
+    for key, option, text in (("gamma", "--gamma", gamma), ("beta", "--beta", beta)):
+        if text is not None:
+            value = _inline_value(text, option)
+            options.append((key, option, value if isinstance(value, list) else [value]))
+    _run_op(_op_config("norm", "norm", file, options, c), c)
+
+
+@app.command()
+@running
+def pe(
+    c: Common,
+    file: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A file with a 'pe:' section.", show_default=False),
+    ] = None,
+    length: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--length", min=1, help="Number of positions L."),
+    ] = None,
+    d_model: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--d-model", min=1, help="Width d."),
+    ] = None,
+    kind: Annotated[
+        WordOpt,
+        typer.Option("--kind", help="sinusoidal (default) or rope (the rotation angles)."),
+    ] = None,
+    base: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--base", help="The base of the frequencies (default 10000)."),
+    ] = None,
+) -> None:
+    """The positional encoding matrix (sinusoidal), or RoPE's rotation angles."""
+    if file is None and (length is None or d_model is None):
+        _fail("pe needs --length and --d-model (or a FILE with a 'pe:' section)")
+    options: list[tuple[str, str, Any]] = [
+        (key, option, value)
+        for key, option, value in (
+            ("length", "--length", length),
+            ("d_model", "--d-model", d_model),
+            ("kind", "--kind", kind),
+            ("base", "--base", base),
+        )
+        if value is not None
+    ]
+    _run_op(_op_config("pe", "pe", file, options, c), c)
+
+
+@app.command()
+@running
+def diff(
+    c: Common,
+    config_a: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(metavar="A", help="The first config (default: hello).", show_default=False),
+    ] = None,
+    config_b: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(
+            metavar="B",
+            help="The second config; default: A again, varied by --set-b / --variant-b.",
+            show_default=False,
+        ),
+    ] = None,
+    set_b: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--set-b", help="Override a key of B only: KEY=VALUE (repeatable).", metavar="KEY=VALUE"
+        ),
+    ] = None,
+    variant_b: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--variant-b", help="Run B on this variant (instead of --variant)."),
+    ] = None,
+    atol: Annotated[
+        float, typer.Option("--atol", min=0.0, help="Cells closer than this count as equal.")
+    ] = 1e-12,
+    stage: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--stage", help="Compare only these steps (a stage, group or pattern)."),
+    ] = None,
+    delta: Annotated[
+        bool, typer.Option("--delta", help="Show B − A in the tables instead of B's values.")
+    ] = False,
+    brief: Annotated[
+        bool, typer.Option("--brief", help="Only the summary table, no matrices.")
+    ] = False,
+    all_steps: Annotated[
+        bool, typer.Option("--all", help="List the steps that are the same too.")
+    ] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the runs differ (like git diff).")
+    ] = False,
+) -> None:
+    """Run two configs, or one against a variation of itself, and show where they differ.
+
+    --set and --variant apply to both A and B; --set-b to B only; --variant-b replaces
+    the variant for B.
+    """
+    from trace_tf import render
+    from trace_tf.config import build, parse_set, read_document
+    from trace_tf.diff import DIFFERS, SAME, compare, first_difference, verdict
+    from trace_tf.runner import run
+    from trace_tf.trace import check_stage, matches
+
+    if config_b is None and not set_b and variant_b is None:
+        _fail(
+            "diff needs something to compare A with: a second config B, "
+            "or --set-b KEY=VALUE / --variant-b NAME (e.g. diff hello --set-b model.scale=30)"
+        )
+    both = [parse_set(s) for s in c.sets]
+    only_b = [parse_set(s) for s in set_b or []]
+    doc_a = read_document(config_a)
+    doc_b = read_document(config_b) if config_b is not None else doc_a
+    var_b = variant_b if variant_b is not None else c.variant
+    trace_a = run(build(doc_a, both, c.variant, c.max_elements))
+    trace_b = run(build(doc_b, both + only_b, var_b, c.max_elements))
+    warn(c, trace_a)
+    warn(c, trace_b)
+    keep = None
+    if stage is not None:
+        check_stage(
+            stage, trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps)
+        )
+        keep = lambda path: matches(path, stage, None, None)  # noqa: E731
+    diffs = compare(trace_a, trace_b, atol, keep)
+    first = first_difference(diffs)
+    sides = {
+        "a": {"config": doc_a.file, "variant": c.variant, "overrides": dict(both)},
+        "b": {"config": doc_b.file, "variant": var_b, "overrides": dict(both + only_b)},
+    }
+    data = {
+        "trace_tf": _version(),
+        **sides,
+        "atol": atol,
+        "identical": first is None,
+        "first_difference": first.path if first is not None else None,
+        "steps": [render.diff_json(d) for d in diffs],
+        "only_a": [d.path for d in diffs if d.b is None],
+        "only_b": [d.path for d in diffs if d.a is None],
+        "warnings": trace_a.warnings + trace_b.warnings,
+    }
+    view = c.view()
+    items: list[Any] = [
+        render.diff_header(sides["a"], sides["b"], verdict(diffs, atol, listed_same=all_steps))
+    ]
+    listed = diffs if all_steps else [d for d in diffs if d.status != SAME]
+    if listed:
+        items.append(render.diff_summary(listed, view))
+    if not brief:
+        items.extend(render.diff_detail(d, view, delta) for d in diffs if d.status == DIFFERS)
+    emit(c, items, data)
+    if exit_code and first is not None:
+        raise typer.Exit(1)
+
+
+@app.command()
+@running
+def explain(
+    c: Common,
+    step_name: Annotated[
+        str,
+        typer.Argument(
+            metavar="STEP",
+            help="A step path (encoder.0.self_attn.h0.scores), or a stage that selects one step.",
+        ),
+    ],
+    config: ConfigArg = None,
+    cell: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--cell", help="The entry: I,J (as many indices as the step has dimensions)."),
+    ] = None,
+) -> None:
+    """One entry of one step written out with its own numbers, as the documents do by hand."""
+    from trace_tf import explain as ex
+    from trace_tf.runner import run
+
+    cfg = _load(config, c)
+    trace = run(cfg)
+    warn(c, trace)
+    step_ = ex.find_step(trace, step_name)
+    e = ex.explain(cfg, trace, step_, ex.parse_cell(cell, step_), c.precision)
+    emit(
+        c,
+        [ex.explanation_view(e, c.precision)],
+        {"trace_tf": _version(), "title": cfg.title, **e.json()},
+    )
+
+
+@app.command()
+def stages(fmt: FormatOpt = "table") -> None:
+    """Every stage the engine records: its paths, formula, shape and meaning; and the groups."""
+    with guarded(False):
+        from rich.table import Table
+        from rich.text import Text
+
+        from trace_tf.stages import GROUP_MEANINGS, STAGES
+
+        c = _common(
+            sets=None,
+            variant=None,
+            fmt=fmt,
+            output=None,
+            force=False,
+            precision=4,
+            full=False,
+            strict=False,
+            debug=False,
+            max_elements=2**28,
+        )
+        table = Table(
+            title="stages (select with --stage NAME): formula, meaning, and the paths recorded",
+            title_justify="left",
+            expand=True,
+        )
+        table.add_column("stage", style="bold cyan", no_wrap=True)
+        table.add_column("formula · meaning · paths", overflow="fold", ratio=4)
+        table.add_column("shape", overflow="fold", ratio=1)
+        for s in STAGES:
+            about = Text.assemble(
+                (s.formula, "bold"), "\n", s.meaning, "\n", ("   ".join(s.paths), "dim")
+            )
+            table.add_row(s.name, about, Text(s.shape))
+        groups = Table(title="groups (also --stage)", title_justify="left")
+        groups.add_column("group", style="bold cyan", no_wrap=True)
+        groups.add_column("selects", overflow="fold")
+        for name, meaning in GROUP_MEANINGS.items():
+            groups.add_row(name, Text(meaning))
+        data = {
+            "trace_tf": _version(),
+            "stages": [
+                {
+                    "stage": s.name,
+                    "key": s.key,
+                    "paths": list(s.paths),
+                    "formula": s.formula,
+                    "shape": s.shape,
+                    "meaning": s.meaning,
+                }
+                for s in STAGES
+            ],
+            "groups": GROUP_MEANINGS,
+        }
+        emit(c, [table, groups], data)
+
 
 # ---------------------------------------------------------------------------
 # performance (issue 6): cost

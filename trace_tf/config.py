@@ -42,6 +42,8 @@ MODEL_KEYS = [
     "activation",
     "scale",
     "temperature",
+    "score",
+    "d_a",
     "seed",
     "init_std",
     "tie_embeddings",
@@ -67,6 +69,16 @@ OP_KINDS = ("attention", "norm", "pe")
 POSITIONAL = ("sinusoidal", "learned", "rope", "none")
 NORM_KINDS = ("layer", "rms")
 DTYPES = ("float64", "float32")
+# Attention score functions (003, 004) and the per-head weights each one reads.
+SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
+SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
+    "scaled_dot": (),
+    "dot": (),
+    "additive": ("W_a_q", "W_a_k", "v_a"),
+    "bilinear": ("W_b",),
+    "gaussian": ("w",),
+}
+ALL_SCORE_WEIGHTS = ("W_a_q", "W_a_k", "v_a", "W_b", "w")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
 
@@ -99,6 +111,8 @@ class ModelConfig:
     scale: float = 1.0
     scale_text: str = "sqrt_dk"
     temperature: float = 1.0  # divides the scaled scores inside the softmax only
+    score: str = "scaled_dot"  # the attention score function (SCORES)
+    d_a: int = 0  # hidden size of the additive score (default d_k)
     seed: int = 0
     init_std: float = 1.0
     tie_embeddings: bool = False
@@ -112,6 +126,21 @@ class NormWeights:
 
 
 @dataclass(frozen=True)
+class ScoreWeights:
+    """The weights of a score function other than the dot product (only its own are set)."""
+
+    W_a_q: np.ndarray | None = None  # additive: [d_k, d_a], applied as q W_a_q
+    W_a_k: np.ndarray | None = None  # additive: [d_k, d_a], applied as k W_a_k
+    v_a: np.ndarray | None = None  # additive: [d_a]
+    W_b: np.ndarray | None = None  # bilinear: [d_k, d_k], q W_b kᵀ
+    w: np.ndarray | None = None  # gaussian: a number (0-d) or one width per feature [d_k]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights that are set, by key."""
+        return {k: getattr(self, k) for k in ALL_SCORE_WEIGHTS if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
 class HeadWeights:
     W_q: np.ndarray  # [d_model, d_k]
     W_k: np.ndarray  # [d_model, d_k]
@@ -119,6 +148,7 @@ class HeadWeights:
     b_q: np.ndarray | None = None  # [d_k]
     b_k: np.ndarray | None = None  # [d_k]
     b_v: np.ndarray | None = None  # [d_v]
+    score: ScoreWeights = field(default_factory=ScoreWeights)
 
 
 @dataclass(frozen=True)
@@ -226,6 +256,8 @@ class Config:
                         for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"):
                             if getattr(hw, k) is not None:
                                 out[f"{base}.heads.{h}.{k}"] = getattr(hw, k)
+                        for k, arr in hw.score.arrays().items():
+                            out[f"{base}.heads.{h}.{k}"] = arr
                     out[f"{base}.W_o"] = aw.W_o
                     if aw.b_o is not None:
                         out[f"{base}.b_o"] = aw.b_o
@@ -278,6 +310,7 @@ class Document:
     data: dict[str, Any]
     lines: Lines
     overridden: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)  # key -> the option that set it
 
 
 def resolve(name: str | None) -> Path:
@@ -323,6 +356,63 @@ def parse_set(item: str) -> tuple[str, Any]:
         )
     value, _ = parse_yaml(text, f"--set {key}")
     return key, value
+
+
+def parse_matrix(text: str, option: str, *, allow_inf: bool = False) -> list[Any]:
+    """An inline matrix from the command line: rows separated by `;`, numbers by spaces
+    or commas ("1 0 0; 1,2,0"); `|` separates the matrices of a 3-D array. A text
+    starting with `[` is read as YAML instead. Ragged rows and non-numbers are refused,
+    naming the option."""
+    text = text.strip()
+    if text.startswith("["):
+        value, _ = parse_yaml(text, option)
+        return value if isinstance(value, list) else [value]
+    blocks = [_parse_rows(block, option, allow_inf) for block in text.split("|")]
+    if len(blocks) == 1:
+        return blocks[0]
+    shapes = {(len(b), len(b[0])) for b in blocks}
+    if len(shapes) > 1:
+        raise InputError(
+            f"{option}: the matrices separated by '|' differ in shape",
+            expected="matrices of one shape",
+            found=", ".join(f"{r} x {c}" for r, c in ((len(b), len(b[0])) for b in blocks)),
+        )
+    return blocks
+
+
+def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
+    rows: list[list[float]] = []
+    for r, row_text in enumerate(text.split(";")):
+        cells = [c for c in row_text.replace(",", " ").split() if c]
+        if not cells:
+            raise InputError(
+                f"{option}: row {r} is empty",
+                expected="numbers separated by spaces or commas, rows by ';'",
+                found=repr(text),
+            )
+        row = []
+        for c in cells:
+            try:
+                x = float(c.replace("−", "-"))
+            except ValueError:
+                raise InputError(
+                    f"{option}: row {r}: not a number", expected="a number", found=repr(c)
+                ) from None
+            if math.isnan(x) or (math.isinf(x) and not (allow_inf and x < 0)):
+                raise InputError(
+                    f"{option}: row {r}: not a finite number",
+                    expected="a finite number" + (" or -inf" if allow_inf else ""),
+                    found=repr(c),
+                )
+            row.append(x)
+        if rows and len(row) != len(rows[0]):
+            raise InputError(
+                f"{option}: ragged matrix: row {r} has {len(row)} numbers, row 0 has {len(rows[0])}",
+                expected=f"{len(rows[0])} numbers in every row",
+                found=repr(row_text.strip()),
+            )
+        rows.append(row)
+    return rows
 
 
 def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
@@ -415,7 +505,9 @@ def build(
     """Validate a document (after a variant and --set overrides) into a Config or OpConfig.
 
     `dtype` (the --dtype option) sets model.dtype, after everything else."""
-    doc = Document(doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden))
+    doc = Document(
+        doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins)
+    )
     if variant is not None:
         apply_variant(doc, variant)
     for key, value in sets:
@@ -460,6 +552,7 @@ class _Ctx:
     file: str
     lines: Lines
     overridden: list[str]
+    origins: dict[str, str] = field(default_factory=dict)
 
     def err(
         self,
@@ -471,7 +564,8 @@ class _Ctx:
     ) -> InputError:
         """An InputError at `path`; `found` is described, or `found_text` given as is."""
         origin = next((k for k in self.overridden if path == k or path.startswith(k + ".")), None)
-        msg = message + (f" (set by --set/variant {origin})" if origin else "")
+        by = self.origins.get(origin, f"--set/variant {origin}") if origin else ""
+        msg = message + (f" (set by {by})" if origin else "")
         return InputError(
             msg,
             file=self.file,
@@ -483,7 +577,7 @@ class _Ctx:
 
 
 def _ctx(doc: Document) -> _Ctx:
-    return _Ctx(doc.file, doc.lines, doc.overridden)
+    return _Ctx(doc.file, doc.lines, doc.overridden, doc.origins)
 
 
 def _suggest(key: str, valid: Sequence[str]) -> str:
@@ -494,6 +588,8 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
 def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     """About how many numbers a traced run over sequences of L positions records."""
     per_layer = L * (8 * m.d_model + 2 * m.d_ff + m.n_heads * (4 * L + 2 * m.d_k + 2 * m.d_v))
+    if m.score == "additive":  # tanh(q_a[i] + k_a[j]): L x L x d_a per head, and q_a, k_a
+        per_layer += m.n_heads * L * (L + 2) * m.d_a
     return (m.encoder_layers + 2 * m.decoder_layers) * per_layer + L * n_vocab * 2
 
 
@@ -622,6 +718,66 @@ class _Validator:
                 )
         return (len(value), *first)
 
+    def scale(self, raw: Any, path: str, d_k: int) -> tuple[float, str]:
+        """What the scores are divided by: sqrt_dk or a positive number, and how to show it."""
+        if raw == "sqrt_dk":
+            return math.sqrt(d_k), f"sqrt(d_k) = {math.sqrt(d_k):.6g}"
+        if isinstance(raw, str):
+            raise self.ctx.err(
+                path,
+                f"not a number or sqrt_dk{_suggest(raw, ['sqrt_dk'])}",
+                raw,
+                "a positive number or sqrt_dk",
+            )
+        scale = self.number(raw, path, positive=True)
+        return scale, f"{scale:g}" + (" (not scaled)" if scale == 1 else "")
+
+    def score_weights(
+        self,
+        block: dict[str, Any],
+        path: str,
+        score: str,
+        d_q: int,
+        d_k: int,
+        d_a: int,
+        draw_path: str | None,
+    ) -> ScoreWeights:
+        """The weights the score function reads; missing ones are drawn under `draw_path`
+        (a model), or are an error (a single operation; gaussian's w defaults to 1 there)."""
+        for key in ALL_SCORE_WEIGHTS:
+            if block.get(key) is not None and key not in SCORE_WEIGHTS[score]:
+                owner = next(s for s, keys in SCORE_WEIGHTS.items() if key in keys)
+                raise self.ctx.err(
+                    join(path, key),
+                    f"{key} is a weight of score {owner}, but the score is {score}",
+                    expected=f"no {key}, or score: {owner}",
+                )
+        shapes = {"W_a_q": (d_q, d_a), "W_a_k": (d_k, d_a), "v_a": (d_a,), "W_b": (d_q, d_k)}
+        out: dict[str, np.ndarray] = {}
+        for key in SCORE_WEIGHTS[score]:
+            where, raw = join(path, key), block.get(key)
+            if key == "w":  # a number, or one kernel width per feature
+                if raw is None:
+                    w = self.draw(f"{draw_path}.w", ()) if draw_path else 1.0
+                elif isinstance(raw, list):
+                    w = self.array(raw, where, (d_q,))
+                else:
+                    w = self.number(raw, where)
+                out[key] = np.asarray(w, dtype=np.float64)
+            elif raw is not None:
+                out[key] = self.array(raw, where, shapes[key])
+            elif draw_path is not None:
+                out[key] = self.draw(f"{draw_path}.{key}", shapes[key])
+            else:
+                raise self.ctx.err(
+                    where,
+                    f"missing {key}: score {score} needs " + ", ".join(SCORE_WEIGHTS[score]),
+                    expected=f"shape {_shape_text(shapes[key])}"
+                    if d_a or key != "W_a_q"
+                    else f"a {d_q} x d_a matrix",
+                )
+        return ScoreWeights(**out)
+
     def draw(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
         """An array the file does not give: N(0, init_std^2), seeded by seed and key path."""
         rng = np.random.default_rng([self.seed, zlib.crc32(path.encode())])
@@ -675,23 +831,40 @@ class _Validator:
     def operation(self, kind: str, value: Any) -> dict[str, Any]:
         """The parameters of a single-operation file, validated."""
         if kind == "attention":
-            a = self.mapping(value, kind, ("Q", "K", "V", "scale", "temperature", "mask"))
+            a = self.mapping(
+                value,
+                kind,
+                ("Q", "K", "V", "scale", "temperature", "mask", "score", *ALL_SCORE_WEIGHTS),
+            )
             for key in ("Q", "K", "V"):
                 if a.get(key) is None:
                     raise self.ctx.err(
                         f"attention.{key}", f"missing {key}", expected="a matrix (rows of numbers)"
                     )
+            score = self.choice(a.get("score", "scaled_dot"), "attention.score", SCORES)
             Q = self.matrix(a["Q"], "attention.Q")
-            K = self.matrix(a["K"], "attention.K", cols=Q.shape[1], what="columns as Q (d_k)")
+            # Additive and bilinear scores compare queries and keys of different widths.
+            same_width = score not in ("additive", "bilinear")
+            K = self.matrix(
+                a["K"],
+                "attention.K",
+                cols=Q.shape[1] if same_width else None,
+                what="columns as Q (d_k)",
+            )
             V = self.matrix(
                 a["V"], "attention.V", rows=K.shape[0], what="rows as K (one value per key)"
             )
-            scale_raw = a.get("scale", "sqrt_dk")
-            if scale_raw == "sqrt_dk":
-                scale, text = math.sqrt(Q.shape[1]), f"sqrt(d_k) = {math.sqrt(Q.shape[1]):.6g}"
-            else:
-                scale = self.number(scale_raw, "attention.scale", positive=True)
-                text = f"{scale:g}"
+            d_a = 0
+            if score == "additive" and a.get("W_a_q") is not None:
+                d_a = self.matrix(
+                    a["W_a_q"], "attention.W_a_q", rows=Q.shape[1], what="rows as Q has columns"
+                ).shape[1]
+            sw = self.score_weights(a, "attention", score, Q.shape[1], K.shape[1], d_a, None)
+            scale, text = self.scale(
+                a.get("scale", "sqrt_dk" if score == "scaled_dot" else 1),
+                "attention.scale",
+                Q.shape[1],
+            )
             mask = None
             if a.get("mask") is not None:
                 mask = self.array(
@@ -710,6 +883,8 @@ class _Validator:
                 "scale": scale,
                 "scale_text": text,
                 "mask": mask,
+                "score": score,
+                **sw.arrays(),
                 "temperature": self.number(
                     a.get("temperature", 1), "attention.temperature", positive=True
                 ),
@@ -897,19 +1072,11 @@ class _Validator:
                 )
             embed_scale = self.number(embed_scale_raw, p + "embed_scale")
             embed_text = f"{embed_scale:g}"
-        scale_raw = m.get("scale", "sqrt_dk")
-        if scale_raw == "sqrt_dk":
-            scale, scale_text = math.sqrt(d_k), f"sqrt(d_k) = {math.sqrt(d_k):.6g}"
-        else:
-            if isinstance(scale_raw, str):
-                raise self.ctx.err(
-                    p + "scale",
-                    f"not a number or sqrt_dk{_suggest(scale_raw, ['sqrt_dk'])}",
-                    scale_raw,
-                    "a positive number or sqrt_dk",
-                )
-            scale = self.number(scale_raw, p + "scale", positive=True)
-            scale_text = f"{scale:g}"
+        score = self.choice(m.get("score", "scaled_dot"), p + "score", SCORES)
+        # Only the scaled dot product divides by sqrt(d_k) unless told; the others by 1.
+        scale, scale_text = self.scale(
+            m.get("scale", "sqrt_dk" if score == "scaled_dot" else 1), p + "scale", d_k
+        )
         return ModelConfig(
             d_model=d_model,
             n_heads=n_heads,
@@ -931,6 +1098,8 @@ class _Validator:
             scale=scale,
             scale_text=scale_text,
             temperature=self.number(m.get("temperature", 1), p + "temperature", positive=True),
+            score=score,
+            d_a=self.integer(m.get("d_a", d_k), p + "d_a", 1),
             seed=self.integer(m.get("seed", 0), p + "seed", 0),
             init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
@@ -941,6 +1110,7 @@ class _Validator:
         """Refuse, before allocating anything, a model whose arrays would be too large."""
         d, H = m.d_model, m.n_heads
         attn = H * d * (2 * m.d_k + m.d_v) + H * m.d_v * d + 2 * d
+        attn += H * (m.d_k * m.d_k + 2 * m.d_k * m.d_a + m.d_a + m.d_k)  # score weights, at most
         ffn = 2 * d * m.d_ff + 2 * d
         total = m.encoder_layers * (attn + ffn) + m.decoder_layers * (
             attn * (2 if m.encoder_layers else 1) + ffn
@@ -1188,12 +1358,18 @@ class _Validator:
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         fused_keys = [k for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v") if a.get(k) is not None]
         heads_raw = a.get("heads")
-        if heads_raw is not None and fused_keys:
-            raise self.ctx.err(
-                f"{p}.{fused_keys[0]}",
-                "one form per block: per-head 'heads' and fused weights are both given",
-                expected="either heads: [...] or fused W_q/W_k/W_v",
-            )
+        projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
+        if heads_raw is not None and fused_keys and isinstance(heads_raw, list):
+            # Fused projections may still come with per-head score weights.
+            for h, entry in enumerate(heads_raw):
+                given = [k for k in projections if isinstance(entry, dict) and k in entry]
+                if given:
+                    raise self.ctx.err(
+                        f"{p}.heads.{h}.{given[0]}",
+                        "one form per block: per-head 'heads' and fused weights are both given",
+                        expected="either heads: [...] or fused W_q/W_k/W_v "
+                        "(with fused weights, heads may hold only score weights)",
+                    )
         sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
         fused: dict[str, np.ndarray] = {}
         for k in fused_keys:
@@ -1217,7 +1393,7 @@ class _Validator:
             hd = self.mapping(
                 heads_list[h] if h < len(heads_list) else None,
                 hp,
-                ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"),
+                (*projections, *ALL_SCORE_WEIGHTS),
             )
             arrays: dict[str, np.ndarray | None] = {}
             for k, size in sizes.items():
@@ -1228,7 +1404,8 @@ class _Validator:
                     arrays[k] = self.weight(hd, k, f"{hp}.{k}", f"{path}.heads.{h}.{k}", (d, size))
                 else:
                     arrays[k] = self.bias(hd, k, f"{hp}.{k}", size)
-            heads.append(HeadWeights(**arrays))  # type: ignore[arg-type]
+            sw = self.score_weights(hd, hp, m.score, dk, dk, m.d_a, f"{path}.heads.{h}")
+            heads.append(HeadWeights(**arrays, score=sw))  # type: ignore[arg-type]
         return AttentionWeights(
             heads=tuple(heads),
             W_o=self.weight(a, "W_o", f"{p}.W_o", f"{path}.W_o", (H * dv, d)),

@@ -24,6 +24,7 @@ from trace_tf.config import (
     LayerWeights,
     ModelConfig,
     NormWeights,
+    ScoreWeights,
     Sequence_,
 )
 from trace_tf.errors import InputError
@@ -183,7 +184,9 @@ def attention_head(
         cached = " (cached)"
         k = tr.rec("k", cache.k, f"K = {src} W_k" + _plus(hw.b_k, "b_k") + cached, rows="keys")
         v = tr.rec("v", cache.v, f"V = {src} W_v" + _plus(hw.b_v, "b_v") + cached, rows="keys")
-        return attend(q, k, v, mask, m.scale, m.scale_text, m.temperature, tr)
+        return attend(
+            q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
+        )
     k = project(x_kv, hw.W_k, hw.b_k)
     k_formula = f"K = {src} W_k" + _plus(hw.b_k, "b_k")
     k_inputs: tuple[Array, ...] = (x_kv, hw.W_k)
@@ -200,7 +203,61 @@ def attention_head(
         k, v = cache.extend(k, v)
     k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
     v = tr.rec("v", v, v_formula, x_kv, hw.W_v, rows="keys")
-    return attend(q, k, v, mask, m.scale, m.scale_text, m.temperature, tr)
+    return attend(
+        q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
+    )
+
+
+# Each score function records its pieces and returns S [L_q, L_k] (003, 004).
+
+
+def _dot(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
+    return tr.rec("scores", ops.dot_scores(q, k), "S = Q Kᵀ", q, k, cols="keys")
+
+
+def _bilinear(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
+    assert sw.W_b is not None
+    q_b = tr.rec("q_b", q @ sw.W_b, "Q W_b", q, sw.W_b)
+    return tr.rec("scores", ops.bilinear_scores(q_b, k), "S = (Q W_b) Kᵀ", q_b, k, cols="keys")
+
+
+def _additive(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
+    assert sw.W_a_q is not None and sw.W_a_k is not None and sw.v_a is not None
+    q_a = tr.rec("q_a", q @ sw.W_a_q, "Q W_a_q", q, sw.W_a_q)
+    k_a = tr.rec("k_a", k @ sw.W_a_k, "K W_a_k", k, sw.W_a_k)
+    feats = tr.rec(
+        "tanh", ops.additive_features(q_a, k_a), "tanh(q_a[i] + k_a[j]), per feature", q_a, k_a
+    )
+    return tr.rec(
+        "scores",
+        ops.additive_scores(feats, sw.v_a),
+        "S[i,j] = v_aᵀ tanh(q_a[i] + k_a[j])",
+        feats,
+        sw.v_a,
+        cols="keys",
+    )
+
+
+def _gaussian(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
+    assert sw.w is not None
+    return tr.rec(
+        "scores",
+        ops.gaussian_scores(q, k, sw.w),
+        "S[i,j] = −½ Σ_f ((q_if − k_jf) w_f)²  (Gaussian kernel)",
+        q,
+        k,
+        sw.w,
+        cols="keys",
+    )
+
+
+SCORE_FUNCTIONS = {
+    "scaled_dot": _dot,
+    "dot": _dot,
+    "additive": _additive,
+    "bilinear": _bilinear,
+    "gaussian": _gaussian,
+}
 
 
 def attend(
@@ -212,9 +269,16 @@ def attend(
     scale_text: str,
     temperature: float = 1.0,
     tr: Tracer = NULL_TRACER,
+    *,
+    score: str = "scaled_dot",
+    sw: ScoreWeights | None = None,
 ) -> Array:
-    """softmax((Q Kᵀ / scale + M) / T) V. [L_q, d_k] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]"""
-    scores = tr.rec("scores", q @ k.T, "S = Q Kᵀ", q, k, cols="keys")
+    """softmax((score(Q, K) / scale + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
+
+    The score function is chosen by name (SCORE_FUNCTIONS); the default is the
+    paper's scaled dot product Q Kᵀ / √d_k (eq. 1).
+    """
+    scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
     scaled = tr.rec("scaled", scores / scale, f"S / {scale_text}", scores, cols="keys")
     if mask is not None:
         with np.errstate(invalid="ignore"):

@@ -211,3 +211,39 @@ def rope_angles(positions: NDArray[np.integer], d: int, base: float = 10000.0) -
     """RoPE rotation angles pos * base^(-2i/d) for each position and column pair. -> [L, d // 2]"""
     theta = np.power(base, -np.arange(0, 2 * (d // 2), 2, dtype=np.float64) / d)
     return positions.astype(np.float64)[:, None] * theta
+
+
+# ---------------------------------------------------------------------------
+# Attention score functions (003 "注意力评分函数", 004 "相似度计算"): each maps
+# queries [L_q, d_q] and keys [L_k, d_k] to scores [L_q, L_k].
+# ---------------------------------------------------------------------------
+
+
+def dot_scores(q: Array, k: Array) -> Array:
+    """Q Kᵀ: the dot product of every query with every key. -> [L_q, L_k]"""
+    return q @ k.T
+
+
+def bilinear_scores(q_b: Array, k: Array) -> Array:
+    """(Q W_b) Kᵀ, given Q W_b (004: sim(Q, K) = Q W Kᵀ). -> [L_q, L_k]"""
+    return q_b @ k.T
+
+
+def additive_features(q_a: Array, k_a: Array) -> Array:
+    """tanh(q_a[i] + k_a[j]) for every query i and key j (Bahdanau). -> [L_q, L_k, d_a]"""
+    return np.tanh(q_a[:, None, :] + k_a[None, :, :])
+
+
+def additive_scores(features: Array, v_a: Array) -> Array:
+    """v_aᵀ tanh(q W_a_q + k W_a_k) (003: a(k, q) = vᵀ tanh(W_k k + W_q q)). -> [L_q, L_k]"""
+    return features @ v_a
+
+
+def gaussian_scores(q: Array, k: Array, w: Array) -> Array:
+    """−½ Σ_f ((q_f − k_f) w_f)²: the log of a Gaussian kernel (003, Nadaraya-Watson).
+
+    softmax of these is exp(−½((x − x_i) w)²) / Σ_j exp(−½((x − x_j) w)²), the
+    kernel-regression weights; `w` is a number or one width per feature. -> [L_q, L_k]
+    """
+    diff = (q[:, None, :] - k[None, :, :]) * w
+    return -0.5 * np.sum(diff * diff, axis=-1)

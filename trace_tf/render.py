@@ -21,10 +21,12 @@ from trace_tf.trace import Step
 
 if TYPE_CHECKING:
     from trace_tf.cost import Cost, Totals, VaryRow
+    from trace_tf.diff import StepDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
 
 HEATMAP_STAGES = {"softmax", "probs", "attn.softmax"}
 ELLIPSIS = "…"
+HIGHLIGHT = Style(bold=True, color="black", bgcolor="yellow")
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,14 @@ def matrix_table(
     cols: Sequence[str] | None = None,
     heatmap: bool = False,
     view: View = View(),
+    highlight: np.ndarray | None = None,
 ) -> Table:
-    """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large."""
+    """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large.
+
+    `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs differ.
+    """
     m = np.atleast_2d(value) if value.ndim < 2 else value
+    marked = None if highlight is None else highlight.reshape(m.shape)
     n_rows, n_cols = m.shape
     row_idx = _keep(n_rows, view.max_rows, view.edge, view.full)
     col_idx = _keep(n_cols, view.max_cols, view.edge, view.full)
@@ -111,7 +118,10 @@ def matrix_table(
                 row_cells.append(ELLIPSIS)
                 continue
             text = cells[r * width + c]
-            row_cells.append(Text(text, style=_heat(float(shown[r, c]))) if heatmap else text)
+            if marked is not None and marked[i, j]:
+                row_cells.append(Text(text, style=HIGHLIGHT))
+            else:
+                row_cells.append(Text(text, style=_heat(float(shown[r, c]))) if heatmap else text)
             c += 1
         table.add_row(label, *row_cells)
         r += 1
@@ -143,7 +153,8 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
-            parts.append(Text(f"[{i}]", style="bold"))
+            label = f"  ({step.rows[i]})" if step.rows is not None else ""
+            parts.append(Text(f"[{i}]{label}", style="bold"))
             parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
         body = Group(*parts)
     return titled(step.path, step.formula, step.shape, body)
@@ -643,3 +654,115 @@ def generation_json(gen: Generation, vocab: Sequence[str]) -> dict[str, Any]:
         out["finished"] = [hyp(h) for h in gen.finished]
         out["result"] = hyp(gen.result)
     return out
+
+
+# ---------------------------------------------------------------------------
+# diff: two runs compared step by step
+# ---------------------------------------------------------------------------
+
+
+def _cell(where: Sequence[int] | None) -> str:
+    return "" if where is None else "[" + ",".join(str(i) for i in where) + "]"
+
+
+def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
+    """One row per step: its status, the largest |B − A| and where, how many cells differ."""
+    from trace_tf.diff import DIFFERS, SAME, SHAPE
+
+    table = Table(title="steps, in A's order (then B's own)", title_justify="left")
+    table.add_column("step", no_wrap=True)
+    table.add_column("status", overflow="fold")
+    table.add_column("max |B−A|", justify="right", no_wrap=True)
+    table.add_column("at", no_wrap=True)
+    table.add_column("A → B there", overflow="fold")
+    table.add_column("cells", justify="right", no_wrap=True)
+    style = {SAME: "green", DIFFERS: "bold yellow", SHAPE: "bold red"}
+    for d in diffs:
+        status = d.status
+        if d.status == SHAPE:
+            assert d.a is not None and d.b is not None
+            status = f"shape {shape_text(d.a.shape)} → {shape_text(d.b.shape)}"
+        change = ""
+        if d.where is not None and d.a is not None and d.b is not None:
+            change = (
+                f"{_p(float(d.a.value[d.where]), view.precision)} → "
+                f"{_p(float(d.b.value[d.where]), view.precision)}"
+            )
+        table.add_row(
+            d.path,
+            Text(status, style=style.get(d.status, "magenta")),
+            "" if d.max_abs is None or d.status == SAME else f"{d.max_abs:.3g}",
+            _cell(d.where),
+            change,
+            f"{d.n_differing}/{d.size}" if d.status == DIFFERS else "",
+        )
+    return table
+
+
+def diff_detail(d: StepDiff, view: View = View(), delta: bool = False) -> RenderableType:
+    """B's values (or B − A) with the differing cells highlighted."""
+    assert d.b is not None and d.differing is not None and d.delta is not None
+    value = d.delta if delta else d.b.value
+    what = "B − A" if delta else "B"
+    heading = Text.assemble(
+        (d.path, "bold cyan"),
+        "   ",
+        (f"{what}; highlighted: {d.n_differing} of {d.size} cells differ", "italic"),
+        "   ",
+        (f"max |B − A| = {d.max_abs:.3g} at {_cell(d.where)}", "dim"),
+    )
+    if value.ndim <= 2:
+        body: RenderableType = matrix_table(
+            value, rows=d.b.rows, cols=d.b.cols, view=view, highlight=d.differing
+        )
+    else:
+        parts: list[RenderableType] = []
+        for i in _keep(value.shape[0], view.max_rows, view.edge, view.full):
+            if i is None:
+                parts.append(Text(ELLIPSIS))
+                continue
+            parts.append(Text(f"[{i}]", style="bold"))
+            parts.append(matrix_table(value[i], view=view, highlight=d.differing[i]))
+        body = Group(*parts)
+    return Group(heading, body)
+
+
+def diff_json(d: StepDiff) -> dict[str, Any]:
+    step = d.a or d.b
+    assert step is not None
+    out: dict[str, Any] = {
+        "path": d.path,
+        "stage": step.stage,
+        "status": d.status,
+        "shape_a": list(d.a.shape) if d.a is not None else None,
+        "shape_b": list(d.b.shape) if d.b is not None else None,
+        "max_abs_diff": json_value(d.max_abs) if d.max_abs is not None else None,
+    }
+    if d.where is not None and d.a is not None and d.b is not None:
+        out["at"] = list(d.where)
+        out["a_at"] = json_value(float(d.a.value[d.where]))
+        out["b_at"] = json_value(float(d.b.value[d.where]))
+        out["cells_differing"] = d.n_differing
+        assert d.differing is not None
+        out["differing"] = [list(map(int, ix)) for ix in np.argwhere(d.differing)]
+    return out
+
+
+def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Panel:
+    """Which two runs are compared (file, variant, overrides), and the verdict."""
+    import json
+
+    def side(s: Mapping[str, Any]) -> str:
+        parts = [str(s["config"])]
+        if s.get("variant") is not None:
+            parts.append(f"variant {s['variant']}")
+        parts.extend(f"{k}={json.dumps(v)}" for k, v in s.get("overrides", {}).items())
+        return ", ".join(parts)
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("A", Text(side(a)))
+    grid.add_row("B", Text(side(b)))
+    grid.add_row("result", Text(verdict))
+    return Panel(grid, title="trace-tf diff", title_align="left")

@@ -57,7 +57,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         p = cfg.params
         if cfg.kind == "attention":
             return [
-                ("operation", "attention: softmax((Q Kᵀ / scale + M) / T) V, row softmax, stable"),
+                ("operation", "attention: softmax((S / scale + M) / T) V, row softmax, stable"),
+                ("score", score_text(str(p["score"]), p["W_a_q"].shape[1] if "W_a_q" in p else 0)),
                 ("scale", str(p["scale_text"])),
                 (
                     "temperature",
@@ -65,11 +66,20 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 ),
             ]
         if cfg.kind == "norm":
-            from trace_tf.calc import NORM_AXES
+            from trace_tf.calc import NORM_AXES, norm_axes_text
 
             return [
                 ("operation", f"{p['kind']} norm over {NORM_AXES[str(p['kind'])][1]}"),
+                ("axes", norm_axes_text(str(p["kind"]), p["x"].shape)),
                 ("eps", f"{p['eps']:g}, inside the square root; biased variance"),
+            ]
+        if p["kind"] == "rope":
+            return [
+                (
+                    "operation",
+                    f"RoPE rotation angles θ[pos,i] = pos · {p['base']:g}^(−2i/d) in radians: "
+                    "pair (2i, 2i+1) of q and k turns by θ",
+                )
             ]
         return [("operation", f"{p['kind']} positional encoding, base {p['base']:g}")]
     m = cfg.model
@@ -101,7 +111,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ),
         (
             "attention",
-            f"scores / {m.scale_text}"
+            score_text(m.score, m.d_a)
+            + f"; scores / {m.scale_text}"
             + (f", softmax temperature {m.temperature:g}" if m.temperature != 1 else "")
             + "; stable row softmax",
         ),
@@ -136,6 +147,17 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     return rows
 
 
+def score_text(score: str, d_a: int) -> str:
+    """The score function in words, for the conventions header."""
+    return {
+        "scaled_dot": "S = Q Kᵀ (scaled dot product)",
+        "dot": "S = Q Kᵀ (dot product)",
+        "additive": f"S[i,j] = v_aᵀ tanh(q_i W_a_q + k_j W_a_k) (additive, d_a {d_a})",
+        "bilinear": "S = Q W_b Kᵀ (bilinear)",
+        "gaussian": "S[i,j] = −½ Σ_f ((q_if − k_jf) w_f)² (Gaussian kernel)",
+    }[score]
+
+
 def _summarize(paths: Sequence[str], limit: int = 6) -> str:
     """A short list of drawn arrays, grouped by their kind."""
     groups: dict[str, int] = {}
@@ -163,12 +185,18 @@ class CheckResult:
     problem: str = ""
 
 
-def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Largest |actual - expected|; equal infinities and NaN against NaN count as 0."""
+def abs_difference(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """|actual - expected| per cell; equal infinities and NaN against NaN count as 0,
+    NaN against a number (or unequal infinities) as inf."""
     same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
     with np.errstate(invalid="ignore"):
         diff = np.where(same, 0.0, np.abs(actual - expected))
-    diff = np.where(np.isnan(diff), np.inf, diff)
+    return np.where(np.isnan(diff), np.inf, diff)
+
+
+def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Largest |actual - expected|, as abs_difference counts it."""
+    diff = abs_difference(actual, expected)
     return float(diff.max()) if diff.size else 0.0
 
 

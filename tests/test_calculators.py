@@ -1,0 +1,283 @@
+"""The calculator commands attend, norm and pe through the command line, against PyTorch's
+norms (LayerNorm, BatchNorm1d in training mode, InstanceNorm1d, RMSNorm) and hand
+computations; inline matrices and their errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import FIXTURES
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+from trace_tf.config import parse_matrix
+from trace_tf.errors import InputError
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def steps_of(*args: str) -> dict[str, np.ndarray]:
+    code, out, err = invoke(*args, "--format", "json")
+    assert code == 0, err
+    return {s["path"]: np.array(s["value"], dtype=float) for s in json.loads(out)["steps"]}
+
+
+X = [[3.2897, 0.7432, -1.1652], [0.7432, 1.3647, -1.1707], [-1.1652, -1.1707, 5.6380]]
+X_TEXT = "3.2897 0.7432 -1.1652; 0.7432, 1.3647, -1.1707; -1.1652 -1.1707 5.6380"
+
+
+# ---------------------------------------------------------------------------
+# inline matrices
+# ---------------------------------------------------------------------------
+
+
+def test_parse_matrix_rows_columns_and_vectors() -> None:
+    assert parse_matrix("1 0 0; 1,2,0", "--k") == [[1, 0, 0], [1, 2, 0]]
+    assert parse_matrix("18;20;22;19", "--v") == [[18], [20], [22], [19]]
+    assert parse_matrix("1.5", "--q") == [[1.5]]
+    assert parse_matrix("[[1, 2], [3, 4]]", "--x") == [[1, 2], [3, 4]]
+    assert parse_matrix("1 2; 3 4 | 5 6; 7 8", "--x") == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
+    assert parse_matrix("0 -inf", "--mask", allow_inf=True) == [[0, -math.inf]]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("1 2 3; 4 5", "--k: ragged matrix: row 1 has 2 numbers, row 0 has 3"),
+        ("1 two", "--k: row 0: not a number"),
+        ("1 nan", "--k: row 0: not a finite number"),
+        ("1 -inf", "--k: row 0: not a finite number"),
+        ("1 2;;3 4", "--k: row 1 is empty"),
+        ("1 2 | 3", "--k: the matrices separated by '|' differ in shape"),
+    ],
+)
+def test_parse_matrix_refuses_bad_text_naming_the_option(text: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        parse_matrix(text, "--k")
+
+
+# ---------------------------------------------------------------------------
+# attend
+# ---------------------------------------------------------------------------
+
+
+def test_attend_inline_replays_the_002_database_query() -> None:
+    steps = steps_of(
+        "attend", "--q", "1 0 0", "--k", "1 2 0; 1,2,0; 0 0 2; 1 4 0", "--v", "18;20;22;19",
+        "--scale", "1",
+    )  # fmt: skip
+    e = math.e
+    np.testing.assert_array_equal(steps["attn.scores"], [[1, 1, 0, 1]])
+    np.testing.assert_allclose(
+        steps["attn.softmax"], np.array([[e, e, 1, e]]) / (3 * e + 1), atol=1e-15
+    )
+    assert steps["attn.context"][0, 0] == pytest.approx((57 * e + 22) / (3 * e + 1), abs=1e-12)
+
+
+def test_attend_temperature_approaches_the_hardmax() -> None:
+    args = ("attend", "--q", "1 0 0", "--k", "1 2 0; 1 2 0; 0 0 2; 1 4 0", "--v", "18;20;22;19")
+    steps = steps_of(*args, "--scale", "1", "--temperature", "0.01")
+    np.testing.assert_allclose(steps["attn.softmax"], [[1 / 3, 1 / 3, 0, 1 / 3]], atol=1e-40)
+    assert steps["attn.context"][0, 0] == pytest.approx(19, abs=1e-12)
+    np.testing.assert_array_equal(steps["attn.scaled"], [[1, 1, 0, 1]])  # T only inside softmax
+
+
+def test_attend_default_scale_is_sqrt_dk_and_row_vectors_work() -> None:
+    steps = steps_of("attend", "--q", "1 1", "--k", "2 0; 0 2", "--v", "1 0; 0 1")
+    np.testing.assert_allclose(steps["attn.scaled"], [[2 / math.sqrt(2)] * 2], atol=1e-15)
+    np.testing.assert_allclose(steps["attn.context"], [[0.5, 0.5]], atol=1e-15)
+
+
+def test_attend_options_override_the_file() -> None:
+    path = str(FIXTURES / "002_database_query.yaml")
+    steps = steps_of("attend", path, "--v", "0;0;1;0")  # V replaced, Q, K and scale 1 kept
+    e = math.e
+    assert steps["attn.context"][0, 0] == pytest.approx(1 / (3 * e + 1), abs=1e-15)
+    steps = steps_of("attend", path, "--variant", "cold", "--temperature", "1")
+    assert steps["attn.context"][0, 0] == pytest.approx((57 * e + 22) / (3 * e + 1), abs=1e-12)
+
+
+def test_attend_mask_and_gaussian_score() -> None:
+    steps = steps_of(
+        "attend", "--q", "1.5", "--k", "0;1;2;3", "--v", "0;1;4;9", "--score", "gaussian",
+        "--w", "2", "--mask", "0 0 0 -inf",
+    )  # fmt: skip
+    kern = [math.exp(-0.5 * ((1.5 - x) * 2) ** 2) for x in (0, 1, 2)]
+    want = sum(k * y for k, y in zip(kern, (0, 1, 4), strict=True)) / sum(kern)
+    assert steps["attn.context"][0, 0] == pytest.approx(want, abs=1e-12)
+    assert steps["attn.masked"][0, 3] == -math.inf and steps["attn.softmax"][0, 3] == 0
+
+
+def test_attend_additive_from_the_fixture_shows_the_given_matrices() -> None:
+    code, out, err = invoke("attend", str(FIXTURES / "003_additive_attention.yaml"))
+    assert code == 0, err
+    for text in ("W_a_q", "W_a_k", "v_a", "attn.tanh", "additive", "21.6124"):
+        assert text in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--q", "1 0", "--k", "1 2 0; 1 2", "--v", "1;2"), "--k: ragged matrix"),
+        (("--q", "1 x", "--k", "1", "--v", "1"), "--q: row 0: not a number"),
+        (("--q", "1 0", "--k", "1 2 0", "--v", "1"), "attention.K: wrong shape (set by --k)"),
+        (("--q", "1"), "attend needs --q, --k and --v"),
+        (("--q", "1", "--k", "1", "--v", "1", "--scale", "big"), "--scale must be a number"),
+        (("--q", "1", "--k", "1", "--v", "1", "--score", "additive"), "missing W_a_q"),
+        (("--q", "1", "--k", "1", "--v", "1;2"), "attention.V: wrong shape (set by --v)"),
+        (("--q", "1", "--k", "1", "--v", "1", "--temperature", "0"), "must be positive"),
+        (("hello",), "attend needs a single attention operation"),
+        ((str(FIXTURES / "004_layer_batch_norm.yaml"),), "found 'norm:'"),
+    ],
+)
+def test_attend_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
+    code, _, err = invoke("attend", *args)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------
+# norm, against PyTorch
+# ---------------------------------------------------------------------------
+
+
+def _t(x: Any) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def test_norm_layer_matches_torch_layer_norm() -> None:
+    gamma, beta = [1.5, -0.5, 2.0], [0.1, 0.2, -0.3]
+    steps = steps_of(
+        "norm", "--x", X_TEXT, "--kind", "layer", "--gamma", "1.5 -0.5 2", "--beta", "0.1 0.2 -0.3"
+    )
+    ln = torch.nn.LayerNorm(3, eps=1e-5, dtype=torch.float64)
+    with torch.no_grad():
+        ln.weight.copy_(_t(gamma))
+        ln.bias.copy_(_t(beta))
+        want = ln(_t(X)).numpy()
+    np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
+    xs = np.array(X)
+    np.testing.assert_allclose(steps["norm.mean"], xs.mean(1, keepdims=True), atol=1e-15)
+    np.testing.assert_allclose(steps["norm.var"], xs.var(1, keepdims=True), atol=1e-14)
+
+
+def test_norm_batch_matches_torch_batch_norm_in_training_mode() -> None:
+    steps = steps_of(
+        "norm", "--x", "1 2 3; 4 5 7; -1 0 2; 3 3 3", "--kind", "batch", "--eps", "0.1"
+    )
+    x = _t([[1, 2, 3], [4, 5, 7], [-1, 0, 2], [3, 3, 3]])
+    bn = torch.nn.BatchNorm1d(3, eps=0.1, dtype=torch.float64)
+    bn.train()
+    with torch.no_grad():
+        want = bn(x).numpy()
+    np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
+    assert steps["norm.mean"].shape == (1, 3)  # one statistic per column, kept as a row
+
+
+def test_norm_instance_matches_torch_instance_norm() -> None:
+    x = [[[1, 2, 3, 4], [5, 6, 7, 9]], [[0, 0, 1, 1], [2, 2, 2, 3]]]
+    steps = steps_of(
+        "norm", "--x", "1 2 3 4; 5 6 7 9 | 0 0 1 1; 2 2 2 3", "--kind", "instance",
+        "--gamma", "2 0.5", "--beta", "1 -1",
+    )  # fmt: skip
+    inorm = torch.nn.InstanceNorm1d(2, eps=1e-5, affine=True, dtype=torch.float64)
+    with torch.no_grad():
+        inorm.weight.copy_(_t([2, 0.5]))
+        inorm.bias.copy_(_t([1, -1]))
+        want = inorm(_t(x)).numpy()
+    np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
+    assert steps["norm.mean"].shape == (2, 2, 1)
+
+
+def test_norm_rms_matches_torch_rms_norm() -> None:
+    steps = steps_of("norm", "--x", X_TEXT, "--kind", "rms", "--gamma", "1 2 3", "--eps", "1e-6")
+    rms = torch.nn.RMSNorm(3, eps=1e-6, dtype=torch.float64)
+    with torch.no_grad():
+        rms.weight.copy_(_t([1, 2, 3]))
+        want = rms(_t(X)).numpy()
+    np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
+    assert "norm.mean" not in steps and steps["norm.rms"].shape == (3, 1)
+
+
+def test_norm_states_its_axes() -> None:
+    for kind, words in (
+        ("layer", "over axis 1 (the 3 features of each row), kept as a 3 × 1 column"),
+        ("batch", "over axis 0 (the 3 samples of each feature column), kept as a 1 × 3 row"),
+    ):
+        code, out, _ = invoke("norm", "--x", X_TEXT, "--kind", kind)
+        assert code == 0 and " ".join(words.split()) in " ".join(out.replace("│", " ").split())
+    code, out, _ = invoke(
+        "norm", "--x", "1 2; 3 4 | 5 6; 7 9", "--kind", "instance", "--format", "json"
+    )
+    assert "over axis 2" in json.loads(out)["conventions"]["axes"]
+
+
+def test_norm_file_with_kind_override_is_the_004_batch_variant() -> None:
+    a = steps_of("norm", str(FIXTURES / "004_layer_batch_norm.yaml"), "--kind", "batch")
+    b = steps_of("norm", str(FIXTURES / "004_layer_batch_norm.yaml"), "--variant", "batch")
+    np.testing.assert_array_equal(a["norm.out"], b["norm.out"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "norm needs --x"),
+        (("--x", "1 2 3", "--kind", "instance"), "separate the B samples"),
+        (("--x", "1 2; 3", "--kind", "layer"), "--x: ragged matrix"),
+        (("--x", "1 2", "--kind", "group"), "norm.kind: not a valid choice"),
+        (("--x", "1 2", "--gamma", "1 2 3"), "norm.gamma: wrong shape (set by --gamma)"),
+        (("--x", "1 2", "--eps", "-1"), "norm.eps"),
+    ],
+)
+def test_norm_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
+    code, _, err = invoke("norm", *args)
+    assert code == 2 and message in err
+
+
+# ---------------------------------------------------------------------------
+# pe
+# ---------------------------------------------------------------------------
+
+
+def test_pe_sinusoidal_by_the_formula() -> None:
+    pe = steps_of("pe", "--length", "3", "--d-model", "5", "--base", "100")["pe"]
+    for pos in range(3):
+        for j in range(5):
+            angle = pos / 100 ** (2 * (j // 2) / 5)
+            want = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+            assert pe[pos, j] == pytest.approx(want, abs=1e-15)
+
+
+def test_pe_rope_angles_by_the_formula() -> None:
+    pe = steps_of("pe", "--length", "4", "--d-model", "6", "--kind", "rope")["pe"]
+    assert pe.shape == (4, 3)
+    assert pe[3, 1] == pytest.approx(3 * 10000 ** (-2 / 6), abs=1e-15)
+    assert pe[2, 0] == 2.0
+
+
+def test_pe_file_and_overrides() -> None:
+    pe = steps_of("pe", str(FIXTURES / "004_positional_encoding.yaml"), "--length", "2")["pe"]
+    assert pe.shape == (2, 10) and pe[1, 2] == pytest.approx(math.sin(10000**-0.2), abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--length", "3"), "pe needs --length and --d-model"),
+        (("--length", "3", "--d-model", "4", "--kind", "cosine"), "pe.kind: not a valid choice"),
+        (("--length", "3", "--d-model", "4", "--base", "0"), "pe.base: must be positive"),
+        (("--length", "100000", "--d-model", "100000"), "over the limit"),
+    ],
+)
+def test_pe_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
+    code, _, err = invoke("pe", *args)
+    assert code == 2 and message in err

@@ -1,0 +1,149 @@
+"""`trace-tf diff`: two configs, or one against variations of itself, step by step."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from conftest import FIXTURES
+from typer.testing import CliRunner
+
+from trace_tf import render
+from trace_tf.cli import app
+from trace_tf.config import load
+from trace_tf.diff import DIFFERS, SAME, SHAPE, compare
+from trace_tf.runner import run
+
+runner = CliRunner()
+ROPE = str(FIXTURES / "000_rope_relative_position.yaml")
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def diff_json(*args: str) -> dict[str, Any]:
+    code, out, err = invoke("diff", *args, "--format", "json")
+    assert code == 0, err
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def test_scale_30_against_sqrt3_differs_from_scaled_on() -> None:
+    data = diff_json("hello", "--variant", "document", "--set-b", "model.scale=30")
+    assert data["identical"] is False
+    assert data["first_difference"] == "encoder.0.self_attn.h0.scaled"
+    steps = {s["path"]: s for s in data["steps"]}
+    for same in ("encoder.input", "encoder.0.self_attn.h0.q", "encoder.0.self_attn.h0.scores"):
+        assert steps[same]["status"] == SAME
+    # the document's scores [[68, 105.21], [87.88, 135.5517]] / sqrt(3) vs / 30: the largest
+    # change is at [1,1], 135.5517 (1/sqrt 3 - 1/30)
+    scaled = steps["encoder.0.self_attn.h0.scaled"]
+    assert scaled["status"] == DIFFERS and scaled["at"] == [1, 1]
+    assert math.isclose(
+        scaled["max_abs_diff"], 135.5517 * (1 / math.sqrt(3) - 1 / 30), abs_tol=1e-9
+    )
+    assert math.isclose(scaled["a_at"], 135.5517 / math.sqrt(3), abs_tol=1e-9)
+    assert math.isclose(scaled["b_at"], 135.5517 / 30, abs_tol=1e-9)
+    assert scaled["cells_differing"] == 4 and len(scaled["differing"]) == 4
+    assert data["a"]["variant"] == "document" and data["b"]["overrides"] == {"model.scale": 30}
+
+
+def test_steps_on_one_side_only_are_listed() -> None:
+    data = diff_json(ROPE, "--variant-b", "absolute")
+    assert data["only_a"] == ["encoder.0.self_attn.h0.q_raw", "encoder.0.self_attn.h0.k_raw"]
+    assert data["only_b"] == ["encoder.pe"]
+    code, out, _ = invoke("diff", ROPE, "--variant-b", "absolute", "--brief")
+    assert code == 0 and "only in A" in out and "only in B" in out
+
+
+def test_shape_changes_are_reported() -> None:
+    data = diff_json(ROPE, "--variant-b", "shifted", "--stage", "scores")
+    [scores] = data["steps"]
+    assert scores["status"] == SHAPE and scores["shape_a"] == [2, 2] and scores["shape_b"] == [4, 4]
+
+
+def test_two_files_and_identical_runs() -> None:
+    data = diff_json("hello", str(FIXTURES / "hello.yaml"))
+    assert data["identical"] is True and all(s["status"] == SAME for s in data["steps"])
+    code, out, _ = invoke("diff", "hello", "hello", "--exit-code")
+    assert code == 0 and "identical" in out
+
+
+def test_exit_code_option_and_tolerance() -> None:
+    args = ("diff", "hello", "--set-b", "model.norm_eps=1.1e-5", "--brief")
+    assert invoke(*args)[0] == 0
+    assert invoke(*args, "--exit-code")[0] == 1
+    # the eps change moves the outputs by far less than 1e-3
+    assert invoke(*args, "--exit-code", "--atol", "1e-3")[0] == 0
+
+
+def test_set_applies_to_both_sides() -> None:
+    data = diff_json("hello", "--set", "model.scale=30", "--set-b", "model.scale=30")
+    assert data["identical"] is True
+
+
+def test_diff_of_calculator_files() -> None:
+    data = diff_json(str(FIXTURES / "002_database_query.yaml"), "--variant-b", "cold")
+    statuses = {s["path"]: s["status"] for s in data["steps"]}
+    assert statuses == {
+        "attn.scores": SAME,
+        "attn.scaled": SAME,
+        "attn.softmax": DIFFERS,
+        "attn.context": DIFFERS,
+    }
+    context = next(s for s in data["steps"] if s["path"] == "attn.context")
+    e = math.e
+    assert math.isclose(context["max_abs_diff"], (57 * e + 22) / (3 * e + 1) - 19, abs_tol=1e-9)
+
+
+def test_table_shows_differing_steps_and_the_matrices() -> None:
+    code, out, _ = invoke(
+        "diff", "hello", "--set-b", "model.scale=30", "--stage", "encoder.0.self_attn.h0.*"
+    )
+    assert code == 0
+    assert "first difference: encoder.0.self_attn.h0.scaled" in out
+    assert "highlighted: 4 of 4 cells differ" in out
+    assert "encoder.0.self_attn.h0.q " not in out  # same steps are listed only with --all
+    code, out, _ = invoke(
+        "diff", "hello", "--set-b", "model.scale=30", "--stage", "encoder.0.self_attn.h0.*", "--all"
+    )
+    assert code == 0 and "encoder.0.self_attn.h0.q " in out
+
+
+def test_differing_cells_are_highlighted_and_the_others_not() -> None:
+    a = run(load(None))
+    b = run(load(None, ["embeddings.world=[2, 3, 4, 6]"]))
+    diffs = {d.path: d for d in compare(a, b)}
+    d = diffs["encoder.embed"]
+    assert d.status == DIFFERS and d.where == (1, 3) and d.max_abs == 1.0
+    np.testing.assert_array_equal(d.differing, [[False] * 4, [False, False, False, True]])
+    table = render.matrix_table(d.b.value, highlight=d.differing)  # type: ignore[union-attr]
+    styled = [
+        (r, c)
+        for c, column in enumerate(table.columns[1:])
+        for r, cell in enumerate(column._cells)
+        if getattr(cell, "style", None) == render.HIGHLIGHT
+    ]
+    assert styled == [(1, 3)]
+
+
+def test_compare_treats_equal_infinities_and_nans_as_equal() -> None:
+    path = str(FIXTURES / "004_causal_padding_mask.yaml")
+    a = run(load(path))
+    diffs = compare(a, run(load(path)))
+    assert all(d.status == SAME for d in diffs)
+    kept = compare(a, a, keep=lambda p: p == "decoder.mask")
+    assert [(d.path, d.status) for d in kept] == [("decoder.mask", SAME)]
+
+
+def test_diff_needs_something_to_compare() -> None:
+    code, _, err = invoke("diff", "hello")
+    assert code == 2 and "--set-b" in err
+    code, _, err = invoke("diff", "hello", "--variant-b", "nope")
+    assert code == 2 and "unknown variant 'nope'" in err
+    code, _, err = invoke("diff", "hello", "--set-b", "model.scale=30", "--stage", "sclaed")
+    assert code == 2 and "did you mean 'scaled'" in err

@@ -1,0 +1,296 @@
+"""`trace-tf explain`: one entry written out with its own numbers. Every kind of step is
+explained, the written-out arithmetic must give the recorded value, and the numbers
+substituted must be the right ones (checked against values built here by hand)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, config_from
+from random_configs import random_config
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+from trace_tf.config import Config, OpConfig, load
+from trace_tf.explain import Explanation, explain, find_step, parse_cell
+from trace_tf.runner import run
+from trace_tf.trace import Trace
+
+runner = CliRunner()
+
+
+def explained(cfg: Config | OpConfig, path: str, cell: tuple[int, ...]) -> Explanation:
+    trace = run(cfg)
+    return explain(cfg, trace, trace[path], cell)
+
+
+def _model(score: str = "scaled_dot", **shape: Any) -> dict[str, Any]:
+    data = random_config(np.random.default_rng(21), **shape)
+    data["model"]["score"] = score
+    return data
+
+
+# Configs covering every kind of step: score functions, norms, activations, positions,
+# masks (with a fully masked row), tied output, embed scale, and the calculators.
+MODEL_CASES: dict[str, dict[str, Any]] = {
+    "pre_rms_gelu_learned_tied": _model(
+        d_model=6, n_heads=2, decoder_layers=1, norm_position="pre", norm="rms",
+        activation="gelu", positional="learned", tie_embeddings=True,
+        embed_scale="sqrt_d_model", pad=True, src_len=4, tgt_len=3,
+    ),
+    "gelu_tanh_rope_odd_dk": {
+        **_model(d_model=6, n_heads=2, d_k=3, d_v=2, activation="gelu_tanh"),
+        "model": {"d_model": 6, "n_heads": 2, "d_k": 3, "d_v": 2, "activation": "gelu_tanh",
+                  "positional": "rope", "final_norm": True, "temperature": 0.5},
+    },
+    "additive_cross": _model("additive", d_model=4, n_heads=2, decoder_layers=1),
+    "bilinear": _model("bilinear", d_model=4, n_heads=1),
+    "gaussian_dot": _model("gaussian", d_model=4, n_heads=2, decoder_layers=1, encoder_layers=0),
+    "dot_wide": _model("dot", d_model=16, n_heads=2, d_ff=20),
+}  # fmt: skip
+
+FILE_CASES = [
+    ("hello", None),
+    ("hello", "document"),
+    ("hello", "document_scale30"),
+    (str(FIXTURES / "000_rope_relative_position.yaml"), "apart"),
+    (str(FIXTURES / "004_causal_padding_mask.yaml"), None),
+    (str(FIXTURES / "000_softmax_temperature.yaml"), "tau_0_1"),
+    (str(FIXTURES / "003_additive_attention.yaml"), None),
+    (str(FIXTURES / "003_gaussian_kernel.yaml"), "x1_2_w2"),
+    (str(FIXTURES / "004_layer_batch_norm.yaml"), None),
+    (str(FIXTURES / "004_layer_batch_norm.yaml"), "batch"),
+    (str(FIXTURES / "004_positional_encoding.yaml"), None),
+]
+
+OP_CASES: dict[str, dict[str, Any]] = {
+    "rms": {"norm": {"kind": "rms", "x": [[1, -2, 3], [0.5, 0, 2]], "gamma": [1, 2, 3], "beta": [0, 1, 0]}},
+    "instance": {"norm": {"kind": "instance", "x": [[[1, 2, 3], [4, 5, 7]], [[0, 1, 0], [2, 2, 3]]], "gamma": [2, 1], "beta": [0, -1]}},
+    "rope_angles": {"pe": {"length": 4, "d_model": 6, "kind": "rope"}},
+    "masked_bilinear": {"attention": {"score": "bilinear", "Q": [[1, 2]], "K": [[1, 0, 1], [0, 1, 1]], "V": [[1], [2]], "W_b": [[1, 0, 2], [0, 1, -1]], "mask": [[0, "-inf"]]}},
+    "gaussian_widths": {"attention": {"score": "gaussian", "Q": [[1, 2], [0, 1]], "K": [[1, 0], [2, 2], [0, 0]], "V": [[1], [2], [3]], "w": [1, 0.5]}},
+    "fully_masked_row": {"attention": {"Q": [[1.0], [2.0]], "K": [[1.0], [3.0]], "V": [[1.0], [2.0]], "mask": [["-inf", "-inf"], [0, 0]]}},
+}  # fmt: skip
+
+
+def _cells(shape: tuple[int, ...], rng: np.random.Generator) -> Iterator[tuple[int, ...]]:
+    size = int(np.prod(shape))
+    if size <= 48:
+        yield from np.ndindex(*shape)
+        return
+    yield tuple(0 for _ in shape)
+    yield tuple(n - 1 for n in shape)
+    for _ in range(20):
+        yield tuple(int(rng.integers(n)) for n in shape)
+
+
+def _all_configs() -> Iterator[tuple[str, Config | OpConfig]]:
+    for name, data in MODEL_CASES.items():
+        yield name, config_from(data)
+    for path, variant in FILE_CASES:
+        yield f"{path}:{variant}", load(path, [], variant)
+    for name, data in OP_CASES.items():
+        fixed = json.loads(json.dumps(data).replace('"-inf"', "-Infinity"))
+        yield name, config_from(fixed)
+
+
+CONFIGS = dict(_all_configs())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_step_is_explained_and_its_arithmetic_gives_the_recorded_value(name: str) -> None:
+    cfg = CONFIGS[name]
+    trace: Trace = run(cfg)
+    rng = np.random.default_rng(0)
+    for step in trace:
+        for cell in _cells(step.shape, rng):
+            e = explain(cfg, trace, step, cell)
+            assert e.agrees, (step.path, cell, e.value, e.result, e.lines())
+            assert e.lines()[0].startswith(f"{step.path}[")
+
+
+def test_the_documents_105_21() -> None:
+    """001 section 4.3.1: Q1 K1ᵀ entry [0,1] with the document's input (the variant
+    `document`): q0 = [1,3,3,5] W_Q1, k1 = [2.84,3.99,4,6] W_K1, by hand here."""
+    W_Q1 = [[0, 0, 0], [1, 1, 0], [0, 0, 1], [1, 0, 0]]
+    W_K1 = [[1, 0, 1], [0, 1, 0], [1, 0, 1], [0, 1, 0]]
+    x0, x1 = [1, 3, 3, 5], [2.84, 3.99, 4, 6]
+    q0 = [sum(x0[r] * W_Q1[r][c] for r in range(4)) for c in range(3)]
+    k1 = [sum(x1[r] * W_K1[r][c] for r in range(4)) for c in range(3)]
+    assert q0 == [8, 3, 3]
+    e = explained(load(None, [], "document"), "encoder.0.self_attn.h0.scores", (0, 1))
+    assert e.operands["q0"] == q0
+    np.testing.assert_allclose(e.operands["k1"], k1, atol=1e-12)
+    assert e.lines() == [
+        "encoder.0.self_attn.h0.scores[0,1] = q0 · k1 = 8×6.84 + 3×9.99 + 3×6.84 = 105.21"
+    ]
+    assert e.result == pytest.approx(8 * 6.84 + 3 * 9.99 + 3 * 6.84, abs=1e-12)
+    assert e.value == pytest.approx(105.21, abs=1e-9)
+
+
+def test_projection_with_bias_substitutes_the_row_the_column_and_the_bias() -> None:
+    data = random_config(np.random.default_rng(3), d_model=4, n_heads=2, biases=True)
+    cfg = config_from(data)
+    head = data["weights"]["encoder"][0]["self_attn"]["heads"][1]
+    trace = run(cfg)
+    e = explain(cfg, trace, trace["encoder.0.self_attn.h1.k"], (2, 1))
+    x2 = trace.value("encoder.input")[2]
+    assert e.operands["x2"] == x2.tolist()
+    assert e.operands["W_k[:,1]"] == [row[1] for row in head["W_k"]]
+    assert e.operands["b_k[1]"] == [head["b_k"][1]]
+    want = sum(a * b for a, b in zip(x2, [row[1] for row in head["W_k"]], strict=True))
+    assert e.result == pytest.approx(want + head["b_k"][1], abs=1e-12)
+    assert "x2 · W_k[:,1] + b_k[1]" in e.lines()[0]
+
+
+def test_softmax_writes_out_the_exponentials() -> None:
+    cfg = load(str(FIXTURES / "002_database_query.yaml"))
+    e = explained(cfg, "attn.softmax", (0, 2))
+    assert e.operands["scaled0"] == [1, 1, 0, 1] and e.operands["m"] == [1]
+    text = "\n".join(e.lines())
+    assert "e^(0 − 1) / (e^(1 − 1) + e^(1 − 1) + e^(0 − 1) + e^(1 − 1))" in text
+    assert e.result == pytest.approx(1 / (3 * math.e + 1), abs=1e-15)
+    cold = explained(
+        load(str(FIXTURES / "002_database_query.yaml"), [], "cold"), "attn.softmax", (0, 0)
+    )
+    assert cold.operands["T"] == [0.01] and any(
+        "z = scaled / T = [100, 100, 0, 100]" in w for w in cold.where
+    )
+
+
+def test_layer_norm_statistics_are_the_rows_own() -> None:
+    cfg = load(None, [], "document_scale30")
+    trace = run(cfg)
+    z = trace.value("encoder.0.self_attn.residual")[1]
+    mean, var = sum(z) / 4, sum((v - sum(z) / 4) ** 2 for v in z) / 4
+    e = explain(cfg, trace, trace["encoder.0.self_attn.norm"], (1, 2))
+    assert e.operands["x"] == [z[2]]
+    assert e.operands["mean"][0] == pytest.approx(mean, abs=1e-12)
+    assert e.operands["var"][0] == pytest.approx(var, abs=1e-12)
+    assert e.result == pytest.approx((z[2] - mean) / math.sqrt(var + 1e-5), abs=1e-12)
+    ev = explain(cfg, trace, trace["encoder.0.self_attn.norm.var"], (1, 0))
+    assert ev.operands["x[1,:]"] == z.tolist() and "(4 terms)" not in ev.lines()[-1]
+
+
+def test_concat_names_the_head_and_its_column() -> None:
+    e = explained(load(None), "encoder.0.self_attn.concat", (1, 4))
+    assert e.lines()[0].endswith("= head 1's context[1,1] = " + e.chain[-1])
+    assert "column 4 = head 1 (columns 3..5), its column 1" in e.where
+
+
+def test_masks_say_why() -> None:
+    cfg = load(str(FIXTURES / "004_causal_padding_mask.yaml"))
+    assert "key 1 comes after query 0 (causal)" in explained(cfg, "decoder.mask", (0, 1)).chain[0]
+    pad = explained(cfg, "decoder.mask", (3, 3)).chain[0]
+    assert pad.startswith("-inf") and "pad token '<pad>'" in pad and "causal" not in pad
+    both = explained(cfg, "decoder.mask", (2, 4)).chain[0]
+    assert "causal" in both and "pad token" in both
+    assert (
+        explained(cfg, "decoder.mask", (4, 2)).chain[0].startswith("0  (query 4 may look at key 2")
+    )
+
+
+def test_positions_embeddings_and_input() -> None:
+    cfg = load(None)
+    pe = explained(cfg, "encoder.pe", (1, 3))
+    assert pe.chain[:2] == ("cos(1 / 10000^(2/4))", "cos(0.01)")
+    assert pe.result == pytest.approx(math.cos(0.01), abs=1e-15)
+    assert explained(cfg, "encoder.embed", (1, 2)).lines() == [
+        "encoder.embed[1,2] = embedding['world'][2] = 4"
+    ]
+    scaled = load(None, ["model.embed_scale=2"])
+    e = explained(scaled, "encoder.input", (1, 0))
+    assert e.operands == {"E": [2.0], "embed_scale": [2.0], "PE": [math.sin(1)]}
+    assert e.result == pytest.approx(4 + math.sin(1), abs=1e-15)
+
+
+def test_rope_writes_the_angle() -> None:
+    cfg = load(str(FIXTURES / "000_rope_relative_position.yaml"))
+    e = explained(cfg, "encoder.0.self_attn.h0.q", (1, 2))
+    assert e.operands["θ"] == [1 * 10000 ** (-2 / 4)]
+    assert e.operands["q_raw[1,2]"] == [2.0] and e.operands["q_raw[1,3]"] == [-1.0]
+    assert e.result == pytest.approx(2 * math.cos(0.01) + math.sin(0.01), abs=1e-15)
+
+
+def test_additive_and_gaussian_scores_are_written_as_in_003() -> None:
+    e = explained(load(str(FIXTURES / "003_additive_attention.yaml")), "attn.scores", (0, 0))
+    assert e.chain[:2] == ("v_a · tanh(q_a0 + k_a0)", "1×tanh(1 + 2) + 2×tanh(0 + (-1))")
+    assert e.result == pytest.approx(math.tanh(3) - 2 * math.tanh(1), abs=1e-15)
+    g = explained(load(str(FIXTURES / "003_gaussian_kernel.yaml")), "attn.scores", (0, 0))
+    assert g.chain[:2] == ("−½ Σ_f ((q0f − k0f) w_f)²", "−½ × (((1.5 − 0)×1)²)")
+    assert g.result == -1.125
+
+
+def test_norm_calculator_reduces_along_the_stated_axis() -> None:
+    batch = load(str(FIXTURES / "004_layer_batch_norm.yaml"), [], "batch")
+    e = explained(batch, "norm.mean", (0, 1))
+    assert e.operands == {"x[:,1]": [0.7432, 1.3647, -1.1707]}
+    inst = config_from(OP_CASES["instance"])
+    e = explained(inst, "norm.var", (1, 0, 0))
+    assert e.operands["x[1,0,:]"] == [0, 1, 0] and e.result == pytest.approx(2 / 9, abs=1e-15)
+    out = explained(inst, "norm.out", (1, 1, 2))
+    assert out.operands["γ"] == [1.0] and out.operands["β"] == [-1.0]
+
+
+def test_long_sums_are_elided_with_the_total() -> None:
+    cfg = config_from(MODEL_CASES["dot_wide"])
+    e = explained(cfg, "encoder.0.ffn.hidden", (0, 3))
+    text = "\n".join(e.lines())
+    assert "…" in text and "(16 terms)" in text
+    assert len(e.operands["x0"]) == 16
+
+
+def test_output_and_tied_logits() -> None:
+    e = explained(load(None), "encoder.output", (0, 1))
+    assert e.chain[0] == "encoder.0.ffn.norm[0,1]"
+    tied = config_from(MODEL_CASES["pre_rms_gelu_learned_tied"])
+    e = explained(tied, "logits", (0, 2))
+    assert "x0 · Eᵀ[:,2] + b[2]" in e.chain[0]
+
+
+def test_find_step_and_parse_cell() -> None:
+    trace = run(load(None))
+    assert find_step(trace, "probs").path == "probs"
+    step = trace["encoder.0.self_attn.h0.scores"]
+    assert parse_cell("1, 0", step) == (1, 0) and parse_cell(None, step) == (0, 0)
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "160"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_explain_command_table_and_json() -> None:
+    code, out, err = invoke(
+        "explain", "encoder.0.self_attn.h0.scores", "--cell", "0,1", "--variant", "document"
+    )
+    assert code == 0, err
+    assert "q0 · k1 = 8×6.84 + 3×9.99 + 3×6.84 = 105.21" in out
+    assert "the arithmetic above agrees" in out
+    code, out, err = invoke(
+        "explain", "attn.context", str(FIXTURES / "002_database_query.yaml"), "--format", "json"
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["step"] == "attn.context" and data["cell"] == [0, 0] and data["agrees"] is True
+    assert data["operands"]["V[:,0]"] == [18, 20, 22, 19]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("scores",), "'scores' selects 6 steps"),
+        (("encoder.0.self_attn.h0.scors",), "did you mean 'encoder.0.self_attn.h0.scores'"),
+        (("probs", "--cell", "0"), "--cell needs 2 indices"),
+        (("probs", "--cell", "0,10"), "--cell 0,10 is outside probs"),
+        (("probs", "--cell", "a,b"), "--cell must be whole numbers"),
+    ],
+)
+def test_explain_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
+    code, _, err = invoke("explain", *args)
+    assert code == 2 and message in err and "Traceback" not in err

@@ -1,0 +1,987 @@
+"""One entry of one step, written out with the user's own numbers, as the documents do
+by hand: `scores[0,1] = q0 · k1 = 8×6.84 + 3×9.99 + 3×6.84 = 105.21`.
+
+Each explainer reads the step's recorded inputs (`Step.inputs` names them: earlier
+steps, or weights by their key path) and the conventions of the config (scale,
+temperature, eps, base), writes the arithmetic out, and computes the entry again
+from exactly the numbers it wrote, in plain Python floats, so that the written-out
+value can be compared with the recorded one. Pure functions: text and renderables,
+no printing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.text import Text
+
+from trace_tf.calc import NORM_AXES, op_arrays
+from trace_tf.config import Config, OpConfig
+from trace_tf.errors import InputError
+from trace_tf.stages import Stage, stage_of
+from trace_tf.trace import Step, Trace
+
+MAX_TERMS = 6  # longer sums show their first 3 and last 2 terms around "…"
+ONE_LINE = 90  # an explanation this short is printed on one line
+
+
+# ---------------------------------------------------------------------------
+# What an explanation is
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """An entry of a step written out: symbols, then numbers, then the result."""
+
+    path: str
+    cell: tuple[int, ...]
+    stage: str  # the registry key (stages.STAGES)
+    formula: str  # the step's formula
+    value: float  # the recorded value at the cell
+    result: float  # the same entry recomputed here from the numbers written out
+    chain: tuple[str, ...]  # "q0 · k1", "8×6.84 + …": the right-hand sides, in order
+    where: tuple[str, ...]  # what each symbol is, with its numbers
+    operands: dict[str, list[float]]  # the numbers substituted, by symbol (full precision)
+    inputs: tuple[str, ...]
+
+    @property
+    def lhs(self) -> str:
+        return f"{self.path}[{','.join(str(i) for i in self.cell)}]"
+
+    @property
+    def agrees(self) -> bool:
+        a, b = self.value, self.result
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        if math.isinf(a) or math.isinf(b):
+            return a == b
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+
+    def lines(self) -> list[str]:
+        """`lhs = a = b = c` on one line when it is short, else one `= …` per line."""
+        one = " = ".join([self.lhs, *self.chain])
+        if len(one) <= ONE_LINE:
+            return [one]
+        return [f"{self.lhs} = {self.chain[0]}", *(f"  = {c}" for c in self.chain[1:])]
+
+    def json(self) -> dict[str, Any]:
+        from trace_tf.render import json_value
+
+        return {
+            "step": self.path,
+            "cell": list(self.cell),
+            "stage": self.stage,
+            "formula": self.formula,
+            "value": json_value(self.value),
+            "result": json_value(self.result),
+            "agrees": self.agrees,
+            "lines": self.lines(),
+            "where": list(self.where),
+            "operands": {k: json_value(v) for k, v in self.operands.items()},
+            "inputs": list(self.inputs),
+        }
+
+
+@dataclass
+class _Parts:
+    """What an explainer returns: the right-hand sides, the result, and the symbols."""
+
+    chain: list[str]
+    result: float
+    where: list[str] = field(default_factory=list)
+    operands: dict[str, list[float]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Numbers as the documents write them
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fmt:
+    precision: int
+
+    def num(self, x: float) -> str:
+        """A number with at most `precision` decimals, trailing zeros dropped (6.84, 8)."""
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "-inf" if x < 0 else "inf"
+        if x != 0 and (abs(x) < 0.5 * 10.0**-self.precision or abs(x) >= 1e8):
+            return f"{x:.{max(self.precision - 1, 1)}e}"
+        text = f"{x:.{self.precision}f}"
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        return "0" if text == "-0" else text
+
+    def fac(self, x: float) -> str:
+        """A number inside a product or after an operator: negatives in parentheses."""
+        text = self.num(x)
+        return f"({text})" if text.startswith("-") else text
+
+    def vec(self, v: Sequence[float] | np.ndarray) -> str:
+        items = [self.num(float(x)) for x in v]
+        if len(items) > MAX_TERMS:
+            items = [*items[:3], "…", *items[-2:]]
+        return "[" + ", ".join(items) + "]"
+
+
+def _elide(terms: list[str], joiner: str = " + ") -> str:
+    if len(terms) <= MAX_TERMS:
+        return joiner.join(terms)
+    return joiner.join([*terms[:3], "…", *terms[-2:]]) + f"  ({len(terms)} terms)"
+
+
+def _sum(f: _Fmt, values: Sequence[float]) -> str:
+    """a + b + (−c) …, elided when long."""
+    return _elide([f.num(float(v)) if k == 0 else f.fac(float(v)) for k, v in enumerate(values)])
+
+
+def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float]:
+    """a · b written out term by term, and its value from those terms."""
+    terms = [f"{f.fac(float(x))}×{f.fac(float(y))}" for x, y in zip(a, b, strict=True)]
+    return _elide(terms), math.fsum(float(x) * float(y) for x, y in zip(a, b, strict=True))
+
+
+def _idx(cell: Sequence[int]) -> str:
+    return "[" + ",".join(str(i) for i in cell) + "]"
+
+
+# ---------------------------------------------------------------------------
+# The context an explainer reads
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    cfg: Config | OpConfig
+    trace: Trace
+    arrays: dict[str, np.ndarray]
+    f: _Fmt
+
+    def get(self, name: str) -> np.ndarray:
+        if name in self.trace:
+            return self.trace.value(name)
+        if name in self.arrays:
+            return self.arrays[name]
+        raise InputError(f"cannot explain: the input {name!r} of this step is not known")
+
+    def param(self, key: str) -> Any:
+        assert isinstance(self.cfg, OpConfig)
+        return self.cfg.params[key]
+
+    def row_of(self, name: str, i: int, labels: Sequence[str] | None = None) -> str:
+        """`row i ('token') of name`, with the token when it is known."""
+        if labels is None:
+            step = self.trace.steps.get(name)
+            labels = step.rows if step is not None else None
+        label = f" ('{labels[i]}')" if labels is not None else ""
+        return f"row {i}{label} of {name}"
+
+
+def _symbol(name: str) -> str:
+    """A short symbol for an input: x for what a layer reads, else its last part."""
+    last = name.rsplit(".", 1)[-1]
+    if last in ("input", "norm", "final_norm", "output", "residual", "x"):
+        return "x"
+    if name == "embeddings (tied, transposed)":
+        return "Eᵀ"
+    return {"Q": "q", "K": "k", "V": "v"}.get(last, last)
+
+
+def _bias_of(ctx: _Ctx, weight: str) -> tuple[str, np.ndarray] | None:
+    """The bias that goes with a weight, by the SPEC's naming (W_q -> b_q, W -> b)."""
+    if weight == "embeddings (tied, transposed)":
+        name = "weights.output.b"
+    else:
+        head, _, last = weight.rpartition(".")
+        if not last.startswith("W"):
+            return None
+        name = f"{head}.{'b' + last[1:]}" if head else "b" + last[1:]
+    return (name, ctx.arrays[name]) if name in ctx.arrays else None
+
+
+# ---------------------------------------------------------------------------
+# Explainers, one per kind of step (keys of stages.STAGES)
+# ---------------------------------------------------------------------------
+
+Explainer = Callable[[_Ctx, Step, tuple[int, ...]], _Parts]
+
+
+def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """y[i,j] = x_i · W[:,j] + b[j]."""
+    i, j = cell
+    x_name, w_name = step.inputs[0], step.inputs[1]
+    x, W = ctx.get(x_name), ctx.get(w_name)
+    xs, ws = _symbol(x_name), _symbol(w_name)
+    text, total = _dot(ctx.f, x[i], W[:, j])
+    chain = [f"{xs}{i} · {ws}[:,{j}]"]
+    where = [
+        f"{xs}{i} = {ctx.row_of(x_name, i)} = {ctx.f.vec(x[i])}",
+        f"{ws}[:,{j}] = column {j} of {w_name} = {ctx.f.vec(W[:, j])}",
+    ]
+    operands = {f"{xs}{i}": x[i].tolist(), f"{ws}[:,{j}]": W[:, j].tolist()}
+    bias = _bias_of(ctx, w_name)
+    if bias is not None:
+        b_name, b = bias
+        bs = b_name.rsplit(".", 1)[-1]
+        chain[0] += f" + {bs}[{j}]"
+        text += f" + {ctx.f.fac(float(b[j]))}"
+        total = total + float(b[j])
+        where.append(f"{bs} = {b_name}")
+        operands[f"{bs}[{j}]"] = [float(b[j])]
+    return _Parts([*chain, text, ctx.f.num(total)], total, where, operands)
+
+
+def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """q, k: a projection, or (rope) the rotation of q_raw / k_raw."""
+    if len(step.inputs) == 1:
+        return _rope(ctx, step, cell)
+    return _linear(ctx, step, cell)
+
+
+def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """RoPE: pair (2p, 2p+1) of row pos turned by θ = pos · base^(−2p/d)."""
+    assert isinstance(ctx.cfg, Config)
+    i, j = cell
+    raw_name = step.inputs[0]
+    raw = ctx.get(raw_name)
+    d = raw.shape[1]
+    r = _symbol(raw_name)
+    if j == d - 1 and d % 2:  # the odd last column is not rotated
+        v = float(raw[i, j])
+        return _Parts(
+            [f"{r}[{i},{j}]  (odd d_k: the last column is not rotated)", ctx.f.num(v)],
+            v,
+            [f"{r} = {raw_name}"],
+            {f"{r}[{i},{j}]": [v]},
+        )
+    p, base = j // 2, ctx.cfg.model.pe_base
+    theta = i * base ** (-2 * p / d)
+    a, b = float(raw[i, 2 * p]), float(raw[i, 2 * p + 1])
+    c, s = math.cos(theta), math.sin(theta)
+    lhs = f"{r}[{i},{2 * p}]", f"{r}[{i},{2 * p + 1}]"
+    if j % 2 == 0:
+        sym = f"{lhs[0]} cos θ − {lhs[1]} sin θ"
+        nums = f"{ctx.f.fac(a)}×{ctx.f.fac(c)} − {ctx.f.fac(b)}×{ctx.f.fac(s)}"
+        total = a * c - b * s
+    else:
+        sym = f"{lhs[0]} sin θ + {lhs[1]} cos θ"
+        nums = f"{ctx.f.fac(a)}×{ctx.f.fac(s)} + {ctx.f.fac(b)}×{ctx.f.fac(c)}"
+        total = a * s + b * c
+    return _Parts(
+        [sym, nums, ctx.f.num(total)],
+        total,
+        [
+            f"θ = pos · base^(−2p/d_k) = {i} · {base:g}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
+            f"(position {i}, pair {p}: columns {2 * p}, {2 * p + 1})",
+            f"{r} = {raw_name}",
+        ],
+        {lhs[0]: [a], lhs[1]: [b], "θ": [theta]},
+    )
+
+
+def _score_function(ctx: _Ctx) -> str:
+    if isinstance(ctx.cfg, Config):
+        return ctx.cfg.model.score
+    return str(ctx.param("score"))
+
+
+def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    i, j = cell
+    score = _score_function(ctx)
+    f = ctx.f
+    if score == "additive":
+        tanh_name, v_name = step.inputs
+        v_a = ctx.get(v_name)
+        qa_name, ka_name = ctx.trace[tanh_name].inputs
+        qa, ka = ctx.get(qa_name)[i], ctx.get(ka_name)[j]
+        sym_terms = [
+            f"{f.fac(float(v))}×tanh({f.num(float(a))} + {f.fac(float(b))})"
+            for v, a, b in zip(v_a, qa, ka, strict=True)
+        ]
+        tanhs = [math.tanh(float(a) + float(b)) for a, b in zip(qa, ka, strict=True)]
+        val_terms = [f"{f.fac(float(v))}×{f.fac(t)}" for v, t in zip(v_a, tanhs, strict=True)]
+        total = math.fsum(float(v) * t for v, t in zip(v_a, tanhs, strict=True))
+        return _Parts(
+            [
+                f"v_a · tanh(q_a{i} + k_a{j})",
+                _elide(sym_terms),
+                _elide(val_terms),
+                f.num(total),
+            ],
+            total,
+            [
+                f"v_a = {v_name} = {f.vec(v_a)}",
+                f"q_a{i} = {ctx.row_of(qa_name, i)} = {f.vec(qa)}",
+                f"k_a{j} = {ctx.row_of(ka_name, j, step.cols)} = {f.vec(ka)}",
+            ],
+            {"v_a": v_a.tolist(), f"q_a{i}": qa.tolist(), f"k_a{j}": ka.tolist()},
+        )
+    if score == "gaussian":
+        q_name, k_name, w_name = step.inputs
+        q, k = ctx.get(q_name)[i], ctx.get(k_name)[j]
+        w = np.broadcast_to(ctx.get(w_name), q.shape)
+        terms = [
+            f"(({f.num(float(a))} − {f.fac(float(b))})×{f.fac(float(c))})²"
+            for a, b, c in zip(q, k, w, strict=True)
+        ]
+        squares = [((float(a) - float(b)) * float(c)) ** 2 for a, b, c in zip(q, k, w, strict=True)]
+        total = -0.5 * math.fsum(squares)
+        chain = [
+            f"−½ Σ_f ((q{i}f − k{j}f) w_f)²",
+            f"−½ × ({_elide(terms)})",
+        ]
+        if len(squares) > 1:
+            chain.append(f"−½ × ({_sum(f, squares)})")
+        return _Parts(
+            [*chain, f.num(total)],
+            total,
+            [
+                f"q{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
+                f"k{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
+                f"w = {w_name} = {f.vec(np.atleast_1d(ctx.get(w_name)))}",
+            ],
+            {f"q{i}": q.tolist(), f"k{j}": k.tolist(), "w": w.tolist()},
+        )
+    q_name, k_name = step.inputs
+    q, k = ctx.get(q_name)[i], ctx.get(k_name)[j]
+    qs = "(q W_b)" if score == "bilinear" else _symbol(q_name)
+    ks = _symbol(k_name)
+    text, total = _dot(f, q, k)
+    return _Parts(
+        [f"{qs}{i} · {ks}{j}", text, f.num(total)],
+        total,
+        [
+            f"{qs}{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
+            f"{ks}{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
+        ],
+        {f"{qs}{i}": q.tolist(), f"{ks}{j}": k.tolist()},
+    )
+
+
+def _tanh(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    i, j, a = cell
+    qa_name, ka_name = step.inputs
+    x, y = float(ctx.get(qa_name)[i, a]), float(ctx.get(ka_name)[j, a])
+    total = math.tanh(x + y)
+    return _Parts(
+        [
+            f"tanh(q_a[{i},{a}] + k_a[{j},{a}])",
+            f"tanh({ctx.f.num(x)} + {ctx.f.fac(y)})",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"q_a = {qa_name}", f"k_a = {ka_name}"],
+        {f"q_a[{i},{a}]": [x], f"k_a[{j},{a}]": [y]},
+    )
+
+
+def _scale_of(ctx: _Ctx) -> tuple[float, str]:
+    if isinstance(ctx.cfg, Config):
+        return ctx.cfg.model.scale, ctx.cfg.model.scale_text
+    return float(ctx.param("scale")), str(ctx.param("scale_text"))
+
+
+def _scaled(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    scale, text = _scale_of(ctx)
+    s = float(ctx.get(step.inputs[0])[cell])
+    total = s / scale
+    return _Parts(
+        [
+            f"scores{_idx(cell)} / scale",
+            f"{ctx.f.num(s)} / {ctx.f.num(scale)}",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"scores = {step.inputs[0]}", f"scale = {text}"],
+        {"scores": [s], "scale": [scale]},
+    )
+
+
+def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    s_name, m_name = step.inputs
+    s, m = float(ctx.get(s_name)[cell]), float(ctx.get(m_name)[cell])
+    total = s + m
+    return _Parts(
+        [
+            f"scaled{_idx(cell)} + M{_idx(cell)}",
+            f"{ctx.f.num(s)} + {ctx.f.fac(m)}",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"scaled = {s_name}", f"M = {m_name}"],
+        {"scaled": [s], "M": [m]},
+    )
+
+
+def _temperature(ctx: _Ctx, step: Step) -> float:
+    if step.stage == "probs":
+        return 1.0
+    if isinstance(ctx.cfg, Config):
+        return ctx.cfg.model.temperature
+    return float(ctx.param("temperature"))
+
+
+def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """e^(z_j − m) / Σ_k e^(z_k − m), z = the row / T, m = max z (the stable softmax)."""
+    i, j = cell
+    f = ctx.f
+    src = step.inputs[0]
+    T = _temperature(ctx, step)
+    row = [float(x) for x in ctx.get(src)[i]]
+    z = [x / T for x in row]
+    m = max(z)
+    with np.errstate(invalid="ignore"):
+        exps = [math.exp(x - m) if not math.isnan(x - m) else math.nan for x in z]
+    total_sum = math.fsum(exps) if not any(math.isnan(e) for e in exps) else math.nan
+    result = exps[j] / total_sum if total_sum else math.nan
+    s = _symbol(src)
+    zs = f"{s}/T" if T != 1 else s
+    terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in z]
+    where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
+    if T != 1:
+        where.append(f"T = {T:g}: z = {s} / T = {f.vec(z)}")
+    where.append(f"m = the row's largest {zs} = {f.num(m)} (subtracted for stability; it cancels)")
+    return _Parts(
+        [
+            f"e^({zs}[{i},{j}] − m) / Σ_k e^({zs}[{i},k] − m)",
+            f"{terms[j]} / ({_elide(terms)})",
+            f"{f.num(exps[j])} / {f.num(total_sum)}",
+            f.num(result),
+        ],
+        result,
+        where,
+        {f"{s}{i}": row, "m": [m], "T": [T]},
+    )
+
+
+def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    i, j = cell
+    a_name, v_name = step.inputs
+    A, V = ctx.get(a_name), ctx.get(v_name)
+    text, total = _dot(ctx.f, A[i], V[:, j])
+    return _Parts(
+        [f"A{i} · V[:,{j}]", text, ctx.f.num(total)],
+        total,
+        [
+            f"A{i} = {ctx.row_of(a_name, i)} = {ctx.f.vec(A[i])}",
+            f"V[:,{j}] = column {j} of {v_name} = {ctx.f.vec(V[:, j])}",
+        ],
+        {f"A{i}": A[i].tolist(), f"V[:,{j}]": V[:, j].tolist()},
+    )
+
+
+def _concat(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    i, j = cell
+    start = 0
+    for h, name in enumerate(step.inputs):
+        width = ctx.get(name).shape[1]
+        if j < start + width:
+            c = j - start
+            v = float(ctx.get(name)[i, c])
+            return _Parts(
+                [f"head {h}'s context[{i},{c}]", ctx.f.num(v)],
+                v,
+                [
+                    f"column {j} = head {h} (columns {start}..{start + width - 1}), its column {c}",
+                    f"head {h}'s context = {name}",
+                ],
+                {f"context[{i},{c}]": [v]},
+            )
+        start += width
+    raise AssertionError("column beyond the heads")  # the cell was checked against the shape
+
+
+def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    x_name, y_name = step.inputs
+    x, y = float(ctx.get(x_name)[cell]), float(ctx.get(y_name)[cell])
+    total = x + y
+    return _Parts(
+        [
+            f"x{_idx(cell)} + sublayer(x){_idx(cell)}",
+            f"{ctx.f.num(x)} + {ctx.f.fac(y)}",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"x = {x_name} (the sublayer's input)", f"sublayer(x) = {y_name}"],
+        {"x": [x], "sublayer": [y]},
+    )
+
+
+def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A model's LayerNorm / RMSNorm entry, from the statistics recorded under it."""
+    assert isinstance(ctx.cfg, Config)
+    i, j = cell
+    f = ctx.f
+    x_name, g_name, b_name = step.inputs
+    x, g, b = float(ctx.get(x_name)[i, j]), float(ctx.get(g_name)[j]), float(ctx.get(b_name)[j])
+    eps = ctx.cfg.model.norm_eps
+    where = [f"x = {x_name}", f"γ = {g_name}, β = {b_name}"]
+    if ctx.cfg.model.norm == "rms":
+        r = float(ctx.get(f"{step.path}.rms")[i, 0])
+        total = x / r * g + b
+        where.insert(1, f"rms{i} = {step.path}.rms[{i},0] (√(mean(x²) + ε), ε = {eps:g})")
+        return _Parts(
+            [
+                f"x[{i},{j}] / rms{i} × γ[{j}] + β[{j}]",
+                f"{f.num(x)} / {f.num(r)} × {f.fac(g)} + {f.fac(b)}",
+                f.num(total),
+            ],
+            total,
+            where,
+            {"x": [x], "rms": [r], "γ": [g], "β": [b]},
+        )
+    mean = float(ctx.get(f"{step.path}.mean")[i, 0])
+    var = float(ctx.get(f"{step.path}.var")[i, 0])
+    total = (x - mean) / math.sqrt(var + eps) * g + b
+    where.insert(1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {eps:g})")
+    return _Parts(
+        [
+            f"(x[{i},{j}] − mean{i}) / √(var{i} + ε) × γ[{j}] + β[{j}]",
+            f"({f.num(x)} − {f.fac(mean)}) / √({f.num(var)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
+            f.num(total),
+        ],
+        total,
+        where,
+        {"x": [x], "mean": [mean], "var": [var], "γ": [g], "β": [b]},
+    )
+
+
+def _reduced(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> tuple[np.ndarray, str, str]:
+    """The values a mean / var / rms entry reduces over, and how to name them."""
+    x_name = step.inputs[0]
+    x = ctx.get(x_name)
+    if isinstance(ctx.cfg, OpConfig):
+        axis = NORM_AXES[str(ctx.param("kind"))][0] % x.ndim
+    else:
+        axis = x.ndim - 1
+    index: list[Any] = list(cell)
+    index[axis] = slice(None)
+    sel = ",".join(":" if k == axis else str(c) for k, c in enumerate(cell))
+    return x[tuple(index)], f"x[{sel}]", x_name
+
+
+def _eps(ctx: _Ctx) -> float:
+    if isinstance(ctx.cfg, Config):
+        return ctx.cfg.model.norm_eps
+    return float(ctx.param("eps"))
+
+
+def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    xs, sel, x_name = _reduced(ctx, step, cell)
+    n = len(xs)
+    total = math.fsum(float(v) for v in xs) / n
+    return _Parts(
+        [
+            f"Σ {sel} / {n}",
+            f"({_sum(ctx.f, xs.tolist())}) / {n}",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
+        {sel: xs.tolist()},
+    )
+
+
+def _var(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    xs, sel, x_name = _reduced(ctx, step, cell)
+    n = len(xs)
+    mean = math.fsum(float(v) for v in xs) / n
+    terms = [f"({ctx.f.num(float(v))} − {ctx.f.fac(mean)})²" for v in xs]
+    total = math.fsum((float(v) - mean) ** 2 for v in xs) / n
+    return _Parts(
+        [f"Σ ({sel} − mean)² / {n}", f"({_elide(terms)}) / {n}", ctx.f.num(total)],
+        total,
+        [f"{sel} = {ctx.f.vec(xs)} of {x_name}", f"mean = {ctx.f.num(mean)} (biased: ÷ {n})"],
+        {sel: xs.tolist(), "mean": [mean]},
+    )
+
+
+def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    xs, sel, x_name = _reduced(ctx, step, cell)
+    n, eps = len(xs), _eps(ctx)
+    terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
+    total = math.sqrt(math.fsum(float(v) ** 2 for v in xs) / n + eps)
+    return _Parts(
+        [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {eps:g})", ctx.f.num(total)],
+        total,
+        [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
+        {sel: xs.tolist(), "ε": [eps]},
+    )
+
+
+def _stat_index(ctx: _Ctx, cell: tuple[int, ...], stat: np.ndarray) -> tuple[int, ...]:
+    """The entry of a kept-dims statistic that belongs to a cell of x."""
+    return tuple(0 if n == 1 else c for c, n in zip(cell, stat.shape, strict=True))
+
+
+def _centered(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    x_name, m_name = step.inputs
+    m_all = ctx.get(m_name)
+    mi = _stat_index(ctx, cell, m_all)
+    x, m = float(ctx.get(x_name)[cell]), float(m_all[mi])
+    total = x - m
+    return _Parts(
+        [
+            f"x{_idx(cell)} − mean{_idx(mi)}",
+            f"{ctx.f.num(x)} − {ctx.f.fac(m)}",
+            ctx.f.num(total),
+        ],
+        total,
+        [f"x = {x_name}", f"mean = {m_name}"],
+        {"x": [x], "mean": [m]},
+    )
+
+
+def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """The calculator's norm output, γ and β taken per feature (per channel: instance)."""
+    f = ctx.f
+    a_name, s_name = step.inputs
+    stat_all = ctx.get(s_name)
+    si = _stat_index(ctx, cell, stat_all)
+    a, s = float(ctx.get(a_name)[cell]), float(stat_all[si])
+    c = cell[1]
+    gamma, beta = ctx.param("gamma"), ctx.param("beta")
+    g = 1.0 if gamma is None else float(gamma[c])
+    b = 0.0 if beta is None else float(beta[c])
+    where = [
+        f"γ[{c}] = {f.num(g)}, β[{c}] = {f.num(b)}"
+        + (" (defaults)" if gamma is None and beta is None else "")
+    ]
+    if ctx.param("kind") == "rms":
+        total = a / s * g + b
+        return _Parts(
+            [
+                f"x{_idx(cell)} / rms{_idx(si)} × γ[{c}] + β[{c}]",
+                f"{f.num(a)} / {f.num(s)} × {f.fac(g)} + {f.fac(b)}",
+                f.num(total),
+            ],
+            total,
+            [f"x = {a_name}", f"rms = {s_name}", *where],
+            {"x": [a], "rms": [s], "γ": [g], "β": [b]},
+        )
+    eps = _eps(ctx)
+    total = a / math.sqrt(s + eps) * g + b
+    return _Parts(
+        [
+            f"centered{_idx(cell)} / √(var{_idx(si)} + ε) × γ[{c}] + β[{c}]",
+            f"{f.num(a)} / √({f.num(s)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
+            f.num(total),
+        ],
+        total,
+        [f"centered = {a_name}", f"var = {s_name}", *where],
+        {"centered": [a], "var": [s], "γ": [g], "β": [b]},
+    )
+
+
+def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    assert isinstance(ctx.cfg, Config)
+    f = ctx.f
+    h = float(ctx.get(step.inputs[0])[cell])
+    kind = ctx.cfg.model.activation
+    hn = f.num(h)
+    if kind == "relu":
+        total = max(0.0, h)
+        chain = [f"max(0, H{_idx(cell)})", f"max(0, {hn})"]
+    elif kind == "gelu":
+        total = 0.5 * h * (1.0 + math.erf(h / math.sqrt(2.0)))
+        chain = [
+            f"½ H{_idx(cell)} (1 + erf(H{_idx(cell)} / √2))",
+            f"0.5 × {f.fac(h)} × (1 + erf({hn} / 1.4142))",
+        ]
+    else:
+        c = math.sqrt(2.0 / math.pi)
+        total = 0.5 * h * (1.0 + math.tanh(c * (h + 0.044715 * h**3)))
+        chain = [
+            "½ H (1 + tanh(√(2/π) (H + 0.044715 H³)))",
+            f"0.5 × {f.fac(h)} × (1 + tanh(0.79788 × ({hn} + 0.044715 × {f.fac(h)}³)))",
+        ]
+    return _Parts([*chain, f.num(total)], total, [f"H = {step.inputs[0]}"], {"H": [h]})
+
+
+def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    assert isinstance(ctx.cfg, Config)
+    i, j = cell
+    stack = step.path.rsplit(".", 2)[-2]
+    from trace_tf.model import target_of
+
+    seq = ctx.cfg.source if stack == "encoder" else ctx.cfg.target or target_of(ctx.cfg)
+    if seq is not None and seq.matrix is not None:
+        v = float(seq.matrix[i, j])
+        name = "source" if stack == "encoder" else "target"
+        return _Parts(
+            [f"{name}[{i},{j}]  (the given matrix)", ctx.f.num(v)],
+            v,
+            [f"{name} is given as numbers: they are the embeddings"],
+            {name: [v]},
+        )
+    token = step.rows[i] if step.rows is not None else "?"
+    v = float(ctx.cfg.embeddings[token][j])
+    return _Parts(
+        [f"embedding['{token}'][{j}]", ctx.f.num(v)],
+        v,
+        [
+            f"row {i} is the token '{token}'; embedding['{token}'] = {ctx.f.vec(ctx.cfg.embeddings[token])}"
+        ],
+        {f"embedding['{token}']": ctx.cfg.embeddings[token].tolist()},
+    )
+
+
+def _sinusoid(ctx: _Ctx, i: int, j: int, d: int, base: float) -> _Parts:
+    p = j // 2
+    angle = i / base ** (2 * p / d)
+    fn, total = ("sin", math.sin(angle)) if j % 2 == 0 else ("cos", math.cos(angle))
+    return _Parts(
+        [f"{fn}({i} / {base:g}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})", ctx.f.num(total)],
+        total,
+        [f"position {i}, column {j}: pair {p} ({'even: sine' if j % 2 == 0 else 'odd: cosine'})"],
+        {"angle": [angle]},
+    )
+
+
+def _pe(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    assert isinstance(ctx.cfg, Config)
+    i, j = cell
+    m = ctx.cfg.model
+    if m.positional == "learned":
+        v = float(ctx.get(step.inputs[0])[i, j])
+        return _Parts(
+            [f"positional[{i},{j}]  (learned)", ctx.f.num(v)],
+            v,
+            [f"positional = {step.inputs[0]}"],
+            {"positional": [v]},
+        )
+    return _sinusoid(ctx, i, j, step.value.shape[1], m.pe_base)
+
+
+def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    i, j = cell
+    d, base = int(ctx.param("d_model")), float(ctx.param("base"))
+    if ctx.param("kind") == "rope":
+        total = i * base ** (-2 * j / d)
+        return _Parts(
+            [f"{i} · {base:g}^(−{2 * j}/{d})", ctx.f.num(total)],
+            total,
+            [f"position {i} turns the pair (columns {2 * j}, {2 * j + 1}) by this angle (radians)"],
+            {"pos": [float(i)]},
+        )
+    return _sinusoid(ctx, i, j, d, base)
+
+
+def _input(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    assert isinstance(ctx.cfg, Config)
+    m = ctx.cfg.model
+    e = float(ctx.get(step.inputs[0])[cell])
+    total, sym, nums = e, f"E{_idx(cell)}", ctx.f.num(e)
+    operands = {"E": [e]}
+    if m.embed_scale != 1.0:
+        total = e * m.embed_scale
+        sym += " × embed_scale"
+        nums += f" × {ctx.f.num(m.embed_scale)}"
+        operands["embed_scale"] = [m.embed_scale]
+    where = [f"E = {step.inputs[0]}"]
+    if len(step.inputs) > 1:
+        pe = float(ctx.get(step.inputs[1])[cell])
+        total = total + pe
+        sym += f" + PE{_idx(cell)}"
+        nums += f" + {ctx.f.fac(pe)}"
+        operands["PE"] = [pe]
+        where.append(f"PE = {step.inputs[1]}")
+    return _Parts([sym, nums, ctx.f.num(total)], total, where, operands)
+
+
+def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """Why a mask entry is 0 or −inf: the rule, applied again."""
+    assert isinstance(ctx.cfg, Config)
+    i, j = cell
+    causal = step.path.endswith("decoder.mask")
+    key = step.cols[j] if step.cols is not None else None
+    pad = ctx.cfg.tokens.pad is not None and key == ctx.cfg.tokens.pad
+    reasons = []
+    if causal and j > i:
+        reasons.append(f"key {j} comes after query {i} (causal)")
+    if pad:
+        reasons.append(f"key {j} is the pad token '{key}'")
+    total = -math.inf if reasons else 0.0
+    why = " and ".join(reasons) or (
+        f"query {i} may look at key {j}" + (" (j ≤ i, not a pad)" if causal else " (not a pad)")
+    )
+    return _Parts([f"{ctx.f.num(total)}  ({why})"], total, [], {})
+
+
+def _output(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """The stack's output is the last step it recorded (the same array)."""
+    prev = next(s for s in ctx.trace if s.value is step.value and s.path != step.path)
+    v = float(prev.value[cell])
+    return _Parts(
+        [f"{prev.path}{_idx(cell)}", ctx.f.num(v)],
+        v,
+        [f"the stack's output is {prev.path}, passed on unchanged"],
+        {prev.path: [v]},
+    )
+
+
+EXPLAINERS: dict[str, Explainer] = {
+    "embed": _embed,
+    "pe": _pe,
+    "input": _input,
+    "mask": _mask,
+    "cross_mask": _mask,
+    "q_raw": _linear,
+    "k_raw": _linear,
+    "q": _projection,
+    "k": _projection,
+    "v": _linear,
+    "q_a": _linear,
+    "k_a": _linear,
+    "tanh": _tanh,
+    "q_b": _linear,
+    "scores": _scores,
+    "scaled": _scaled,
+    "masked": _masked,
+    "softmax": _softmax,
+    "context": _context,
+    "concat": _concat,
+    "wo": _linear,
+    "residual": _residual,
+    "norm": _norm,
+    "mean": _mean,
+    "var": _var,
+    "rms": _rms,
+    "centered": _centered,
+    "norm_out": _norm_out,
+    "hidden": _linear,
+    "act": _act,
+    "out": _linear,
+    "final_norm": _norm,
+    "output": _output,
+    "logits": _linear,
+    "probs": _softmax,
+    "pe_table": _pe_table,
+}
+
+
+# ---------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------
+
+
+def named_arrays(cfg: Config | OpConfig) -> dict[str, np.ndarray]:
+    """Every weight or given array a step can name as an input."""
+    if isinstance(cfg, OpConfig):
+        return op_arrays(cfg.kind, cfg.params)
+    arrays = cfg.named_arrays()
+    if cfg.model.tie_embeddings:
+        from trace_tf.model import output_weights
+
+        arrays["embeddings (tied, transposed)"] = output_weights(cfg)[0]
+    return arrays
+
+
+def find_step(trace: Trace, name: str) -> Step:
+    """A step by its path, or by a stage name or pattern that selects exactly one."""
+    if name in trace:
+        return trace[name]
+    matches = trace.select(name)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(s.path for s in matches[:8]) + (", …" if len(matches) > 8 else "")
+        raise InputError(
+            f"{name!r} selects {len(matches)} steps; name one",
+            expected="a full step path",
+            found=shown,
+        )
+    near = difflib.get_close_matches(name, list(trace.steps), n=1, cutoff=0.5)
+    raise InputError(
+        f"no step {name!r} in this run" + (f" (did you mean {near[0]!r}?)" if near else ""),
+        expected="a step path (see `trace-tf encode` or `decode`) or a stage that selects one step",
+    )
+
+
+def parse_cell(text: str | None, step: Step) -> tuple[int, ...]:
+    """`I,J` (as many indices as the step has dimensions); the first cell when omitted."""
+    shape = step.shape
+    if text is None:
+        return tuple(0 for _ in shape)
+    try:
+        cell = tuple(int(part) for part in text.replace(" ", "").split(","))
+    except ValueError:
+        raise InputError(
+            "--cell must be whole numbers separated by commas",
+            expected="e.g. --cell 0,1",
+            found=repr(text),
+        ) from None
+    dims = " × ".join(str(n) for n in shape)
+    if len(cell) != len(shape):
+        raise InputError(
+            f"--cell needs {len(shape)} indices for {step.path} (shape {dims})",
+            expected=f"{len(shape)} comma-separated indices",
+            found=repr(text),
+        )
+    if any(not 0 <= c < n for c, n in zip(cell, shape, strict=True)):
+        raise InputError(
+            f"--cell {text} is outside {step.path}",
+            expected=f"indices from 0 within the shape {dims}",
+            found=repr(text),
+        )
+    return cell
+
+
+def _tidy(line: str) -> str:
+    """`v_a = v_a = [1, 2]` -> `v_a = [1, 2]`: a symbol that is its own name."""
+    parts = line.split(" = ")
+    kept = [p for k, p in enumerate(parts) if k == 0 or p != parts[k - 1]]
+    return "" if len(kept) == 1 and len(parts) > 1 else " = ".join(kept)
+
+
+def explain(
+    cfg: Config | OpConfig, trace: Trace, step: Step, cell: tuple[int, ...], precision: int = 4
+) -> Explanation:
+    """The entry `cell` of `step`, written out with its numbers and recomputed from them."""
+    stage: Stage | None = stage_of(step.path)
+    if stage is None or stage.key not in EXPLAINERS:
+        raise InputError(f"no explanation is known for step {step.path}")
+    ctx = _Ctx(cfg, trace, named_arrays(cfg), _Fmt(precision))
+    parts = EXPLAINERS[stage.key](ctx, step, cell)
+    chain = [c for k, c in enumerate(parts.chain) if k == 0 or c != parts.chain[k - 1]]
+    return Explanation(
+        path=step.path,
+        cell=cell,
+        stage=stage.key,
+        formula=step.formula,
+        value=float(step.value[cell]),
+        result=float(parts.result),
+        chain=tuple(chain),
+        where=tuple(_tidy(w) for w in parts.where if _tidy(w)),
+        operands=parts.operands,
+        inputs=step.inputs,
+    )
+
+
+def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
+    """The explanation as the documents write it, with where each number comes from."""
+    f = _Fmt(precision)
+    body: list[RenderableType] = [Text(line, style="bold") for line in e.lines()]
+    if e.where:
+        body.append(Text("where", style="dim"))
+        body.extend(Text(f"  {w}") for w in e.where)
+    if e.agrees:
+        check = Text(f"recorded value {f.num(e.value)}: the arithmetic above agrees", style="green")
+    else:
+        check = Text(
+            f"recorded value {f.num(e.value)} but the arithmetic gives {f.num(e.result)}",
+            style="bold red",
+        )
+    body.append(check)
+    title = Text.assemble((e.lhs, "bold cyan"), "   ", (e.formula, "italic"))
+    return Panel(Group(*body), title=title, title_align="left")

@@ -1,0 +1,325 @@
+"""Every stage the engine records: its path(s), formula, shape and meaning, in one registry.
+
+`trace-tf stages` prints this table, `explain` dispatches on it, and a test runs
+several configs and checks that every recorded path matches exactly one entry, so
+the registry cannot drift from what the engine records.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+# Placeholders in path templates, as in SPEC section 3.
+PLACEHOLDERS = {
+    "<stack>": "(?:encoder|decoder)",
+    "<l>": r"\d+",
+    "<block>": "(?:self_attn|cross_attn)",
+    "<sub>": "(?:self_attn|cross_attn|ffn)",
+    "<n>": r"\d+",
+}
+_ITERATION = re.compile(r"^t\d+\.(?:b\d+\.)?")  # generate --trace: t<i>. (beam: t<i>.b<j>.)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kind of step: where it is recorded, how it is computed and what it means."""
+
+    key: str  # unique in the registry
+    paths: tuple[str, ...]  # path templates (placeholders above)
+    formula: str
+    shape: str
+    meaning: str
+
+    @property
+    def name(self) -> str:
+        """The last part of the path: what `--stage` selects."""
+        return self.paths[0].rsplit(".", 1)[-1]
+
+    @cached_property
+    def _regex(self) -> re.Pattern[str]:
+        alternatives = []
+        for template in self.paths:
+            pattern = re.escape(template)
+            for placeholder, regex in PLACEHOLDERS.items():
+                pattern = pattern.replace(re.escape(placeholder), regex)
+            alternatives.append(pattern)
+        return re.compile("^(?:" + "|".join(alternatives) + ")$")
+
+    def matches(self, path: str) -> bool:
+        return bool(self._regex.match(_ITERATION.sub("", path)))
+
+
+_HEAD = "<stack>.<l>.<block>.h<n>"
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "embed",
+        ("<stack>.embed",),
+        "E = embedding[token]  (a numeric sequence: the given matrix)",
+        "L × d_model",
+        "the tokens as vectors, before scaling and positions",
+    ),
+    Stage(
+        "pe",
+        ("<stack>.pe",),
+        "PE[pos,2i] = sin(pos / base^(2i/d)), PE[pos,2i+1] = cos(…); learned: positional[pos]",
+        "L × d_model",
+        "where each token stands, added to its embedding (absent for rope and none)",
+    ),
+    Stage(
+        "input",
+        ("<stack>.input",),
+        "X = E · embed_scale + PE",
+        "L × d_model",
+        "what layer 0 reads",
+    ),
+    Stage(
+        "mask",
+        ("<stack>.mask",),
+        "M[i,j] = −inf where query i may not see key j (decoder: j > i; pad keys), else 0",
+        "L × L",
+        "the additive mask of the self-attention",
+    ),
+    Stage(
+        "cross_mask",
+        ("decoder.cross_mask",),
+        "M[i,j] = −inf where source key j is a pad, else 0",
+        "L_tgt × L_src",
+        "the additive mask of the cross-attention",
+    ),
+    Stage(
+        "q_raw",
+        ("<stack>.<l>.self_attn.h<n>.q_raw",),
+        "X W_q + b_q",
+        "L × d_k",
+        "rope: the queries before their rotation",
+    ),
+    Stage(
+        "k_raw",
+        ("<stack>.<l>.self_attn.h<n>.k_raw",),
+        "X W_k + b_k",
+        "L × d_k",
+        "rope: the keys before their rotation",
+    ),
+    Stage(
+        "q",
+        (f"{_HEAD}.q",),
+        "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1) turned by pos · base^(−2i/d_k))",
+        "L_q × d_k",
+        "what each position looks for (one head)",
+    ),
+    Stage(
+        "k",
+        (f"{_HEAD}.k",),
+        "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated)",
+        "L_k × d_k",
+        "what each position is found by",
+    ),
+    Stage(
+        "v",
+        (f"{_HEAD}.v",),
+        "X W_v + b_v  (cross-attention: X = encoder.output)",
+        "L_k × d_v",
+        "what each position hands over when attended to",
+    ),
+    Stage(
+        "q_a",
+        (f"{_HEAD}.q_a", "attn.q_a"),
+        "Q W_a_q",
+        "L_q × d_a",
+        "score additive: the queries in the hidden layer",
+    ),
+    Stage(
+        "k_a",
+        (f"{_HEAD}.k_a", "attn.k_a"),
+        "K W_a_k",
+        "L_k × d_a",
+        "score additive: the keys in the hidden layer",
+    ),
+    Stage(
+        "tanh",
+        (f"{_HEAD}.tanh", "attn.tanh"),
+        "tanh(q_a[i] + k_a[j])",
+        "L_q × L_k × d_a",
+        "score additive: the hidden features of each query-key pair (003's one-layer MLP)",
+    ),
+    Stage(
+        "q_b",
+        (f"{_HEAD}.q_b", "attn.q_b"),
+        "Q W_b",
+        "L_q × d_k",
+        "score bilinear: the queries through W_b",
+    ),
+    Stage(
+        "scores",
+        (f"{_HEAD}.scores", "attn.scores"),
+        "S = Q Kᵀ (dot, scaled_dot) | v_aᵀ tanh(q W_a_q + k W_a_k) (additive) | "
+        "Q W_b Kᵀ (bilinear) | −½ Σ_f ((q_f − k_f) w_f)² (gaussian)",
+        "L_q × L_k",
+        "how well each query matches each key",
+    ),
+    Stage(
+        "scaled",
+        (f"{_HEAD}.scaled", "attn.scaled"),
+        "S / scale  (√d_k for scaled_dot; 1, i.e. unchanged, for the others unless given)",
+        "L_q × L_k",
+        "the scores brought to a size the softmax does not saturate on",
+    ),
+    Stage(
+        "masked",
+        (f"{_HEAD}.masked", "attn.masked"),
+        "S / scale + M",
+        "L_q × L_k",
+        "the scaled scores with the hidden keys at −inf (only when a mask applies)",
+    ),
+    Stage(
+        "softmax",
+        (f"{_HEAD}.softmax", "attn.softmax"),
+        "A = softmax(row / T): e^(s_j/T − m) / Σ_k e^(s_k/T − m), m the row max",
+        "L_q × L_k",
+        "attention weights: how much each query takes from each key; rows sum to 1",
+    ),
+    Stage(
+        "context",
+        (f"{_HEAD}.context", "attn.context"),
+        "A V",
+        "L_q × d_v",
+        "each query's weighted mix of the values: the head's output",
+    ),
+    Stage(
+        "concat",
+        ("<stack>.<l>.<block>.concat",),
+        "[head_0 | … | head_H−1]",
+        "L_q × H·d_v",
+        "the heads' outputs side by side",
+    ),
+    Stage(
+        "wo",
+        ("<stack>.<l>.<block>.wo",),
+        "concat W_o + b_o",
+        "L_q × d_model",
+        "the heads mixed back into d_model",
+    ),
+    Stage(
+        "residual",
+        ("<stack>.<l>.<sub>.residual",),
+        "x + sublayer(x)  (pre-norm: x + sublayer(Norm(x)))",
+        "L × d_model",
+        "the skip connection: the input plus what the sublayer adds",
+    ),
+    Stage(
+        "norm",
+        ("<stack>.<l>.<sub>.norm",),
+        "(x − mean) / √(var + ε) · γ + β  (RMSNorm: x / rms · γ + β)",
+        "L × d_model",
+        "post-norm: the sublayer's output, norm(residual); pre-norm: what the sublayer reads",
+    ),
+    Stage(
+        "mean",
+        ("<stack>.<l>.<sub>.norm.mean", "<stack>.final_norm.mean", "norm.mean"),
+        "mean over the normalised axis",
+        "L × 1 (batch: 1 × d, instance: B × C × 1)",
+        "the centre the norm subtracts: a row's features (layer), a column (batch)",
+    ),
+    Stage(
+        "var",
+        ("<stack>.<l>.<sub>.norm.var", "<stack>.final_norm.var", "norm.var"),
+        "mean((x − mean)²) over the normalised axis (biased: ÷ n)",
+        "L × 1 (batch: 1 × d, instance: B × C × 1)",
+        "the spread the norm divides by (after ε and the square root)",
+    ),
+    Stage(
+        "rms",
+        ("<stack>.<l>.<sub>.norm.rms", "<stack>.final_norm.rms", "norm.rms"),
+        "√(mean(x²) + ε)",
+        "L × 1",
+        "RMSNorm: the size each row is divided by",
+    ),
+    Stage(
+        "centered",
+        ("norm.centered",),
+        "x − mean",
+        "as x",
+        "calculator: the values around their mean",
+    ),
+    Stage(
+        "norm_out",
+        ("norm.out",),
+        "(x − mean) / √(var + ε) · γ + β  (rms: x / rms · γ + β)",
+        "as x",
+        "calculator: the normalised values",
+    ),
+    Stage(
+        "hidden",
+        ("<stack>.<l>.ffn.hidden",),
+        "H = X W_1 + b_1",
+        "L × d_ff",
+        "the feed-forward layer's widened features",
+    ),
+    Stage(
+        "act",
+        ("<stack>.<l>.ffn.act",),
+        "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation",
+        "L × d_ff",
+        "the non-linearity",
+    ),
+    Stage(
+        "out",
+        ("<stack>.<l>.ffn.out",),
+        "act W_2 + b_2",
+        "L × d_model",
+        "the feed-forward output, back in d_model",
+    ),
+    Stage(
+        "final_norm",
+        ("<stack>.final_norm",),
+        "Norm(x)",
+        "L × d_model",
+        "the last norm of a stack (on by default for pre-norm)",
+    ),
+    Stage(
+        "output",
+        ("<stack>.output",),
+        "the last layer's output (after the final norm, if any)",
+        "L × d_model",
+        "what the stack hands on; cross-attention reads encoder.output",
+    ),
+    Stage(
+        "logits",
+        ("logits",),
+        "out W + b  (tied: W = embeddingsᵀ)",
+        "L × V",
+        "a score for every vocabulary word, at every position",
+    ),
+    Stage(
+        "probs",
+        ("probs",),
+        "P = softmax(logits)",
+        "L × V",
+        "the next-token distribution",
+    ),
+    Stage(
+        "pe_table",
+        ("pe",),
+        "sinusoidal: PE[pos,2i] = sin(pos / base^(2i/d)), PE[pos,2i+1] = cos(…); "
+        "rope: θ[pos,i] = pos · base^(−2i/d)",
+        "L × d  (rope: L × d/2)",
+        "calculator: the positional encoding, or RoPE's rotation angles",
+    ),
+)
+
+# What each group of SPEC section 3 selects (trace.GROUPS holds the predicates).
+GROUP_MEANINGS = {
+    "qkv": "q, k, v of every head (and q_raw, k_raw with rope)",
+    "add_norm": "residual and norm, with the norm's mean, var or rms; final_norm",
+    "ffn": "everything under <stack>.<l>.ffn",
+    "cross": "everything under decoder.<l>.cross_attn, and decoder.cross_mask",
+    "attention": "everything under self_attn, cross_attn and attn, and the masks",
+}
+
+
+def stage_of(path: str) -> Stage | None:
+    """The registry entry a recorded path belongs to."""
+    return next((s for s in STAGES if s.matches(path)), None)
