@@ -337,10 +337,10 @@ MALFORMED = [
         "tabs cannot indent YAML; use spaces",
     ),
     case(
-        "tab-after-colon",
-        "model:\n  d_model:\t4\n  n_heads: 2\n",
+        "tab-indenting-a-later-line",
+        "model:\n  d_model: 4\n\tn_heads: 2\n",
         None,
-        2,
+        3,
         "tabs cannot indent YAML",
     ),
     case("extra-bracket", "vocab: [a, b]]\nmodel: {d_model: 4}\n", None, 1, "malformed YAML"),
@@ -370,11 +370,26 @@ MALFORMED = [
     case("recursive-alias", "model: &a [*a]\n", "model.0", 1, "recursive YAML alias"),
     case(
         "too-deep",
-        "model: " + "[" * 200 + "]" * 200 + "\n",
+        "model: " + "[" * 5000 + "]" * 5000 + "\n",
         None,
         1,
         "nests too deeply",
         "expected at most 64 nested lists or mappings",
+    ),
+    case(
+        "too-deep-block-style",
+        "model:\n" + "".join(" " * i + "- \n" for i in range(1, 3000)),
+        None,
+        65,  # line n opens level n: the mapping is level 1, the sequences follow
+        "nests too deeply",
+    ),
+    case(
+        "deeper-than-64",  # few brackets: composed, then measured (no line)
+        "model: " + "[" * 200 + "]" * 200 + "\n",
+        None,
+        None,
+        "nests too deeply",
+        "expected at most 64 nested lists or mappings, found 201 levels",
     ),
     case(
         "integer-beyond-float64",

@@ -194,7 +194,7 @@ INTERNAL = [
     (["encode"], "trace_tf.runner", "run"),
     (["check"], "trace_tf.runner", "check"),
     (["step", "--stage", "q"], "trace_tf.render", "step_with_inputs"),
-    (["examples"], "trace_tf.config", "example_names"),
+    (["examples"], "trace_tf.loader", "example_names"),
     (["generate"], "trace_tf.config", "read_document"),
     (["generate"], "trace_tf.generate", "run"),
     (["attend", "--q", "1", "--k", "1", "--v", "1"], "trace_tf.runner", "run"),

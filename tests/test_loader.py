@@ -47,7 +47,8 @@ def test_a_long_chain_of_aliases_is_refused_by_its_expanded_depth() -> None:
     # Each anchor nests the previous one: shallow as written, 2000 levels once expanded.
     text = "a0: &a0 [1]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 2000))
     err = _refused(text)
-    assert "levels deep once its aliases are expanded" in str(err)
+    assert "nests too deeply (counting what its aliases expand to)" in str(err)
+    assert err.found == "2002 levels"
 
 
 def test_billion_laughs_is_refused_quickly() -> None:
@@ -124,3 +125,31 @@ def test_an_endless_device_is_refused_not_read_forever(monkeypatch: pytest.Monke
     monkeypatch.setattr(loader, "MAX_FILE_BYTES", 1 << 16)
     with pytest.raises(InputError, match="larger than"):
         read_text(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("model: " + "[" * 100_000 + "]" * 100_000 + "\n", 1),
+        ("model: " + "{a: " * 100_000 + "1" + "}" * 100_000 + "\n", 1),
+        ("model:\n" + "- " * 100_000 + "1\n", 2),
+    ],
+    ids=["flow-lists", "flow-mappings", "block-entries"],
+)
+def test_nesting_that_would_crash_libyaml_is_refused_in_a_real_process(
+    text: str, line: int, tmp_path: Path
+) -> None:
+    # libyaml's composer recurses in C: 100,000 levels overflow the C stack and kill the
+    # process (exit -11), which no try/except can catch. Run the command for real.
+    import subprocess
+
+    path = tmp_path / "deep.yaml"
+    path.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "trace_tf", "encode", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.startswith(f"trace-tf: error: {path}:{line}: the YAML nests too deeply")

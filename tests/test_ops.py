@@ -124,3 +124,31 @@ def test_moments_over_columns() -> None:
     mean, var = ops.moments(np.array([[1.0, 2.0], [3.0, 6.0]]), 0)
     np.testing.assert_array_equal(mean, [[2.0, 4.0]])
     np.testing.assert_array_equal(var, [[1.0, 4.0]])
+
+
+def test_erf_matches_math_erf_to_one_ulp_on_every_range() -> None:
+    # fdlibm's five ranges of |x| and their edges, both signs, and the special values
+    edges = [2.0**-28, 0.84375, 1.25, 2.8571434020996094, 6.0]
+    x = np.concatenate(
+        [
+            np.linspace(-7.0, 7.0, 20001),
+            np.linspace(-1e-8, 1e-8, 101),
+            [np.nextafter(e, d) for e in edges for d in (0.0, 10.0)],
+            [-e for e in edges],
+            [0.0, -0.0, 1e-310, 30.0, -30.0],
+        ]
+    )
+    want = np.array([math.erf(v) for v in x])
+    got = ops.erf(x)
+    ulp = np.spacing(np.abs(want))
+    assert np.all(np.abs(got - want) <= ulp), np.max(np.abs(got - want) / ulp)
+    special = ops.erf(np.array([np.nan, np.inf, -np.inf]))
+    assert np.isnan(special[0]) and special[1] == 1.0 and special[2] == -1.0
+
+
+def test_erf_and_gelu_keep_shape_and_dtype() -> None:
+    x = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    assert ops.erf(x).shape == (3, 4) and ops.erf(x).dtype == np.float32
+    assert ops.gelu(x).dtype == np.float32
+    want = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel().tolist()]
+    np.testing.assert_allclose(ops.gelu(x).ravel(), want, rtol=1e-4, atol=1e-6)  # float32

@@ -214,3 +214,32 @@ def test_commands_never_modify_their_input(args: list[str], tmp_path: Path) -> N
     result = runner.invoke(app, filled)
     assert result.exit_code == 0, result.stderr
     assert {p: _digest(p) for p in (config, fixture)} == before
+
+
+def test_output_that_appears_while_rendering_is_not_clobbered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trace_tf.cli
+
+    out = tmp_path / "trace.txt"
+    real_console = trace_tf.cli.console
+
+    def racing_console(file: Any) -> Any:
+        out.write_text("written meanwhile by someone else\n")  # after the check, before the end
+        return real_console(file)
+
+    monkeypatch.setattr(trace_tf.cli, "console", racing_console)
+    result = runner.invoke(app, ["encode", "--output", str(out)])
+    assert result.exit_code == 2 and "exists; pass --force" in result.stderr
+    assert out.read_text() == "written meanwhile by someone else\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.txt"]
+
+
+def test_npz_output_is_written_whole(tmp_path: Path) -> None:
+    out = tmp_path / "steps.npz"
+    result = runner.invoke(app, ["encode", "--format", "npz", "--output", str(out)])
+    assert result.exit_code == 0, result.stderr
+    with np.load(out) as steps:
+        assert "encoder.output" in steps.files
+    result = runner.invoke(app, ["encode", "--format", "npz", "--output", str(out)])
+    assert result.exit_code == 2 and "exists" in result.stderr

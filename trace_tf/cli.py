@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import io
 import json
 import os
 import sys
@@ -60,7 +59,26 @@ VariantOpt = Annotated[
         "--variant", help="Apply one of the file's named variants before --set.", show_default=False
     ),
 ]
-FormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
+FORMATS = ("table", "json", "npz", "csv")
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="table, json, npz (every step under its path, for numpy.load; needs --output) "
+        "or csv (one step: select it with `step --stage PATH`).",
+    ),
+]
+DtypeOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--dtype",
+        help="float64 (default) or float32, for weights and every computation. float32 halves "
+        "memory and is faster on large models but keeps about 7 significant digits: expect "
+        "relative errors around 1e-6, larger after many layers, and `check` tolerances may not "
+        "hold.",
+        show_default=False,
+    ),
+]
 OutputOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
@@ -105,6 +123,7 @@ class Common:
     strict: bool
     debug: bool
     max_elements: int
+    dtype: str | None = None
 
     def view(self) -> View:
         """Elide matrices to what fits the terminal: columns as wide as the numbers."""
@@ -123,8 +142,12 @@ def _common(**kw: Any) -> Common:
     """The shared options out of a command's locals (its own arguments are ignored)."""
     kw = {k: v for k, v in kw.items() if k in Common.__dataclass_fields__ or k == "sets"}
     fmt = kw["fmt"]
-    if fmt not in ("table", "json"):
-        _fail(f"--format must be table or json, not {fmt!r}")
+    if fmt not in FORMATS:
+        _fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "npz" and kw.get("output") is None:
+        _fail("--format npz writes a binary file: give it with --output FILE")
+    if kw.get("dtype") not in (None, "float64", "float32"):
+        _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
 
 
@@ -139,6 +162,7 @@ _COMMON_OPTIONS = {
     "strict": (StrictOpt, False),
     "debug": (DebugOpt, False),
     "max_elements": (MaxElementsOpt, 2**28),
+    "dtype": (DtypeOpt, None),
 }
 
 
@@ -210,16 +234,26 @@ def guarded(debug: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _sink(c: Common) -> Iterator[Any]:
-    """stdout, or a buffer written to --output only once everything is rendered, so a
-    failure leaves no half-written file and an existing one is never lost."""
+def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
+    """stdout, or --output written through a temporary file beside it that takes its
+    name only once everything is written: a failure leaves no half-written file, and
+    an existing one is never lost (nor replaced without --force)."""
     if c.output is None:
         yield sys.stdout
         return
-    _writable(c.output, c.force)
-    buffer = io.StringIO()
-    yield buffer
-    _write_file(c.output, buffer.getvalue(), c.force)
+    path = c.output
+    _writable(path, c.force)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            fh = _open(tmp, "w", binary)
+        except OSError as exc:
+            _fail(f"cannot write --output {path}: {exc.strerror}")
+        with fh:
+            yield fh
+        _commit(tmp, path, c.force)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _writable(path: Path, force: bool) -> None:
@@ -229,20 +263,25 @@ def _writable(path: Path, force: bool) -> None:
         _fail(f"--output {path} exists; pass --force to overwrite it")
 
 
-def _write_file(path: Path, text: str, force: bool) -> None:
-    """Create `path` (refusing an existing file unless `force`), or replace it atomically."""
-    _writable(path, force)
+def _open(path: Path, mode: str, binary: bool) -> Any:
+    """A file for --output: bytes (npz), or UTF-8 text with its newlines as written (csv)."""
+    return open(path, mode + "b") if binary else open(path, mode, encoding="utf-8", newline="")
+
+
+def _commit(tmp: Path, path: Path, force: bool) -> None:
+    """Give the written file its name: replace (--force), or link, which refuses an
+    existing name even if one appeared meanwhile."""
     try:
-        if not force:
-            with open(path, "x", encoding="utf-8") as fh:  # "x": never clobber, even in a race
-                fh.write(text)
-            return
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
+        if force:
             os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without hard links
+            _writable(path, force)
+            os.replace(tmp, path)
     except FileExistsError:
         _fail(f"--output {path} exists; pass --force to overwrite it")
     except OSError as exc:
@@ -252,20 +291,56 @@ def _write_file(path: Path, text: str, force: bool) -> None:
 def console(file: Any) -> Console:
     from rich.console import Console
 
+    # emoji=False: a ":name:" in a title or token is text, not an emoji (and loads no emoji table)
     if file is sys.stdout:
-        return Console(highlight=False)
-    return Console(file=file, highlight=False, color_system=None, width=160)
+        return Console(highlight=False, emoji=False)
+    return Console(file=file, highlight=False, emoji=False, color_system=None, width=160)
 
 
-def emit(c: Common, renderables: list[RenderableType], data: dict[str, Any]) -> None:
-    """Print tables, or the JSON object, to stdout or --output."""
+def emit(
+    c: Common,
+    renderables: list[RenderableType],
+    data: dict[str, Any] | Callable[[], dict[str, Any]],
+    steps: list[Step] | None = None,
+) -> None:
+    """Print tables, or the JSON object (built only when asked for), to stdout or --output;
+    or write the steps: npz every one under its path, csv the one selected."""
+    if c.fmt in ("npz", "csv"):
+        if steps is None:
+            _fail(
+                f"--format {c.fmt} writes traced steps; this command has none (use table or json)"
+            )
+        assert steps is not None
+        _write_steps(c, steps)
+        return
     with _sink(c) as fh:
         if c.fmt == "json":
-            fh.write(json.dumps(data, allow_nan=False) + "\n")
+            fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
             con = console(fh)
             for r in renderables:
                 con.print(r)
+
+
+def _write_steps(c: Common, steps: list[Step]) -> None:
+    if c.fmt == "npz":
+        import numpy as np
+
+        savez: Any = np.savez  # keys are step paths (numpy's stub types **kwds as bool)
+        with _sink(c, binary=True) as fh:
+            savez(fh, **{s.path: s.value for s in steps})
+        return
+    if len(steps) != 1:
+        _fail(
+            f"--format csv writes one step, and {len(steps)} are selected; "
+            "choose one with `trace-tf step --stage PATH` (a whole path, e.g. "
+            "encoder.0.self_attn.h0.softmax), or use --format npz for many"
+        )
+    from trace_tf.render import step_csv
+
+    text = step_csv(steps[0])
+    with _sink(c) as fh:
+        fh.write(text)
 
 
 def warn(c: Common, trace: Trace, file: str | None = None) -> None:
@@ -286,7 +361,7 @@ def warn(c: Common, trace: Trace, file: str | None = None) -> None:
 def _load(config: str | None, c: Common) -> Config | OpConfig:
     from trace_tf.config import load
 
-    return load(config, c.sets, c.variant, c.max_elements)
+    return load(config, c.sets, c.variant, c.max_elements, c.dtype)
 
 
 def _show(
@@ -312,15 +387,18 @@ def _show(
             "source": cfg.source.labels if cfg.source else None,
             "target": tgt.labels if tgt else None,
         }
-    data = render.trace_json(
-        cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
-    )
-    if c.fmt == "json":
-        emit(c, [], data)
+
+    def data() -> dict[str, Any]:
+        return render.trace_json(
+            cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
+        )
+
+    if c.fmt != "table":
+        emit(c, [], data, steps)
         return
     head = render.header(cfg.title or cfg.file, conventions(cfg), trace.warnings)
     items = body() if body is not None else [render.trace_view(steps, c.view())]
-    emit(c, [head, *items], data)
+    emit(c, [head, *items], data, steps)
 
 
 def _trace_command(command: str, config: str | None, c: Common) -> None:
@@ -354,7 +432,8 @@ def step(
         str,
         typer.Option(
             "--stage",
-            help="A step name (softmax, q, ...), a group (qkv, add_norm, ffn, cross, attention) or a pattern with *.",
+            help="A step name (softmax, q, ...), a group (qkv, add_norm, ffn, cross, attention), "
+            "a pattern with *, or one whole path (encoder.0.self_attn.h0.softmax).",
         ),
     ] = "softmax",
     layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
@@ -365,12 +444,13 @@ def step(
     from trace_tf.config import Config
     from trace_tf.errors import InputError
     from trace_tf.runner import run
-    from trace_tf.trace import check_stage
+    from trace_tf.trace import check_stage, matches
 
     cfg = _load(config, c)
-    trace = run(cfg, "full")
+    # Store only the selected steps (and, as they are recorded, their inputs).
+    trace = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
     try:
-        check_stage(stage, trace.stages())
+        check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     steps = trace.select(stage, layer, head)
@@ -494,7 +574,7 @@ def _check_warnings(c: Common, results: list[CheckResult]) -> None:
 def examples(debug: DebugOpt = False) -> None:
     """List the packaged examples."""
     with guarded(debug):
-        from trace_tf.config import example_names, examples_dir
+        from trace_tf.loader import example_names, examples_dir  # no numpy: starts quickly
 
         for name in example_names():
             title = ""
@@ -612,7 +692,7 @@ def generate(
     seen: set[str] = set()
 
     def keep(path: str) -> bool:
-        seen.add(path.rsplit(".", 1)[-1])
+        seen.update((path, path.rsplit(".", 1)[-1]))  # a stage name, or one whole path
         return trace and matches(path, stage, layer, head)
 
     tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
@@ -637,12 +717,13 @@ def generate(
         conventions=dict(header_rows),
         warnings=tr.trace.warnings,
     )
-    if c.fmt == "json":
-        emit(c, [], data)
+    traced = steps if trace else None  # what --format npz / csv write
+    if c.fmt != "table":
+        emit(c, [], data, traced)
         return
     head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
     body = render.generation_view(result, cfg.vocab, steps, show, c.view())
-    emit(c, [head_panel, *body], data)
+    emit(c, [head_panel, *body], data, traced)
 
 
 # ---------------------------------------------------------------------------
@@ -1074,6 +1155,86 @@ def stages(fmt: FormatOpt = "table", debug: DebugOpt = False) -> None:
 # ---------------------------------------------------------------------------
 # performance (issue 6): cost
 # ---------------------------------------------------------------------------
+
+
+@app.command()
+@running
+def cost(
+    c: Common,
+    config: ConfigArg = None,
+    vary_opt: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--vary",
+            help="L=8,16,32,64 (sequence length: the tokens repeated) or D=64,128,... "
+            "(d_model; widths by their defaults, weights drawn): one row per value.",
+            metavar="L=N,N,...|D=N,N,...",
+            show_default=False,
+        ),
+    ] = None,
+    repeat: Annotated[
+        int, typer.Option("--repeat", min=1, help="Runs timed per --vary value (fastest kept).")
+    ] = 3,
+) -> None:
+    """The multiply-adds of every stage, totals per stage and kind; with --vary, how they grow."""
+    from dataclasses import asdict
+
+    from trace_tf import cost as costs
+    from trace_tf import render
+    from trace_tf.config import parse_set, read_document
+    from trace_tf.runner import require_model
+
+    varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
+    cfg = require_model(_load(config, c), "cost")
+    ledger = costs.ledger(cfg)
+    totals = costs.totals(ledger)
+    rows: list[costs.VaryRow] = []
+    if varied is not None:
+        doc = read_document(config)
+        pairs = [parse_set(s) for s in c.sets]
+        name, values = varied
+        rows = costs.vary(doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat)
+    data: dict[str, Any] = {
+        "trace_tf": _version(),
+        "title": cfg.title,
+        "ledger": [
+            {
+                "path": x.path,
+                "stage": x.stage,
+                "kind": x.kind,
+                "shape": list(x.shape),
+                "formula": x.formula,
+                "terms": list(x.terms),
+                "macs": x.macs,
+            }
+            for x in ledger
+        ],
+        "totals": asdict(totals),
+    }
+    items: list[RenderableType] = [
+        render.cost_ledger(ledger),
+        render.cost_totals(totals, costs.GROWTH),
+    ]
+    if varied is not None:
+        name = varied[0]
+        growth = costs.exponents(rows)
+        data["vary"] = {
+            "name": name,
+            "meaning": costs.VARY[name],
+            "rows": [asdict(r) for r in rows],
+            "exponents": growth,
+        }
+        items.append(render.vary_table(name, costs.VARY[name], rows, costs.KINDS))
+        if growth:
+            from rich.text import Text
+
+            items.append(
+                Text(
+                    f"growth exponent over {name} (multiply-adds ∝ {name}^p): "
+                    + ", ".join(f"{k} p = {p:.2f}" for k, p in growth.items())
+                )
+            )
+    emit(c, items, data)
 
 
 def _version() -> str:

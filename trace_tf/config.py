@@ -12,15 +12,14 @@ import difflib
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trace_tf.errors import InputError
-from trace_tf.loader import Lines, join, parse_yaml, read_text
+from trace_tf.loader import Lines, example_names, examples_dir, join, parse_yaml, read_text
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -48,6 +47,7 @@ MODEL_KEYS = [
     "seed",
     "init_std",
     "tie_embeddings",
+    "dtype",
 ]
 TOP_KEYS = [
     "title",
@@ -68,6 +68,7 @@ TOP_KEYS = [
 OP_KINDS = ("attention", "norm", "pe")
 POSITIONAL = ("sinusoidal", "learned", "rope", "none")
 NORM_KINDS = ("layer", "rms")
+DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
 SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
 SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
@@ -115,6 +116,7 @@ class ModelConfig:
     seed: int = 0
     init_std: float = 1.0
     tie_embeddings: bool = False
+    dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
 
 
 @dataclass(frozen=True)
@@ -311,14 +313,6 @@ class Document:
     origins: dict[str, str] = field(default_factory=dict)  # key -> the option that set it
 
 
-def examples_dir() -> Path:
-    return Path(str(resources.files("trace_tf") / "examples"))
-
-
-def example_names() -> list[str]:
-    return sorted(p.stem for p in examples_dir().glob("*.yaml"))
-
-
 def resolve(name: str | None) -> Path:
     """A config path, or the packaged example of that name (default: hello)."""
     if name is None:
@@ -362,9 +356,6 @@ def parse_set(item: str) -> tuple[str, Any]:
         )
     value, _ = parse_yaml(text, f"--set {key}")
     return key, value
-
-
-MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing layers are drawn)
 
 
 def parse_matrix(text: str, option: str, *, allow_inf: bool = False) -> list[Any]:
@@ -422,6 +413,9 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             )
         rows.append(row)
     return rows
+
+
+MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing layers are drawn)
 
 
 def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
@@ -517,10 +511,11 @@ def load(
     sets: Iterable[str] = (),
     variant: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: str | None = None,
 ) -> Config | OpConfig:
     """Read, override and validate a config: the whole front door of the engine."""
     doc = read_document(name)
-    return build(doc, [parse_set(s) for s in sets], variant, max_elements)
+    return build(doc, [parse_set(s) for s in sets], variant, max_elements, dtype)
 
 
 def build(
@@ -528,8 +523,11 @@ def build(
     sets: Sequence[tuple[str, Any]] = (),
     variant: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: str | None = None,
 ) -> Config | OpConfig:
-    """Validate a document (after a variant and --set overrides) into a Config or OpConfig."""
+    """Validate a document (after a variant and --set overrides) into a Config or OpConfig.
+
+    `dtype` (the --dtype option) sets model.dtype, after everything else."""
     doc = Document(
         doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins)
     )
@@ -537,6 +535,14 @@ def build(
         apply_variant(doc, variant)
     for key, value in sets:
         apply_override(doc, key, value, "--set")
+    if dtype is not None:
+        if "model" not in doc.data:
+            raise InputError(
+                f"--dtype {dtype} applies to a model config; this file holds a single operation",
+                file=doc.file,
+                expected="a config with a 'model:' section (single operations run in float64)",
+            )
+        apply_override(doc, "model.dtype", dtype, "--dtype")
     ctx = _ctx(doc)
     return _Validator(ctx, max_elements).document(doc.data, variant)
 
@@ -1151,6 +1157,7 @@ class _Validator:
             seed=self.integer(m.get("seed", 0), p + "seed", 0),
             init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
+            dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
         )
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
@@ -1266,7 +1273,7 @@ class _Validator:
             )
         output_W, output_b = self.output(w.get("output"), m, vocab)
         variants = self.variants(data.get("variants"))
-        return Config(
+        config = Config(
             file=self.ctx.file,
             title=self.text(data.get("title"), "title"),
             reference=self.text(data.get("reference"), "reference"),
@@ -1287,6 +1294,19 @@ class _Validator:
             drawn=tuple(self.drawn),
             variant=variant,
             overrides=tuple(self.ctx.overridden),
+        )
+        if m.dtype == "float64":
+            return config
+        # Drawn and given numbers are read in float64 (the same numbers whatever the
+        # dtype), then rounded once; the expected values of `expect` stay as written.
+        dt = np.dtype(m.dtype)
+        return replace(
+            config,
+            **{
+                f.name: _astype(getattr(config, f.name), dt)
+                for f in fields(config)
+                if f.name not in ("model", "expect")
+            },
         )
 
     def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
@@ -1566,6 +1586,21 @@ def _of_vocab(vocab: Sequence[str]) -> str:
         return "a token (the file has no vocab or embeddings)"
     shown = ", ".join(vocab[:12]) + (", …" if len(vocab) > 12 else "")
     return f"a token of vocab ({shown})"
+
+
+def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
+    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`."""
+    if isinstance(value, np.ndarray):
+        return value.astype(dtype) if value.dtype.kind == "f" else value
+    if isinstance(value, tuple):
+        return tuple(_astype(v, dtype) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _astype(v, dtype) for k, v in value.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(
+            value, **{f.name: _astype(getattr(value, f.name), dtype) for f in fields(value)}
+        )
+    return value
 
 
 def _token_text(tok: Any) -> str:

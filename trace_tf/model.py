@@ -72,7 +72,7 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
     if m.positional == "sinusoidal":
         pe = tr.rec(
             "pe",
-            ops.sinusoidal_pe(L, m.d_model, m.pe_base, start),
+            ops.sinusoidal_pe(L, m.d_model, m.pe_base, start, m.dtype),
             f"PE[pos,2i] = sin(pos/{m.pe_base:g}^(2i/d)), PE[pos,2i+1] = cos(…)",
         )
     elif m.positional == "learned":
@@ -84,7 +84,7 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
             cfg.positional,
         )
     else:
-        return tr.rec("input", x if x is not e else e.copy(), f"X = E{scale}", e)
+        return tr.rec("input", x, f"X = E{scale}", e)  # E itself when unscaled: no copy
     return tr.rec("input", x + pe, f"X = E{scale} + PE", e, pe)
 
 
@@ -463,7 +463,7 @@ def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
         if pads is not None:
             mask = tr.rec(
                 "mask",
-                ops.key_padding_mask(len(seq), pads),
+                ops.key_padding_mask(len(seq), pads, m.dtype),
                 "M[i,j] = −inf where key j is a pad",
                 cols="keys",
             )
@@ -499,7 +499,7 @@ def decoder(
         L = len(target)
         # The decoder's self-attention is always causal (3.2.3), also for one token;
         # with a cache, the single newest row sees every key, so its row is all zeros.
-        mask = ops.causal_mask(L, start)
+        mask = ops.causal_mask(L, start, m.dtype)
         pads = padding(cfg, keys)
         formula = (
             "M[i,j] = −inf for j > i (causal)"
@@ -507,7 +507,7 @@ def decoder(
             else (f"M[i,j] = −inf for j > {start} + i (causal; row i is position {start} + i)")
         )
         if pads is not None:
-            mask = mask + ops.key_padding_mask(L, pads)
+            mask = mask + ops.key_padding_mask(L, pads, m.dtype)
             formula += " or key j a pad"
         mask = tr.rec("mask", mask, formula, cols="keys")
         cross_mask = None
@@ -516,7 +516,7 @@ def decoder(
             with tr.scope(None, keys=src_labels):
                 cross_mask = tr.rec(
                     "cross_mask",
-                    ops.key_padding_mask(L, src_pads),
+                    ops.key_padding_mask(L, src_pads, m.dtype),
                     "M[i,j] = −inf where source key j is a pad",
                     cols="keys",
                 )

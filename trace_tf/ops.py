@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import DTypeLike, NDArray
 
 Array = np.ndarray
 
@@ -42,8 +42,75 @@ def relu(x: Array) -> Array:
 
 def gelu(x: Array) -> Array:
     """Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016)."""
-    erf = np.vectorize(math.erf, otypes=[x.dtype])
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+# erf, vectorised: the algorithm and coefficients of fdlibm's s_erf.c (Sun
+# Microsystems, 1993), which C libraries' erf and so Python's math.erf follow; a
+# rational approximation on each of five ranges of |x|, accurate to under one unit
+# in the last place. numpy has no erf, and math.erf element by element is slow.
+_ERX = 8.45062911510467529297e-01
+_EFX = 1.28379167095512586316e-01
+_PP = (1.28379167095512558561e-01, -3.25042107247001499370e-01, -2.84817495755985104766e-02,
+       -5.77027029648944159157e-03, -2.37630166566501626084e-05)  # fmt: skip
+_QQ = (1.0, 3.97917223959155352819e-01, 6.50222499887672944485e-02, 5.08130628187576562776e-03,
+       1.32494738004321644526e-04, -3.96022827877536812320e-06)  # fmt: skip
+_PA = (-2.36211856075265944077e-03, 4.14856118683748331666e-01, -3.72207876035701323847e-01,
+       3.18346619901161753674e-01, -1.10894694282396677476e-01, 3.54783043256182359371e-02,
+       -2.16637559486879084300e-03)  # fmt: skip
+_QA = (1.0, 1.06420880400844228286e-01, 5.40397917702171048937e-01, 7.18286544141962662868e-02,
+       1.26171219808761642112e-01, 1.36370839120290507362e-02, 1.19844998467991074170e-02)  # fmt: skip
+_RA = (-9.86494403484714822705e-03, -6.93858572707181764372e-01, -1.05586262253232909814e01,
+       -6.23753324503260060396e01, -1.62396669462573470355e02, -1.84605092906711035994e02,
+       -8.12874355063065934246e01, -9.81432934416914548592e00)  # fmt: skip
+_SA = (1.0, 1.96512716674392571292e01, 1.37657754143519042600e02, 4.34565877475229228821e02,
+       6.45387271733267880336e02, 4.29008140027567833386e02, 1.08635005541779435134e02,
+       6.57024977031928170135e00, -6.04244152148580987438e-02)  # fmt: skip
+_RB = (-9.86494292470009928597e-03, -7.99283237680523006574e-01, -1.77579549177547519889e01,
+       -1.60636384855821916062e02, -6.37566443368389627722e02, -1.02509513161107724954e03,
+       -4.83519191608651397019e02)  # fmt: skip
+_SB = (1.0, 3.03380607434824582924e01, 3.25792512996573918826e02, 1.53672958608443695994e03,
+       3.19985821950859553908e03, 2.55305040643316442583e03, 4.74528541206955367215e02,
+       -2.24409524465858183362e01)  # fmt: skip
+_ONE_OVER_035 = 2.8571434020996094  # 1/0.35 as fdlibm compares it: high word 0x4006DB6E
+
+
+def _poly(z: Array, coefficients: tuple[float, ...]) -> Array:
+    """c0 + z (c1 + z (c2 + ...)), Horner's rule in the order fdlibm evaluates it."""
+    out = np.full_like(z, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        out = c + z * out
+    return out
+
+
+def erf(x: Array) -> Array:
+    """The error function, elementwise: math.erf's algorithm, within one unit in the last place."""
+    x64 = np.asarray(x, dtype=np.float64)
+    flat = x64.ravel()
+    a = np.abs(flat)
+    out = flat.copy()  # NaN stays NaN
+    # |x| < 0.84375: x + x P(x²)/Q(x²) (x + efx x below 2^-28)
+    i = np.flatnonzero(a < 0.84375)
+    s = flat[i]
+    z = s * s
+    out[i] = np.where(z < 2.0**-56, s + _EFX * s, s + s * (_poly(z, _PP) / _poly(z, _QQ)))
+    # 0.84375 <= |x| < 1.25: erx + P(|x| - 1)/Q(|x| - 1), signed
+    i = np.flatnonzero((a >= 0.84375) & (a < 1.25))
+    t = a[i] - 1.0
+    out[i] = np.copysign(_ERX + _poly(t, _PA) / _poly(t, _QA), flat[i])
+    # 1.25 <= |x| < 6: 1 - exp(-x² - 0.5625 + R(1/x²)/S(1/x²)) / |x|, signed
+    i = np.flatnonzero((a >= 1.25) & (a < 6.0))
+    v = a[i]
+    w = 1.0 / (v * v)
+    near = v < _ONE_OVER_035
+    ratio = np.where(near, _poly(w, _RA) / _poly(w, _SA), _poly(w, _RB) / _poly(w, _SB))
+    hi = (v.view(np.uint64) & np.uint64(0xFFFFFFFF00000000)).view(np.float64)  # v, low word 0
+    r = np.exp(-hi * hi - 0.5625) * np.exp((hi - v) * (hi + v) + ratio)
+    out[i] = np.copysign(1.0 - r / v, flat[i])
+    # |x| >= 6 (and infinities): +-1
+    i = np.flatnonzero(a >= 6.0)
+    out[i] = np.copysign(1.0, flat[i])
+    return out.reshape(x64.shape).astype(np.asarray(x).dtype, copy=False)
 
 
 def gelu_tanh(x: Array) -> Array:
@@ -85,7 +152,9 @@ def rms_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
     return rms_scale(x, rms(x, eps), gamma, beta)
 
 
-def sinusoidal_pe(length: int, d: int, base: float = 10000.0, start: int = 0) -> Array:
+def sinusoidal_pe(
+    length: int, d: int, base: float = 10000.0, start: int = 0, dtype: DTypeLike = np.float64
+) -> Array:
     """PE[pos, 2i] = sin(pos / base^(2i/d)), PE[pos, 2i+1] = cos(pos / base^(2i/d)). -> [L, d]
 
     Vaswani et al. section 3.5; for an odd d the last column is a sine. The rows
@@ -94,24 +163,24 @@ def sinusoidal_pe(length: int, d: int, base: float = 10000.0, start: int = 0) ->
     pos = np.arange(start, start + length, dtype=np.float64)[:, None]
     two_i = np.arange(0, d, 2, dtype=np.float64)  # 2i for each sine column
     angles = pos / np.power(base, two_i / d)  # [L, ceil(d/2)]
-    pe = np.empty((length, d), dtype=np.float64)
+    pe = np.empty((length, d), dtype=dtype)  # angles in float64, stored in dtype
     pe[:, 0::2] = np.sin(angles)
     pe[:, 1::2] = np.cos(angles[:, : d // 2])
     return pe
 
 
-def causal_mask(n: int, start: int = 0) -> Array:
+def causal_mask(n: int, start: int = 0, dtype: DTypeLike = np.float64) -> Array:
     """Additive mask: 0 where key j <= query position, -inf above (a query sees no later key).
 
     Query row i sits at position start + i over keys 0..start+n-1 (start > 0: the
     new rows of a KV-cached step; the newest single row sees every key). -> [n, start + n]
     """
-    return np.triu(np.full((n, start + n), -np.inf), k=start + 1)
+    return np.triu(np.full((n, start + n), -np.inf, dtype=dtype), k=start + 1)
 
 
-def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_]) -> Array:
+def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_], dtype: DTypeLike = np.float64) -> Array:
     """Additive mask hiding pad positions as keys (columns); query rows are never masked. -> [n_q, n_k]"""
-    row = np.where(is_pad, -np.inf, 0.0)
+    row = np.where(is_pad, -np.inf, 0.0).astype(dtype, copy=False)
     return np.broadcast_to(row, (n_q, is_pad.shape[0])).copy()
 
 
@@ -123,7 +192,7 @@ def rope(x: Array, positions: NDArray[np.integer], base: float = 10000.0) -> Arr
     """
     half = x.shape[-1] // 2
     angles = rope_angles(positions, x.shape[-1], base)  # [L, d/2]
-    cos, sin = np.cos(angles), np.sin(angles)
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
     even, odd = x[:, 0 : 2 * half : 2], x[:, 1 : 2 * half : 2]
     out = x.copy()
     out[:, 0 : 2 * half : 2] = even * cos - odd * sin

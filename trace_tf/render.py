@@ -20,6 +20,7 @@ from trace_tf import __version__
 from trace_tf.trace import Step
 
 if TYPE_CHECKING:
+    from trace_tf.cost import Cost, Totals, VaryRow
     from trace_tf.diff import StepDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
 
@@ -207,6 +208,8 @@ def header(
 def json_value(value: Any) -> Any:
     """Nested lists with the non-finite numbers JSON lacks written as strings."""
     if isinstance(value, np.ndarray):
+        if value.dtype.kind != "f" or np.isfinite(value).all():
+            return value.tolist()  # nothing to rewrite: skip the walk over every number
         value = value.tolist()
     if isinstance(value, list):
         return [json_value(v) for v in value]
@@ -240,6 +243,117 @@ def trace_json(
     }
     out.update(extra)
     return out
+
+
+# ---------------------------------------------------------------------------
+# CSV of one step (issue 6)
+# ---------------------------------------------------------------------------
+
+
+def step_csv(step: Step) -> str:
+    """One matrix step as CSV: a header of column labels, each row led by its token.
+
+    Values are full precision (shortest round-trip repr); -inf, inf and nan as words.
+    """
+    import csv
+    import io
+
+    if step.value.ndim > 2:
+        from trace_tf.errors import InputError
+
+        raise InputError(
+            f"--format csv writes a matrix, and step {step.path} has {step.value.ndim} axes",
+            expected="a step of at most 2 axes (or --format npz)",
+            found=f"shape {shape_text(step.shape)}",
+        )
+    m = np.atleast_2d(step.value)
+    cols = step.cols if step.cols is not None else [str(j) for j in range(m.shape[1])]
+    rows = step.rows if step.rows is not None and step.value.ndim == 2 else None
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([step.path, *cols])
+    for i, values in enumerate(m.tolist()):
+        writer.writerow([rows[i] if rows is not None else str(i), *map(repr, values)])
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# The cost ledger (issue 6)
+# ---------------------------------------------------------------------------
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n else "—"
+
+
+def cost_ledger(costs: Iterable[Cost]) -> Table:
+    """Every step with its shape and multiply-adds (formula in symbols and in numbers)."""
+    table = Table(title="multiply-adds of every step", title_justify="left")
+    table.add_column("step", no_wrap=True)
+    table.add_column("shape", justify="right", no_wrap=True)
+    table.add_column("multiply-adds")
+    table.add_column("count", justify="right", no_wrap=True)
+    for c in costs:
+        terms = " = " + "·".join(str(t) for t in c.terms) if c.terms else ""
+        table.add_row(c.path, shape_text(c.shape), c.formula + terms, _count(c.macs))
+    return table
+
+
+def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
+    """Multiply-adds per stage and per kind, and the total."""
+    table = Table(title="totals", title_justify="left")
+    table.add_column("stage or kind")
+    table.add_column("multiply-adds", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("grows as")
+    total = totals.total or 1
+    for stage, n in totals.by_stage.items():
+        table.add_row(stage, f"{n:,}", f"{n / total:.1%}", "")
+    table.add_section()
+    for kind, n in totals.by_kind.items():
+        if n:
+            table.add_row(Text(kind, style="bold"), f"{n:,}", f"{n / total:.1%}", growth[kind])
+    table.add_section()
+    table.add_row(Text("total", style="bold"), f"{totals.total:,}", "100%", "")
+    return table
+
+
+def vary_table(name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[str]) -> Table:
+    """One row per value of L or D: multiply-adds per kind, predicted beside measured time."""
+    table = Table(
+        title=f"multiply-adds as {name}, the {what}, grows",
+        caption="Multiply-adds to 3 digits (k = 10³, M = 10⁶, G = 10⁹; exact in --format json). "
+        "pred. ms: the largest row's measured time scaled by multiply-adds; meas. ms: "
+        "the untraced engine, fastest of the runs. On small models Python's fixed cost per "
+        "step, not arithmetic, dominates the measured time.",
+        title_justify="left",
+        caption_justify="left",
+    )
+    short = {"projection": "proj", "attention": "attn", "ffn": "ffn", "output": "output"}
+    shown = [k for k in kinds if any(r.by_kind[k] for r in rows)]
+    for col in (name, *(short[k] for k in shown), "total", "attn %", "pred. ms", "meas. ms"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    for r in rows:
+        share = r.by_kind.get("attention", 0) / r.total if r.total else 0.0
+        table.add_row(
+            str(r.value),
+            *(_si(r.by_kind[k]) for k in shown),
+            _si(r.total),
+            f"{share:.1%}",
+            f"{r.predicted * 1e3:.3f}",
+            f"{r.measured * 1e3:.3f}",
+        )
+    return table
+
+
+def _si(n: int) -> str:
+    """A count to 3 significant digits with k, M, G, T (exact below 10,000)."""
+    if n < 10_000:
+        return f"{n:,}"
+    for power, prefix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if n >= 10**power:
+            return f"{n / 10**power:.3g}{prefix}"
+    return str(n)  # pragma: no cover
 
 
 # ---------------------------------------------------------------------------

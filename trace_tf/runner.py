@@ -18,13 +18,17 @@ COMMANDS = ("encode", "decode", "full")
 
 
 def run(
-    cfg: Config | OpConfig, command: str = "full", keep: Callable[[str], bool] | None = None
+    cfg: Config | OpConfig,
+    command: str = "full",
+    keep: Callable[[str], bool] | None = None,
+    with_inputs: bool = False,
 ) -> Trace:
     """Trace what `command` computes: encode, decode, or everything the config holds.
 
+    `keep`: store only the steps it accepts (and, `with_inputs`, what they were made from).
     numpy's own overflow and invalid-value warnings are silenced: the tracer reports
     the step where a NaN or infinity first appears instead (trace.warnings)."""
-    tr = Tracer(keep=keep)
+    tr = Tracer(keep=keep, with_inputs=with_inputs)
     with np.errstate(all="ignore"):
         if isinstance(cfg, OpConfig):
             run_op(cfg, tr)
@@ -134,7 +138,12 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             if cfg.drawn
             else "all given in the file",
         ),
-        ("numbers", "float64; rows are tokens (x W + b, row vectors)"),
+        (
+            "numbers",
+            f"{m.dtype}"
+            + (" (about 7 significant digits)" if m.dtype == "float32" else "")
+            + "; rows are tokens (x W + b, row vectors)",
+        ),
     ]
     if cfg.variant or cfg.overrides:
         rows.append(("overrides", ", ".join(cfg.overrides)))

@@ -10,11 +10,13 @@ recorded, and every weight it was told about, is known by its path.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -68,6 +70,7 @@ class Trace:
     def __init__(self) -> None:
         self.steps: dict[str, Step] = {}
         self.warnings: list[str] = []
+        self.seen: set[str] = set()  # the path of every step recorded, stored or not
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps.values())
@@ -85,7 +88,12 @@ class Trace:
         return self.steps[path].value
 
     def stages(self) -> set[str]:
-        return {s.stage for s in self}
+        """The stage names this run has (also those a `keep` filter did not store)."""
+        return {s.stage for s in self} | {p.rsplit(".", 1)[-1] for p in self.seen}
+
+    def paths(self) -> set[str]:
+        """The path of every step this run recorded, stored or not."""
+        return set(self.steps) | self.seen
 
     def select(
         self, stage: str | None = None, layer: int | None = None, head: int | None = None
@@ -127,13 +135,37 @@ def check_stage(stage: str, known: set[str]) -> None:
     )
 
 
+class _Recorded(NamedTuple):
+    """What the tracer remembers of every step, stored or not: where and how it was
+    made, and a weak reference that tells whether an array is still that step's.
+    (A tuple: one is made per step, and tuples are made fast.)"""
+
+    ref: weakref.ref[np.ndarray]
+    path: str
+    formula: str
+    inputs: tuple[str, ...]
+    rows: tuple[str, ...] | None
+    cols: tuple[str, ...] | None
+
+    def step(self, value: np.ndarray) -> Step:
+        return Step(self.path, self.formula, value, self.inputs, self.rows, self.cols)
+
+
 @dataclass
 class Tracer:
-    """Records steps under a dotted scope; `rec` returns its value unchanged."""
+    """Records steps under a dotted scope; `rec` returns its value unchanged.
+
+    With `keep`, only the steps it accepts are stored; with `with_inputs` too,
+    the steps they were computed from (so each can be shown with its inputs): an
+    input is still alive when a step made from it is recorded, so it is stored
+    then. Nothing else is held, and nothing is copied.
+    """
 
     trace: Trace = field(default_factory=Trace)
-    names: dict[int, str] = field(default_factory=dict)  # id(array) -> path, for inputs
+    names: dict[int, str] = field(default_factory=dict)  # id(weight) -> path, for inputs
     keep: Callable[[str], bool] | None = None  # store only the steps this accepts
+    with_inputs: bool = False  # ... and, with `keep`, the steps those were computed from
+    _recorded: dict[int, _Recorded] = field(default_factory=dict)  # id(value) -> its step
     _scope: list[str] = field(default_factory=list)
     _rows: list[Labels] = field(default_factory=list)
     _keys: list[Labels] = field(default_factory=list)
@@ -176,6 +208,11 @@ class Tracer:
                 return tuple(labels)
         return None
 
+    def _step_of(self, array: Any) -> _Recorded | None:
+        """The recorded step `array` is, if any (an id alone may be a dead array's)."""
+        rec = self._recorded.get(id(array))
+        return rec if rec is not None and rec.ref() is array else None
+
     def rec(
         self,
         name: str,
@@ -192,11 +229,8 @@ class Tracer:
         """
         path = self.path(name)
         value.flags.writeable = False  # the engine never writes in place; make sure of it
-        self.names[id(value)] = path
-        if not self._nonfinite_seen and value.dtype.kind == "f" and not np.isfinite(value).all():
+        if not self._nonfinite_seen and value.dtype.kind == "f" and not _all_finite(value):
             self._check_nonfinite(name, path, value)
-        if self.keep is not None and not self.keep(path):
-            return value
         if rows is None or isinstance(rows, str):
             row_labels = self._current(self._keys if rows == "keys" else self._rows)
         else:
@@ -206,14 +240,28 @@ class Tracer:
             row_labels = None
         if col_labels is not None and (value.ndim < 2 or len(col_labels) != value.shape[-1]):
             col_labels = None
-        self.trace.steps[path] = Step(
-            path=path,
-            formula=formula,
-            value=value,
-            inputs=tuple(self.names.get(id(x), "?") for x in inputs),
-            rows=row_labels,
-            cols=tuple(col_labels) if col_labels is not None else None,
+        made = [self._step_of(x) for x in inputs]  # before `value` is registered: it may be one
+        names = [
+            m.path if m is not None else self.names.get(id(x), "?")
+            for m, x in zip(made, inputs, strict=True)
+        ]
+        rec = _Recorded(
+            weakref.ref(value),
+            path,
+            formula,
+            tuple(names),
+            row_labels,
+            tuple(col_labels) if col_labels is not None else None,
         )
+        self._recorded[id(value)] = rec
+        self.trace.seen.add(path)
+        if self.keep is None:
+            self.trace.steps[path] = rec.step(value)
+        elif self.keep(path):
+            for m, x in zip(made, inputs, strict=True):  # shown beside it: store them while alive
+                if self.with_inputs and m is not None and m.path not in self.trace.steps:
+                    self.trace.steps[m.path] = m.step(x)
+            self.trace.steps[path] = rec.step(value)
         return value
 
     def _check_nonfinite(self, name: str, path: str, value: np.ndarray) -> None:
@@ -229,6 +277,12 @@ class Tracer:
 
     def warn(self, message: str) -> None:
         self.trace.warnings.append(message)
+
+
+def _all_finite(value: np.ndarray) -> bool:
+    """No NaN or infinity in `value`. The sum is one quick pass with no temporary
+    array: it is finite unless something is not (or the finite numbers overflow it)."""
+    return math.isfinite(value.sum()) or bool(np.isfinite(value).all())
 
 
 class NullTracer(Tracer):

@@ -1,0 +1,74 @@
+"""--dtype float32: weights and every computation in float32, within float32's
+precision of the float64 run (issue 6)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+from conftest import config_from
+from random_configs import random_config
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+from trace_tf.config import Config
+from trace_tf.runner import run
+
+runner = CliRunner()
+
+SHAPES = [
+    dict(d_model=8, n_heads=2, decoder_layers=1, pad=True, src_len=5, tgt_len=4),
+    dict(
+        d_model=6, n_heads=2, decoder_layers=1, activation="gelu", norm="rms", norm_position="pre"
+    ),
+    dict(d_model=6, n_heads=3, positional="rope", activation="gelu_tanh"),
+    dict(d_model=4, n_heads=2, decoder_layers=1, positional="learned", tie_embeddings=True),
+]
+
+
+def test_float32_is_float32_everywhere_and_close_to_float64() -> None:
+    for i, shape in enumerate(SHAPES):
+        raw = random_config(np.random.default_rng(i), **shape)  # type: ignore[arg-type]
+        c64, c32 = config_from(raw), config_from(raw, dtype="float32")
+        assert isinstance(c64, Config) and isinstance(c32, Config)
+        assert c32.model.dtype == "float32" and c64.model.dtype == "float64"
+        assert all(a.dtype == np.float32 for a in c32.named_arrays().values())
+        t64, t32 = run(c64, "full"), run(c32, "full")
+        assert list(t32.steps) == list(t64.steps)
+        for path in t64.steps:
+            v32, v64 = t32.value(path), t64.value(path)
+            assert v32.dtype == np.float32, (shape, path)
+            assert v64.dtype == np.float64, (shape, path)
+            # float32 keeps ~7 digits; a few layers of rounding stay well under 1e-4
+            np.testing.assert_allclose(v32, v64, rtol=1e-4, atol=1e-5, err_msg=path)
+        assert not np.array_equal(t32.value(path), t64.value(path))  # really computed in float32
+
+
+def test_dtype_option_on_the_command_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["decode", "--dtype", "float32", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["conventions"]["numbers"].startswith("float32")
+    p32 = np.array(next(s for s in data["steps"] if s["path"] == "probs")["value"])
+    assert p32.astype(np.float32).astype(np.float64).tolist() == p32.tolist()  # float32 values
+    d64 = json.loads(runner.invoke(app, ["decode", "--format", "json"]).stdout)
+    p64 = np.array(next(s for s in d64["steps"] if s["path"] == "probs")["value"])
+    np.testing.assert_allclose(p32, p64, rtol=1e-5, atol=1e-7)
+    assert "float32" in runner.invoke(app, ["encode", "--dtype", "float32"]).stdout
+    help_text = runner.invoke(app, ["encode", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "7 significant" in help_text and "1e-6" in help_text and "check" in help_text
+
+
+def test_dtype_refusals(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["encode", "--dtype", "float16"])
+    assert result.exit_code == 2 and "float32" in result.stderr
+    op = tmp_path / "op.yaml"
+    op.write_text(yaml.safe_dump({"attention": {"Q": [[1.0]], "K": [[1.0]], "V": [[1.0]]}}))
+    result = runner.invoke(app, ["step", str(op), "--stage", "softmax", "--dtype", "float32"])
+    assert result.exit_code == 2 and "single operation" in result.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {d_model: 2, dtype: float16}\nvocab: [a]\nsource: [a]\n")
+    result = runner.invoke(app, ["encode", str(bad)])
+    assert result.exit_code == 2 and "model.dtype" in result.stderr

@@ -1,0 +1,124 @@
+"""--format npz (every step under its path) and --format csv (one step) (issue 6)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+from random_configs import random_config
+from reference_torch import reference_forward
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+
+def _config(tmp_path: Path) -> tuple[str, dict[str, object]]:
+    raw = random_config(np.random.default_rng(2), d_model=4, n_heads=2, decoder_layers=1, pad=True)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return str(path), raw
+
+
+def test_npz_holds_every_step_under_its_path_exactly(tmp_path: Path) -> None:
+    path, raw = _config(tmp_path)
+    out = tmp_path / "steps.npz"
+    result = runner.invoke(app, ["decode", path, "--format", "npz", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    expected = reference_forward(raw)  # PyTorch, float64
+    with np.load(out) as npz:
+        keys = list(npz.keys())
+        paths = json.loads(runner.invoke(app, ["decode", path, "--format", "json"]).stdout)
+        steps = {s["path"]: s for s in paths["steps"]}
+        assert keys == list(steps)  # every step, in order, under its path
+        for key in keys:
+            assert npz[key].shape == tuple(steps[key]["shape"]) and npz[key].dtype == np.float64
+        for key, want in expected.items():
+            np.testing.assert_allclose(npz[key], want, rtol=1e-10, atol=1e-10, err_msg=key)
+        # the JSON's full-precision numbers are the same floats: the round trip is exact
+        probs = np.array(steps["probs"]["value"], dtype=np.float64)
+        assert np.array_equal(npz["probs"], probs)
+
+
+def test_npz_of_a_selection_and_its_refusals(tmp_path: Path) -> None:
+    path, _ = _config(tmp_path)
+    out = tmp_path / "s.npz"
+    args = ["step", path, "--stage", "softmax", "--head", "0", "--format", "npz"]
+    result = runner.invoke(app, [*args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    with np.load(out) as npz:
+        assert sorted(npz.keys()) == sorted(
+            [
+                "encoder.0.self_attn.h0.softmax",
+                "decoder.0.self_attn.h0.softmax",
+                "decoder.0.cross_attn.h0.softmax",
+            ]
+        )
+    result = runner.invoke(app, args)  # no --output: a binary file needs one
+    assert result.exit_code == 2 and "--output" in result.stderr
+    result = runner.invoke(app, [*args, "--output", str(out)])  # exists, no --force
+    assert result.exit_code == 2 and "--force" in result.stderr
+    result = runner.invoke(app, ["check", "--format", "npz", "--output", str(tmp_path / "x.npz")])
+    assert result.exit_code == 2 and "no" in result.stderr
+
+
+def test_csv_writes_one_step_labelled_by_tokens(tmp_path: Path) -> None:
+    path, raw = _config(tmp_path)
+    step = "encoder.0.self_attn.h1.softmax"
+    result = runner.invoke(app, ["step", path, "--stage", step, "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    source = [str(t) for t in raw["source"]]  # type: ignore[union-attr]
+    assert rows[0] == [step, *source]  # columns: the key tokens
+    assert [r[0] for r in rows[1:]] == source  # rows: the query tokens
+    values = np.array([[float(v) for v in r[1:]] for r in rows[1:]])
+    want = reference_forward(raw)[step]
+    np.testing.assert_allclose(values, want, rtol=1e-12, atol=1e-15)
+    assert "-inf" not in result.stdout and "0.0" in result.stdout  # the pad column is 0
+
+
+def test_csv_writes_non_finite_numbers_as_words(tmp_path: Path) -> None:
+    path, _ = _config(tmp_path)
+    result = runner.invoke(app, ["step", path, "--stage", "encoder.mask", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert all(v in ("0.0", "-inf") for r in rows[1:] for v in r[1:]) and "-inf" in rows[1]
+
+
+def test_csv_to_a_file_and_its_refusals(tmp_path: Path) -> None:
+    path, _ = _config(tmp_path)
+    out = tmp_path / "logits.csv"
+    result = runner.invoke(
+        app, ["step", path, "--stage", "logits", "--format", "csv", "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    header = out.read_text(encoding="utf-8").splitlines()[0].split(",")
+    assert header[0] == "logits" and "t0" in header  # columns: the vocabulary
+    for args in (["encode", path], ["step", path, "--stage", "softmax"]):
+        result = runner.invoke(app, [*args, "--format", "csv"])
+        assert result.exit_code == 2, result.output
+        assert "one step" in result.stderr and "--stage" in result.stderr
+    result = runner.invoke(app, ["encode", path, "--format", "xml"])
+    assert result.exit_code == 2 and "npz" in result.stderr
+
+
+def test_generate_writes_its_traced_steps(tmp_path: Path) -> None:
+    out = tmp_path / "g.npz"
+    args = ["generate", "--greedy", "--max-tokens", "2", "--trace"]
+    result = runner.invoke(app, [*args, "--format", "npz", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    with np.load(out) as npz:
+        assert list(npz.keys()) == [s["path"] for s in data["steps"]]
+        assert np.array_equal(npz["t1.probs"], np.array(data["steps"][-1]["value"]))
+    result = runner.invoke(app, [*args, "--stage", "t1.probs", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("t1.probs,hello,mundo,world")
+    result = runner.invoke(app, ["generate", "--greedy", "--format", "csv"])  # nothing traced
+    assert result.exit_code == 2 and "no" in result.stderr
