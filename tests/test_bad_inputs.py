@@ -1654,6 +1654,45 @@ CALCULATORS = [
     ),
 ]
 
+PERFORMANCE = [
+    case(
+        "cost-malformed-vary",
+        BASE,
+        None,
+        None,
+        "expected L=N,N,... (sequence length) or D=N,N,... (d_model)",
+        "found 'L=x'",
+        args=("cost", "{file}", "--vary", "L=x"),
+        names="--vary",
+    ),
+    case(
+        "cost-absurd-length",
+        BASE,
+        "model",
+        1,
+        "too large",
+        args=("cost", "{file}", "--vary", "L=100000000"),
+    ),
+    case(
+        "unknown-dtype",
+        BASE,
+        None,
+        None,
+        "--dtype must be float64 or float32, not 'float16'",
+        args=("encode", "{file}", "--dtype", "float16"),
+        names="--dtype",
+    ),
+    case(
+        "csv-of-many-steps",
+        BASE,
+        None,
+        None,
+        "--format csv writes one step, and 33 are selected",
+        args=("encode", "{file}", "--format", "csv"),
+        names="--format csv",
+    ),
+]
+
 CORPUS = [
     *SHAPES,
     *MALFORMED,
@@ -1670,6 +1709,7 @@ CORPUS = [
     *SETS,
     *FILES,
     *CALCULATORS,
+    *PERFORMANCE,
 ]
 
 
@@ -1723,6 +1763,7 @@ COMMAND_LINES = [
     ("step", "{file}", "--stage", "q"),
     ("generate", "{file}"),
     ("explain", "encoder.pe", "{file}"),
+    ("cost", "{file}"),
     ("diff", "{file}", "{dir}/good.yaml"),
     ("diff", "{dir}/good.yaml", "{file}"),
     ("check", "{file}"),

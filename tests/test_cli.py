@@ -203,6 +203,8 @@ INTERNAL = [
     (["diff", "--set-b", "model.scale=2"], "trace_tf.runner", "run"),
     (["explain", "encoder.pe"], "trace_tf.runner", "run"),
     (["stages"], "trace_tf.stages", "STAGES"),
+    (["cost"], "trace_tf.config", "read_document"),
+    (["step", "--stage", "encoder.output", "--format", "csv"], "trace_tf.render", "step_csv"),
 ]
 
 
