@@ -138,19 +138,6 @@ class Common:
         )
 
 
-def _common(**kw: Any) -> Common:
-    """The shared options out of a command's locals (its own arguments are ignored)."""
-    kw = {k: v for k, v in kw.items() if k in Common.__dataclass_fields__ or k == "sets"}
-    fmt = kw["fmt"]
-    if fmt not in FORMATS:
-        _fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if fmt == "npz" and kw.get("output") is None:
-        _fail("--format npz writes a binary file: give it with --output FILE")
-    if kw.get("dtype") not in (None, "float64", "float32"):
-        _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
-    return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
-
-
 _COMMON_OPTIONS = {
     "sets": (SetOpt, None),
     "variant": (VariantOpt, None),
@@ -164,6 +151,20 @@ _COMMON_OPTIONS = {
     "max_elements": (MaxElementsOpt, 2**28),
     "dtype": (DtypeOpt, None),
 }
+
+
+def _common(**given: Any) -> Common:
+    """The shared options; those a command does not take keep their defaults."""
+    kw: dict[str, Any] = {name: default for name, (_, default) in _COMMON_OPTIONS.items()}
+    kw.update({k: v for k, v in given.items() if k in _COMMON_OPTIONS})
+    fmt = kw["fmt"]
+    if fmt not in FORMATS:
+        _fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "npz" and kw.get("output") is None:
+        _fail("--format npz writes a binary file: give it with --output FILE")
+    if kw.get("dtype") not in (None, "float64", "float32"):
+        _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
+    return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
 
 
 def running(fn: Callable[..., None]) -> Callable[..., None]:
@@ -500,12 +501,10 @@ def check(
 
         c = _common(
             sets=sets,
-            variant=None,
             fmt=fmt,
             output=output,
             force=force,
             precision=precision,
-            full=False,
             strict=strict,
             debug=debug,
             max_elements=max_elements,
@@ -1104,18 +1103,7 @@ def stages(fmt: FormatOpt = "table", debug: DebugOpt = False) -> None:
 
         from trace_tf.stages import GROUP_MEANINGS, STAGES
 
-        c = _common(
-            sets=None,
-            variant=None,
-            fmt=fmt,
-            output=None,
-            force=False,
-            precision=4,
-            full=False,
-            strict=False,
-            debug=False,
-            max_elements=2**28,
-        )
+        c = _common(fmt=fmt, debug=debug)
         table = Table(
             title="stages (select with --stage NAME): formula, meaning, and the paths recorded",
             title_justify="left",
