@@ -122,13 +122,13 @@ def test_differing_cells_are_highlighted_and_the_others_not() -> None:
     assert d.status == DIFFERS and d.where == (1, 3) and d.max_abs == 1.0
     np.testing.assert_array_equal(d.differing, [[False] * 4, [False, False, False, True]])
     table = render.matrix_table(d.b.value, highlight=d.differing)  # type: ignore[union-attr]
-    styled = [
-        (r, c)
-        for c, column in enumerate(table.columns[1:])
-        for r, cell in enumerate(column._cells)
-        if getattr(cell, "style", None) == render.HIGHLIGHT
-    ]
-    assert styled == [(1, 3)]
+    styled = [span for span in table.spans if span.style == render.HIGHLIGHT]
+    assert len(styled) == 1
+    plain = table.plain
+    start = styled[0].start
+    line = plain.count("\n", 0, start)  # 0 top rule, 1 header, 2 rule, 3 row 0, 4 row 1
+    column = plain[plain.rfind("\n", 0, start) : start].count("│") - 1  # after the label
+    assert (line - 3, column - 1) == (1, 3) and plain[start : styled[0].end] == "6.0000"
 
 
 def test_compare_treats_equal_infinities_and_nans_as_equal() -> None:

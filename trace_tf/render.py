@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rich.cells import cell_len
 from rich.color import Color
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -85,10 +86,12 @@ def matrix_table(
     heatmap: bool = False,
     view: View = View(),
     highlight: np.ndarray | None = None,
-) -> Table:
+) -> Text:
     """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large.
 
     `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs differ.
+    The grid is laid out here, as one Text, rather than by rich's Table: a matrix's columns
+    are known in advance, and rich's general layout was most of a short run's time.
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
@@ -98,34 +101,74 @@ def matrix_table(
     shown = m[np.ix_([i for i in row_idx if i is not None], [j for j in col_idx if j is not None])]
     cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
-    table = Table()
-    table.add_column("", style="bold", no_wrap=True)
-    for j in col_idx:
-        header = ELLIPSIS if j is None else (cols[j] if cols is not None else str(j))
-        table.add_column(header, justify="right", no_wrap=True)
+    header = [""] + [
+        ELLIPSIS if j is None else (cols[j] if cols is not None else str(j)) for j in col_idx
+    ]
+    body: list[list[tuple[str, Style | None]]] = []
     r = 0
     for i in row_idx:
         if i is None:
-            table.add_row(ELLIPSIS, *([ELLIPSIS] * len(col_idx)))
+            body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
         label = (
             rows[i] if rows is not None and value.ndim >= 2 else (str(i) if value.ndim >= 2 else "")
         )
-        row_cells: list[Text | str] = []
+        line: list[tuple[str, Style | None]] = [(label, None)]
         c = 0
         for j in col_idx:
             if j is None:
-                row_cells.append(ELLIPSIS)
+                line.append((ELLIPSIS, None))
                 continue
-            text = cells[r * width + c]
+            style = None
             if marked is not None and marked[i, j]:
-                row_cells.append(Text(text, style=HIGHLIGHT))
-            else:
-                row_cells.append(Text(text, style=_heat(float(shown[r, c]))) if heatmap else text)
+                style = HIGHLIGHT
+            elif heatmap:
+                style = _heat(float(shown[r, c]))
+            line.append((cells[r * width + c], style))
             c += 1
-        table.add_row(label, *row_cells)
+        body.append(line)
         r += 1
-    return table
+    return _grid(header, body)
+
+
+def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Text:
+    """Rich's default table look (heavy head), first column left and bold, numbers right."""
+    widths = [cell_len(h) for h in header]
+    for line in body:
+        for k, (text, _) in enumerate(line):
+            widths[k] = max(widths[k], cell_len(text))
+
+    def pad(text: str, k: int) -> str:
+        fill = " " * (widths[k] - cell_len(text))
+        return f" {text}{fill} " if k == 0 else f" {fill}{text} "
+
+    def rule(left: str, mid: str, right: str, fill: str) -> str:
+        return left + mid.join(fill * (w + 2) for w in widths) + right + "\n"
+
+    out = Text(no_wrap=True, overflow="ignore")
+    out.append(rule("┏", "┳", "┓", "━"))
+    out.append("┃")
+    for k, h in enumerate(header):
+        out.append(pad(h, k), style="bold")
+        out.append("┃")
+    out.append("\n")
+    out.append(rule("┡", "╇", "┩", "━"))
+    for line in body:
+        out.append("│")
+        for k, (text, style) in enumerate(line):
+            if k == 0:
+                out.append(pad(text, k), style="bold")
+            elif style is None:
+                out.append(pad(text, k))
+            else:
+                fill = " " * (widths[k] - cell_len(text))
+                out.append(" " + fill)
+                out.append(text, style=style)
+                out.append(" ")
+            out.append("│")
+        out.append("\n")
+    out.append(rule("└", "┴", "┘", "─").rstrip("\n"))
+    return out
 
 
 def shape_text(shape: Sequence[int]) -> str:
