@@ -335,15 +335,3 @@ def read_text(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte {exc.start})", file=name) from None
-
-
-def walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """Every (path, leaf) of nested dicts and lists."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from walk(v, join(path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from walk(v, join(path, i))
-    else:
-        yield path, value
