@@ -2,7 +2,7 @@
 
 Every function is plain math on numpy arrays; each intermediate passes through
 `tr.rec(...)`, which records it (or, with NULL_TRACER, does nothing) and returns
-it unchanged. One attention serves self- and cross-attention, called under two
+the array to go on with: the same numbers, perhaps the tracer's stored copy. One attention serves self- and cross-attention, called under two
 scopes; one add-and-norm serves every sublayer.
 
 Shapes: L_q query positions, L_k key positions, d = d_model, H heads of d_k / d_v.
@@ -354,8 +354,8 @@ def normalize(
             out = ops.rms_scale(x, r, nw.gamma, nw.beta)
         else:
             mean, var = ops.row_mean_var(x)
-            tr.rec("mean", mean, "mean of each row", x)
-            tr.rec("var", var, "biased variance of each row (÷ d)", x)
+            mean = tr.rec("mean", mean, "mean of each row", x)
+            var = tr.rec("var", var, "biased variance of each row (÷ d)", x)
             out = ops.standardize(x, mean, var, nw.gamma, nw.beta, m.norm_eps)
     kind = "RMSNorm" if m.norm == "rms" else "LayerNorm"
     return tr.rec(name, out, f"{kind}(x) = " + norm_formula(m, "x"), x, nw.gamma, nw.beta)

@@ -1,8 +1,8 @@
 """Recording intermediate values: Step, Trace (ordered path -> step) and Tracer.
 
 The engine calls `tr.rec(name, value, formula, *inputs)`, which stores the value
-under the current dotted scope and returns it unchanged (TransformerLens'
-HookPoint idea, without global state). `NULL_TRACER` records nothing, so the same
+under the current dotted scope and returns the array to go on with, equal to it
+(TransformerLens' HookPoint idea, without global state). `NULL_TRACER` records nothing, so the same
 functions run untraced. Inputs are named by identity: every array the tracer has
 recorded, and every weight it was told about, is known by its path.
 """
@@ -25,7 +25,7 @@ from trace_tf.errors import InputError
 Labels = Sequence[str] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # it holds an array: equal only if identical
 class Step:
     """One recorded intermediate: where it is, what made it, and its value."""
 
@@ -70,7 +70,7 @@ class Trace:
     def __init__(self) -> None:
         self.steps: dict[str, Step] = {}
         self.warnings: list[str] = []
-        self.seen: set[str] = set()  # the path of every step recorded, stored or not
+        self.unstored: set[str] = set()  # the paths of steps recorded but not stored (`keep`)
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps.values())
@@ -89,11 +89,11 @@ class Trace:
 
     def stages(self) -> set[str]:
         """The stage names this run has (also those a `keep` filter did not store)."""
-        return {s.stage for s in self} | {p.rsplit(".", 1)[-1] for p in self.seen}
+        return {s.stage for s in self} | {p.rsplit(".", 1)[-1] for p in self.unstored}
 
     def paths(self) -> set[str]:
         """The path of every step this run recorded, stored or not."""
-        return set(self.steps) | self.seen
+        return set(self.steps) | self.unstored
 
     def select(
         self, stage: str | None = None, layer: int | None = None, head: int | None = None
@@ -151,14 +151,51 @@ class _Recorded(NamedTuple):
         return Step(self.path, self.formula, value, self.inputs, self.rows, self.cols)
 
 
-@dataclass
+class _Blocks:
+    """Where a tracer stores the arrays it keeps: copied, each once, into large
+    blocks filled in order, instead of left in thousands of separate allocations.
+
+    A kept array would otherwise hold its memory for the whole run, so every new
+    array the engine makes would need fresh memory, page by page. Copied, the
+    engine's array is freed at once and its memory reused as in an untraced run,
+    and a block of 4 MiB or more is one numpy allocation that numpy asks Linux to
+    back with huge pages: a few hundred page faults where there were tens of
+    thousands. Blocks grow from 4 MiB to 32 MiB, so a small trace takes little
+    and a large one wastes less than one block.
+    """
+
+    FIRST, LARGEST = 4 << 20, 32 << 20
+    SMALLEST_COPIED = 4096  # smaller arrays come from malloc's reused small chunks
+
+    def __init__(self) -> None:
+        self._block = np.empty(0, np.uint8)
+        self._used = 0
+        self._next = self.FIRST
+
+    def store(self, value: np.ndarray) -> np.ndarray:
+        """`value`, or a copy of it in a block (a view is kept as it is)."""
+        n = value.nbytes
+        if n < self.SMALLEST_COPIED or value.base is not None or not value.flags.c_contiguous:
+            return value
+        if self._used + n > self._block.size:
+            self._block = np.empty(max(self._next, n) + 64, np.uint8)
+            self._used = -self._block.ctypes.data % 64  # each array starts 64-byte aligned
+            self._next = min(2 * self._next, self.LARGEST)
+        out = self._block[self._used : self._used + n].view(value.dtype).reshape(value.shape)
+        self._used += -(-n // 64) * 64
+        np.copyto(out, value)
+        return out
+
+
+@dataclass(eq=False)
 class Tracer:
-    """Records steps under a dotted scope; `rec` returns its value unchanged.
+    """Records steps under a dotted scope; `rec` returns the value to go on with.
 
     With `keep`, only the steps it accepts are stored; with `with_inputs` too,
     the steps they were computed from (so each can be shown with its inputs): an
     input is still alive when a step made from it is recorded, so it is stored
-    then. Nothing else is held, and nothing is copied.
+    then. Nothing else is held. A stored step is copied once, into the tracer's
+    blocks (see `_Blocks`), and `rec` returns that copy, equal to the value.
     """
 
     trace: Trace = field(default_factory=Trace)
@@ -166,9 +203,12 @@ class Tracer:
     keep: Callable[[str], bool] | None = None  # store only the steps this accepts
     with_inputs: bool = False  # ... and, with `keep`, the steps those were computed from
     _recorded: dict[int, _Recorded] = field(default_factory=dict)  # id(value) -> its step
-    _scope: list[str] = field(default_factory=list)
-    _rows: list[Labels] = field(default_factory=list)
-    _keys: list[Labels] = field(default_factory=list)
+    _blocks: _Blocks = field(default_factory=_Blocks)
+    # The current scope: its path prefix ("encoder.0.self_attn.") and the labels of
+    # its query and key positions, each a stack, innermost last.
+    _prefix: list[str] = field(default_factory=lambda: [""])
+    _rows: list[tuple[str, ...] | None] = field(default_factory=lambda: [None])
+    _keys: list[tuple[str, ...] | None] = field(default_factory=lambda: [None])
     _nonfinite_seen: bool = False
 
     enabled = True
@@ -187,31 +227,19 @@ class Tracer:
     ) -> Iterator[None]:
         """Enter a part of the model (`name` None: no path part); `rows`/`keys` label
         the query and key positions inside it."""
-        if name is not None:
-            self._scope.append(str(name))
-        self._rows.append(rows)
-        self._keys.append(keys)
+        prefix = self._prefix[-1]
+        self._prefix.append(prefix if name is None else f"{prefix}{name}.")
+        self._rows.append(self._rows[-1] if rows is None else tuple(rows))
+        self._keys.append(self._keys[-1] if keys is None else tuple(keys))
         try:
             yield
         finally:
-            if name is not None:
-                self._scope.pop()
+            self._prefix.pop()
             self._rows.pop()
             self._keys.pop()
 
     def path(self, name: str) -> str:
-        return ".".join([*self._scope, name])
-
-    def _current(self, stack: list[Labels]) -> tuple[str, ...] | None:
-        for labels in reversed(stack):
-            if labels is not None:
-                return tuple(labels)
-        return None
-
-    def _step_of(self, array: Any) -> _Recorded | None:
-        """The recorded step `array` is, if any (an id alone may be a dead array's)."""
-        rec = self._recorded.get(id(array))
-        return rec if rec is not None and rec.ref() is array else None
+        return self._prefix[-1] + name
 
     def rec(
         self,
@@ -222,45 +250,50 @@ class Tracer:
         cols: Labels | str = None,
         rows: Labels | str = None,
     ) -> np.ndarray:
-        """Record `value` as step `name` in the current scope and return it unchanged.
+        """Record `value` as step `name` in the current scope and return the array to
+        go on with: `value` itself, or its stored copy (equal, read-only).
 
         `cols="keys"` labels the columns with the key tokens of the current scope;
         `rows="keys"` the rows (K and V: one row per key).
         """
-        path = self.path(name)
-        value.flags.writeable = False  # the engine never writes in place; make sure of it
+        path = self._prefix[-1] + name
         if not self._nonfinite_seen and value.dtype.kind == "f" and not _all_finite(value):
             self._check_nonfinite(name, path, value)
+        shape = value.shape
         if rows is None or isinstance(rows, str):
-            row_labels = self._current(self._keys if rows == "keys" else self._rows)
+            row_labels = (self._keys if rows == "keys" else self._rows)[-1]
         else:
             row_labels = tuple(rows)
-        col_labels = self._current(self._keys) if cols == "keys" else cols
-        if row_labels is not None and (value.ndim < 1 or len(row_labels) != value.shape[0]):
+        if row_labels is not None and (not shape or len(row_labels) != shape[0]):
             row_labels = None
-        if col_labels is not None and (value.ndim < 2 or len(col_labels) != value.shape[-1]):
-            col_labels = None
-        made = [self._step_of(x) for x in inputs]  # before `value` is registered: it may be one
-        names = [
-            m.path if m is not None else self.names.get(id(x), "?")
-            for m, x in zip(made, inputs, strict=True)
-        ]
-        rec = _Recorded(
-            weakref.ref(value),
-            path,
-            formula,
-            tuple(names),
-            row_labels,
-            tuple(col_labels) if col_labels is not None else None,
-        )
+        col_labels = self._keys[-1] if cols == "keys" else cols
+        if col_labels is not None:
+            col_labels = (
+                tuple(col_labels) if len(shape) >= 2 and len(col_labels) == shape[-1] else None
+            )
+        # Name the inputs (before `value` is registered: it may be one of them).
+        made: list[tuple[_Recorded, Any]] = []  # the inputs that are recorded steps
+        names: list[str] = []
+        for x in inputs:
+            m = self._recorded.get(id(x))
+            if m is not None and m.ref() is x:  # (an id alone may be a dead array's)
+                made.append((m, x))
+                names.append(m.path)
+            else:
+                names.append(self.names.get(id(x), "?"))
+        stored = self.keep is None or self.keep(path)
+        if stored:
+            if self.with_inputs and self.keep is not None:
+                for m, x in made:  # shown beside it: store them while they are alive
+                    if m.path not in self.trace.steps:
+                        self.trace.steps[m.path] = m.step(x)
+            value = self._blocks.store(value)
+        else:
+            self.trace.unstored.add(path)
+        value.flags.writeable = False  # the engine never writes in place; make sure of it
+        rec = _Recorded(weakref.ref(value), path, formula, tuple(names), row_labels, col_labels)
         self._recorded[id(value)] = rec
-        self.trace.seen.add(path)
-        if self.keep is None:
-            self.trace.steps[path] = rec.step(value)
-        elif self.keep(path):
-            for m, x in zip(made, inputs, strict=True):  # shown beside it: store them while alive
-                if self.with_inputs and m is not None and m.path not in self.trace.steps:
-                    self.trace.steps[m.path] = m.step(x)
+        if stored:
             self.trace.steps[path] = rec.step(value)
         return value
 
@@ -280,9 +313,16 @@ class Tracer:
 
 
 def _all_finite(value: np.ndarray) -> bool:
-    """No NaN or infinity in `value`. The sum is one quick pass with no temporary
-    array: it is finite unless something is not (or the finite numbers overflow it)."""
-    return math.isfinite(value.sum()) or bool(np.isfinite(value).all())
+    """No NaN or infinity in `value`. First one quick pass with no temporary array:
+    the sum of squares (a BLAS dot product, faster than a sum) is finite unless some
+    element is not, or the squares overflow, and then every element is checked."""
+    with np.errstate(over="ignore"):  # huge squares are no overflow in the model
+        if value.flags.c_contiguous:
+            flat = value.reshape(-1)
+            quick = float(np.dot(flat, flat))
+        else:
+            quick = float(value.sum())
+    return math.isfinite(quick) or bool(np.isfinite(value).all())
 
 
 class NullTracer(Tracer):
