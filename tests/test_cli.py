@@ -261,3 +261,27 @@ def test_out_of_memory_is_bad_input_not_a_bug(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(trace_tf.runner, "run", huge)
     code, _, err = invoke("encode")
     assert code == 2 and err.startswith("trace-tf: error: out of memory") and err.count("\n") == 1
+
+
+def _cases_for_app_for() -> list[list[str]]:
+    """Every command run as INTERNAL runs it, with --help, and with an unknown option;
+    and what names no command."""
+    names = [c.name or c.callback.__name__ for c in app.registered_commands if c.callback]
+    runs = [args for args, _, _ in INTERNAL]
+    per_command = [[n, extra] for n in names for extra in ("--help", "--no-such-option")]
+    return [*runs, *per_command, [], ["--help"], ["encod"], ["examples", "extra"]]
+
+
+@pytest.mark.parametrize("args", _cases_for_app_for(), ids=lambda a: " ".join(a) or "(none)")
+def test_the_app_for_one_command_behaves_as_the_whole_app(args: list[str]) -> None:
+    from trace_tf.cli import app_for
+
+    one = app_for(args)
+    names = [c.callback.__name__ for c in one.registered_commands if c.callback]
+    if args and args[0] in names:
+        assert names == [args[0]]  # built with only the command asked for
+    else:
+        assert one is app
+    a = runner.invoke(app, args)
+    b = runner.invoke(one, args)
+    assert (b.exit_code, b.stdout, b.stderr) == (a.exit_code, a.stdout, a.stderr)
