@@ -121,14 +121,18 @@ def test_differing_cells_are_highlighted_and_the_others_not() -> None:
     d = diffs["encoder.embed"]
     assert d.status == DIFFERS and d.where == (1, 3) and d.max_abs == 1.0
     np.testing.assert_array_equal(d.differing, [[False] * 4, [False, False, False, True]])
-    table = render.matrix_table(d.b.value, highlight=d.differing)  # type: ignore[union-attr]
-    styled = [span for span in table.spans if span.style == render.HIGHLIGHT]
+    grid = render.matrix_table(d.b.value, highlight=d.differing)  # type: ignore[union-attr]
+    # lines: 0 top rule, 1 header, 2 rule, 3 row 0, 4 row 1
+    styled = [
+        (i, line[:k], seg.text)
+        for i, line in enumerate(grid.lines)
+        for k, seg in enumerate(line)
+        if seg.style == render.HIGHLIGHT
+    ]
     assert len(styled) == 1
-    plain = table.plain
-    start = styled[0].start
-    line = plain.count("\n", 0, start)  # 0 top rule, 1 header, 2 rule, 3 row 0, 4 row 1
-    column = plain[plain.rfind("\n", 0, start) : start].count("│") - 1  # after the label
-    assert (line - 3, column - 1) == (1, 3) and plain[start : styled[0].end] == "6.0000"
+    line, before, text = styled[0]
+    column = "".join(seg.text for seg in before).count("│") - 1  # after the label
+    assert (line - 3, column - 1) == (1, 3) and text == "6.0000"
 
 
 def test_compare_treats_equal_infinities_and_nans_as_equal() -> None:

@@ -85,6 +85,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 # ---------------------------------------------------------------------------
 # The validated description
 # ---------------------------------------------------------------------------
+# Frozen: nothing changes a config once it is validated. eq=False where a class
+# holds arrays, whose == is elementwise: two such are the same only if identical.
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,13 @@ class ModelConfig:
     dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class NormWeights:
     gamma: np.ndarray  # [d_model]
     beta: np.ndarray  # [d_model]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ScoreWeights:
     """The weights of a score function other than the dot product (only its own are set)."""
 
@@ -140,7 +142,7 @@ class ScoreWeights:
         return {k: getattr(self, k) for k in ALL_SCORE_WEIGHTS if getattr(self, k) is not None}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HeadWeights:
     W_q: np.ndarray  # [d_model, d_k]
     W_k: np.ndarray  # [d_model, d_k]
@@ -151,7 +153,7 @@ class HeadWeights:
     score: ScoreWeights = field(default_factory=ScoreWeights)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionWeights:
     heads: tuple[HeadWeights, ...]
     W_o: np.ndarray  # [H * d_v, d_model]
@@ -159,7 +161,7 @@ class AttentionWeights:
     norm: NormWeights
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FFNWeights:
     W_1: np.ndarray  # [d_model, d_ff]
     b_1: np.ndarray | None  # [d_ff]
@@ -168,14 +170,14 @@ class FFNWeights:
     norm: NormWeights
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerWeights:
     self_attn: AttentionWeights
     ffn: FFNWeights
     cross_attn: AttentionWeights | None = None  # decoder layers of an encoder-decoder only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Sequence_:
     """An input sequence: tokens (looked up) or a numeric matrix used as the embeddings."""
 
@@ -193,7 +195,7 @@ class Sequence_:
         return len(self.labels)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Expect:
     step: str
     value: np.ndarray
@@ -210,7 +212,7 @@ class Tokens:
     pad: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Config:
     """A whole model: its description, every weight, and the inputs to run."""
 
@@ -284,7 +286,7 @@ class Config:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpConfig:
     """A single-operation file for the calculator commands (attention, norm, pe)."""
 

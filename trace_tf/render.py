@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rich.cells import cell_len
 from rich.color import Color
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.rule import Rule
+from rich.segment import Segment
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -86,12 +88,10 @@ def matrix_table(
     heatmap: bool = False,
     view: View = View(),
     highlight: np.ndarray | None = None,
-) -> Text:
+) -> Grid:
     """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large.
 
     `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs differ.
-    The grid is laid out here, as one Text, rather than by rich's Table: a matrix's columns
-    are known in advance, and rich's general layout was most of a short run's time.
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
@@ -131,44 +131,65 @@ def matrix_table(
     return _grid(header, body)
 
 
-def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Text:
+BOLD = Style(bold=True)
+
+
+class Grid:
+    """A table laid out by trace-tf: lines of (text, style) segments that rich prints as
+    they are. Rich's Table, and even one Text, measure, wrap and divide their contents,
+    which was most of a short run's time; a matrix's layout is known in advance."""
+
+    def __init__(self, lines: list[list[Segment]]) -> None:
+        self.lines = lines
+        self.width = max((sum(cell_len(s.text) for s in line) for line in lines), default=0)
+
+    @property
+    def plain(self) -> str:
+        return "\n".join("".join(s.text for s in line) for line in self.lines)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        newline = Segment.line()
+        for line in self.lines:
+            yield from line
+            yield newline
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(self.width, self.width)
+
+
+def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Grid:
     """Rich's default table look (heavy head), first column left and bold, numbers right."""
     widths = [cell_len(h) for h in header]
-    for line in body:
-        for k, (text, _) in enumerate(line):
+    for row in body:
+        for k, (text, _) in enumerate(row):
             widths[k] = max(widths[k], cell_len(text))
 
     def pad(text: str, k: int) -> str:
         fill = " " * (widths[k] - cell_len(text))
         return f" {text}{fill} " if k == 0 else f" {fill}{text} "
 
-    def rule(left: str, mid: str, right: str, fill: str) -> str:
-        return left + mid.join(fill * (w + 2) for w in widths) + right + "\n"
+    def rule(left: str, mid: str, right: str, fill: str) -> list[Segment]:
+        return [Segment(left + mid.join(fill * (w + 2) for w in widths) + right)]
 
-    out = Text(no_wrap=True, overflow="ignore")
-    out.append(rule("┏", "┳", "┓", "━"))
-    out.append("┃")
+    lines = [rule("┏", "┳", "┓", "━")]
+    head = [Segment("┃")]
     for k, h in enumerate(header):
-        out.append(pad(h, k), style="bold")
-        out.append("┃")
-    out.append("\n")
-    out.append(rule("┡", "╇", "┩", "━"))
-    for line in body:
-        out.append("│")
-        for k, (text, style) in enumerate(line):
+        head += [Segment(pad(h, k), BOLD), Segment("┃")]
+    lines += [head, rule("┡", "╇", "┩", "━")]
+    for row in body:
+        line = [Segment("│")]
+        for k, (text, style) in enumerate(row):
             if k == 0:
-                out.append(pad(text, k), style="bold")
+                line.append(Segment(pad(text, k), BOLD))
             elif style is None:
-                out.append(pad(text, k))
+                line.append(Segment(pad(text, k)))
             else:
                 fill = " " * (widths[k] - cell_len(text))
-                out.append(" " + fill)
-                out.append(text, style=style)
-                out.append(" ")
-            out.append("│")
-        out.append("\n")
-    out.append(rule("└", "┴", "┘", "─").rstrip("\n"))
-    return out
+                line += [Segment(" " + fill), Segment(text, style), Segment(" ")]
+            line.append(Segment("│"))
+        lines.append(line)
+    lines.append(rule("└", "┴", "┘", "─"))
+    return Grid(lines)
 
 
 def shape_text(shape: Sequence[int]) -> str:
