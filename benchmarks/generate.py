@@ -8,7 +8,7 @@ produced and every run makes exactly 256 tokens.
 Prints the time per token with the cache and without (and their ratio), the cached
 per-token time over the first 16 and the last 16 tokens (it should stay nearly
 flat: each cached iteration computes one new row and reads L cached keys), and the
-cached time per token when tracing (the CLI's default tracer, which records
+cached time per token when tracing (the CLI's tracer without --trace, which records
 nothing but checks every value for NaN, and a tracer that records every step).
 
     python benchmarks/generate.py [--tokens 256] [--repeat 1]
@@ -33,7 +33,7 @@ import numpy as np
 from trace_tf import generate
 from trace_tf.config import Config, Document, build
 from trace_tf.loader import Lines
-from trace_tf.trace import NullTracer, Tracer
+from trace_tf.trace import CheckingTracer, NullTracer, Tracer
 
 D_MODEL, HEADS, LAYERS, VOCAB, SOURCE = 256, 8, 4, 1000, 16
 
@@ -61,40 +61,25 @@ def benchmark_config() -> Config:
     return cfg
 
 
-class IterationClock(NullTracer):
-    """Records nothing; notes when each iteration (scope t<i>) starts and ends."""
+def clocked(base: type[Tracer]) -> type[Tracer]:
+    """`base` that also times each iteration (scope t<i>) of the decoding loop."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
+    class Clocked(base):  # type: ignore[valid-type,misc]
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.times: list[float] = []
 
-    @contextmanager
-    def scope(self, name: str | int | None, rows: Any = None, keys: Any = None) -> Iterator[None]:
-        if isinstance(name, str) and name[:1] == "t" and name[1:].isdigit():
-            start = time.perf_counter()
-            yield
-            self.times.append(time.perf_counter() - start)
-        else:
-            yield
-
-
-class TracedClock(Tracer):
-    """A recording tracer that also times each iteration."""
-
-    def __init__(self, keep: Any = None) -> None:
-        super().__init__(keep=keep)
-        self.times: list[float] = []
-
-    @contextmanager
-    def scope(self, name: str | int | None, rows: Any = None, keys: Any = None) -> Iterator[None]:
-        if isinstance(name, str) and name[:1] == "t" and name[1:].isdigit():
+        @contextmanager
+        def scope(
+            self, name: str | int | None, rows: Any = None, keys: Any = None
+        ) -> Iterator[None]:
             start = time.perf_counter()
             with super().scope(name, rows, keys):
                 yield
-            self.times.append(time.perf_counter() - start)
-        else:
-            with super().scope(name, rows, keys):
-                yield
+            if isinstance(name, str) and name[:1] == "t" and name[1:].isdigit():
+                self.times.append(time.perf_counter() - start)
+
+    return Clocked
 
 
 def timed(cfg: Config, tokens: int, cache: bool, tracer: Any) -> tuple[float, list[float]]:
@@ -129,8 +114,8 @@ def main() -> None:
         runs = [timed(cfg, n, cache, make()) for _ in range(args.repeat)]
         return min(runs, key=lambda r: r[0])
 
-    cached_total, cached = best(True, IterationClock)
-    full_total, full = best(False, IterationClock)
+    cached_total, cached = best(True, clocked(NullTracer))
+    full_total, full = best(False, clocked(NullTracer))
     per_cached, per_full = sum(cached) / n, sum(full) / n
     print(f"with the KV cache:   {1e3 * per_cached:8.3f} ms/token ({cached_total:.2f} s in all)")
     print(f"without (--no-cache): {1e3 * per_full:7.3f} ms/token ({full_total:.2f} s in all)")
@@ -141,9 +126,9 @@ def main() -> None:
         f"cached per-token time, first {k}: {1e3 * first:.3f} ms, last {k}: {1e3 * last:.3f} ms "
         f"(last / first {last / first:.2f})"
     )
-    _, quiet = best(True, lambda: TracedClock(keep=lambda _: False))
+    _, quiet = best(True, clocked(CheckingTracer))
     print(f"cached, CLI tracer (records nothing, NaN checks): {1e3 * sum(quiet) / n:.3f} ms/token")
-    _, traced = best(True, TracedClock)
+    _, traced = best(True, clocked(Tracer))
     print(f"cached, --trace (records every step): {1e3 * sum(traced) / n:.3f} ms/token")
     sys.stdout.flush()
 

@@ -199,3 +199,23 @@ def test_generate_names_the_first_overflow_and_stops(tmp_path: Path) -> None:
         result.stderr
     )
     assert "RuntimeWarning" not in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("text", [PADS, CAUSAL_PAD, OVERFLOW_SCORES, OVERFLOW_Q, NORM_NAN])
+def test_checking_tracer_warns_as_the_recording_one_and_stores_nothing(
+    tmp_path: Path, text: str
+) -> None:
+    import numpy as np
+
+    from trace_tf import model
+    from trace_tf.config import Config, load
+    from trace_tf.trace import CheckingTracer, Tracer
+
+    cfg = load(_write(tmp_path, text))
+    assert isinstance(cfg, Config)
+    recording, checking = Tracer(), CheckingTracer()
+    with np.errstate(all="ignore"):
+        model.run_full(cfg, recording)
+        model.run_full(cfg, checking)
+    assert recording.trace.warnings and checking.trace.warnings == recording.trace.warnings
+    assert len(checking.trace) == 0 and not checking.trace.paths()

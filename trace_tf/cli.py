@@ -674,7 +674,7 @@ def generate(
     from trace_tf import render
     from trace_tf.errors import InputError
     from trace_tf.runner import conventions, require_model
-    from trace_tf.trace import Tracer, check_stage, matches
+    from trace_tf.trace import CheckingTracer, Tracer, check_stage, matches
 
     s = gen_mod.settings(
         greedy=greedy,
@@ -691,20 +691,15 @@ def generate(
     if (stage is not None or layer is not None or head is not None) and not trace:
         _fail("--stage, --layer and --head select traced steps: add --trace")
     cfg = require_model(_load(config, c), "generate")
-    seen: set[str] = set()
-
-    def keep(path: str) -> bool:
-        seen.update((path, path.rsplit(".", 1)[-1]))  # a stage name, or one whole path
-        return trace and matches(path, stage, layer, head)
-
-    tr = Tracer(keep=keep)  # records only what --trace asks for; warnings always
+    # --trace records what it is asked for; without, only NaN and overflow are watched
+    tr = Tracer(keep=lambda path: matches(path, stage, layer, head)) if trace else CheckingTracer()
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
         gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
         tr.name_all(cfg.named_arrays())
         result = gen_mod.run(cfg, s, tr)
-        if stage is not None:
-            check_stage(stage, seen)
+        if stage is not None:  # a stage name, or one whole path
+            check_stage(stage, tr.trace.stages() | tr.trace.paths())
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace, cfg.file)
