@@ -594,3 +594,39 @@ def test_helpers_by_hand() -> None:
     ]
     assert gen.draw(np.array([0.5, 0.5, 0.0]), 1 - 2**-53) == 1  # never a zero-probability token
     assert gen.length_penalty(3, 0.0) == 1.0 and math.isclose(gen.length_penalty(7, 1.0), 2.0)
+
+
+TABLE_RUNS = [
+    ([], ["greedy: the most probable"]),
+    (["--sample"], ["T = 1", "sampled: u ="]),
+    (["--sample", "--temperature", "0.5"], ["T = 0.5"]),
+    (["--sample", "--top-k", "3"], ["T = 1", "top-k 3"]),
+    (["--sample", "--top-p", "0.9"], ["T = 1", "top-p 0.9"]),
+    (["--sample", "--top-k", "3", "--top-p", "0.9"], ["top-k 3", "top-p 0.9"]),
+    (["--beam", "2"], ["live beam", "best extension"]),
+]
+
+
+@pytest.mark.parametrize("options, shown", TABLE_RUNS, ids=lambda x: " ".join(x) or "greedy")
+def test_every_strategy_renders_as_tables_and_agrees_with_json(
+    options: list[str], shown: list[str]
+) -> None:
+    # Each strategy and filter combination, as tables (the default output), shows its
+    # columns, and only those, and the tokens of the JSON of the same run.
+    import re
+
+    args = ["generate", *options, "--max-tokens", "3"]
+    if "--sample" in options:
+        args += ["--seed", "5"]
+    code, out, err = invoke(*args)
+    assert code == 0, err
+    for text in shown:
+        assert text in out, text
+    for text, option in (("top-k ", "--top-k"), ("top-p ", "--top-p")):
+        assert (text in out) == (option in options), text
+    code, data, err = invoke(*args, "--format", "json")
+    assert code == 0, err
+    generated = json.loads(data)["generated"]
+    assert re.search(r"│ generated +" + r" ".join(map(re.escape, generated)) + r" +│", out)
+    if "--beam" not in options:  # one chosen token per iteration, in order
+        assert re.findall(r"│ next (\S+) ", out) == generated

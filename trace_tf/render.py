@@ -515,11 +515,11 @@ def iteration_view(
     parts.append(Text.assemble(("prefix ", "bold"), _tokens(it.prefix)))
     if s.strategy == "sample":
         columns = [("model p", it.model_probs)]
-        names = {
-            "tempered": f"T = {s.temperature:g}",
-            "top_k": f"top-k {s.top_k}",
-            "top_p": f"top-p {s.top_p:g}",
-        }
+        names = {"tempered": f"T = {s.temperature:g}"}  # and the filters that are on
+        if s.top_k is not None:
+            names["top_k"] = f"top-k {s.top_k}"
+        if s.top_p is not None:
+            names["top_p"] = f"top-p {s.top_p:g}"
         columns += [(names[n], p) for n, p in it.stages]
         parts.append(distribution_table(columns, vocab, it.next, show, view))
         parts.append(
