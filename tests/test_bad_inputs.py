@@ -1232,7 +1232,17 @@ STAGES = [
         None,
         None,
         "no step matches --stage softmax --layer 7",
+        "expected a layer and head the model has",
         args=("step", "{file}", "--stage", "softmax", "--layer", "7"),
+    ),
+    case(
+        "group-this-model-lacks",
+        BASE,  # encoder-only: no cross-attention
+        None,
+        None,
+        "no step matches --stage cross",
+        "expected a group or pattern that matches a step this model computes",
+        args=("step", "{file}", "--stage", "cross"),
     ),
 ]
 

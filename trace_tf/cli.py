@@ -464,7 +464,10 @@ def step(
             + (f" --layer {layer}" if layer is not None else "")
             + (f" --head {head}" if head is not None else ""),
             file=cfg.file,
-            expected="a layer and head the model has",
+            expected="a layer and head the model has"
+            if layer is not None or head is not None
+            else "a group or pattern that matches a step this model computes "
+            "(`trace-tf stages` lists them)",
         )
     weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
     view = c.view()
