@@ -33,6 +33,8 @@ SHAPES = [
     dict(d_model=8, n_heads=2, encoder_layers=0, decoder_layers=1, pad=True, tgt_len=5, scale=2.5),
     dict(d_model=6, n_heads=2, decoder_layers=1, fused=True, final_norm=True),
     dict(d_model=7, n_heads=1, decoder_layers=1, norm_position="pre", final_norm=False),
+    # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
+    dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
 ]
 
 

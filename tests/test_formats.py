@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from random_configs import random_config
 from reference_torch import reference_forward
@@ -18,15 +19,19 @@ from trace_tf.cli import app
 runner = CliRunner()
 
 
-def _config(tmp_path: Path) -> tuple[str, dict[str, object]]:
-    raw = random_config(np.random.default_rng(2), d_model=4, n_heads=2, decoder_layers=1, pad=True)
+def _config(tmp_path: Path, wide: bool = False) -> tuple[str, dict[str, object]]:
+    # wide: [L, d] arrays of 40 x 32 floats (10 KiB), which the tracer copies into
+    # its blocks; the small ones it keeps as they are
+    size = dict(d_model=32, src_len=40, tgt_len=36) if wide else dict(d_model=4)
+    raw = random_config(np.random.default_rng(2), n_heads=2, decoder_layers=1, pad=True, **size)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return str(path), raw
 
 
-def test_npz_holds_every_step_under_its_path_exactly(tmp_path: Path) -> None:
-    path, raw = _config(tmp_path)
+@pytest.mark.parametrize("wide", [False, True], ids=["small", "wide"])
+def test_npz_holds_every_step_under_its_path_exactly(tmp_path: Path, wide: bool) -> None:
+    path, raw = _config(tmp_path, wide)
     out = tmp_path / "steps.npz"
     result = runner.invoke(app, ["decode", path, "--format", "npz", "--output", str(out)])
     assert result.exit_code == 0, result.output
