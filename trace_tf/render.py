@@ -143,10 +143,6 @@ class Grid:
         self.lines = lines
         self.width = max((sum(cell_len(s.text) for s in line) for line in lines), default=0)
 
-    @property
-    def plain(self) -> str:
-        return "\n".join("".join(s.text for s in line) for line in self.lines)
-
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         newline = Segment.line()
         for line in self.lines:
