@@ -179,6 +179,32 @@ def test_large_matrices_are_elided_unless_full(tmp_yaml) -> None:  # type: ignor
     assert code == 0 and len(out.splitlines()) > lines_elided + 20
 
 
+@pytest.mark.parametrize("command", [("encode",), ("step", "--stage", "input")])
+def test_full_shows_every_column_however_narrow_the_terminal(
+    tmp_yaml, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    from rich.cells import cell_len
+
+    # 40 columns of -0.0NNN: each row of the input is far wider than 60 cells. `step`
+    # shows it in a panel, `encode` at the top level; neither may crop it.
+    path = tmp_yaml(
+        "model: {d_model: 40, n_heads: 4, positional: none}\nsource: "
+        + str([[-0.001 * (i + j) for j in range(40)] for i in range(3)])
+        + "\n"
+    )
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, _ = invoke(command[0], path, *command[1:], "--full")
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[: lines.index(next(x for x in lines if x.startswith("╰")))]
+    assert max(cell_len(x) for x in header) <= 60  # the rest keeps the terminal's width
+    # the input's last row (x2: -0.0020 ... -0.0410), in every step that shows it
+    rows = [x for x in lines if "│ x2 │ -0.0020 " in x]
+    assert rows and all(x.count("│") >= 42 and x.rstrip("│ ").endswith("-0.0410") for x in rows)
+    code, out, _ = invoke(command[0], path, *command[1:])  # elided: fits the 60 cells
+    assert code == 0 and max(cell_len(x) for x in out.splitlines()) <= 60
+
+
 def test_examples_lists_hello() -> None:
     code, out, _ = invoke("examples")
     assert code == 0 and out.startswith("hello") and "Hello World" in out

@@ -322,8 +322,14 @@ def emit(
             fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
             con = console(fh)
-            for r in renderables:
-                con.print(r)
+            widths = [0] * len(renderables)
+            if c.full:  # every column, however wide: matrices are never cropped to the width
+                from trace_tf.render import width_needed
+
+                widths = [width_needed(r) for r in renderables]
+            screen, con.width = con.width, max(con.width, *widths)
+            for r, need in zip(renderables, widths, strict=True):
+                con.print(r, width=max(screen, need))  # the rest keeps the screen's width
 
 
 def _write_steps(c: Common, steps: "list[Step]") -> None:

@@ -139,9 +139,9 @@ class Grid:
     they are. Rich's Table, and even one Text, measure, wrap and divide their contents,
     which was most of a short run's time; a matrix's layout is known in advance."""
 
-    def __init__(self, lines: list[list[Segment]]) -> None:
+    def __init__(self, lines: list[list[Segment]], width: int) -> None:
         self.lines = lines
-        self.width = max((sum(cell_len(s.text) for s in line) for line in lines), default=0)
+        self.width = width  # of every line, in terminal cells
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         newline = Segment.line()
@@ -155,37 +155,72 @@ class Grid:
 
 def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Grid:
     """Rich's default table look (heavy head), first column left and bold, numbers right."""
-    widths = [cell_len(h) for h in header]
+    widths = [_cells(h) for h in header]
     for row in body:
         for k, (text, _) in enumerate(row):
-            widths[k] = max(widths[k], cell_len(text))
+            widths[k] = max(widths[k], _cells(text))
 
     def pad(text: str, k: int) -> str:
-        fill = " " * (widths[k] - cell_len(text))
+        fill = " " * (widths[k] - _cells(text))
         return f" {text}{fill} " if k == 0 else f" {fill}{text} "
 
     def rule(left: str, mid: str, right: str, fill: str) -> list[Segment]:
         return [Segment(left + mid.join(fill * (w + 2) for w in widths) + right)]
 
-    lines = [rule("┏", "┳", "┓", "━")]
-    head = [Segment("┃")]
+    head: list[tuple[str, Style | None]] = [("┃", None)]
     for k, h in enumerate(header):
-        head += [Segment(pad(h, k), BOLD), Segment("┃")]
-    lines += [head, rule("┡", "╇", "┩", "━")]
+        head += [(pad(h, k), BOLD), ("┃", None)]
+    lines = [rule("┏", "┳", "┓", "━"), _segments(head), rule("┡", "╇", "┩", "━")]
     for row in body:
-        line = [Segment("│")]
+        line: list[tuple[str, Style | None]] = [("│", None)]
         for k, (text, style) in enumerate(row):
             if k == 0:
-                line.append(Segment(pad(text, k), BOLD))
+                line.append((pad(text, k), BOLD))
             elif style is None:
-                line.append(Segment(pad(text, k)))
+                line.append((pad(text, k), None))
             else:
-                fill = " " * (widths[k] - cell_len(text))
-                line += [Segment(" " + fill), Segment(text, style), Segment(" ")]
-            line.append(Segment("│"))
-        lines.append(line)
+                fill = " " * (widths[k] - _cells(text))
+                line += [(" " + fill, None), (text, style), (" ", None)]
+            line.append(("│", None))
+        lines.append(_segments(line))
     lines.append(rule("└", "┴", "┘", "─"))
-    return Grid(lines)
+    return Grid(lines, sum(widths) + 3 * len(widths) + 1)  # "│ cell " per column, then "│"
+
+
+def width_needed(renderable: RenderableType) -> int:
+    """Terminal cells the widest matrix grid in `renderable` needs, with the borders of
+    the panels around it (0: none), so that --full can show every column."""
+    if isinstance(renderable, Grid):
+        return renderable.width
+    if isinstance(renderable, Group):
+        return max((width_needed(r) for r in renderable.renderables), default=0)
+    if isinstance(renderable, Panel):
+        inner = width_needed(renderable.renderable)
+        return inner + 4 if inner else 0  # two borders, a space of padding inside each
+    return 0
+
+
+def _segments(pieces: list[tuple[str, Style | None]]) -> list[Segment]:
+    """A line's pieces as segments, each run of pieces in the same style joined: rich
+    measures every segment it prints, and most of a grid's are plain text."""
+    out: list[Segment] = []
+    run: list[str] = []
+    style: Style | None = None
+    for text, piece_style in pieces:
+        if piece_style is not style and run:
+            out.append(Segment("".join(run), style))
+            run = []
+        run.append(text)
+        style = piece_style
+    if run:
+        out.append(Segment("".join(run), style))
+    return out
+
+
+def _cells(text: str) -> int:
+    """Terminal cells `text` takes: its length when ASCII (numbers always are), else
+    rich's count (wide characters in a token take two)."""
+    return len(text) if text.isascii() else cell_len(text)
 
 
 def shape_text(shape: Sequence[int]) -> str:
