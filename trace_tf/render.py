@@ -167,22 +167,23 @@ def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Grid
     def rule(left: str, mid: str, right: str, fill: str) -> list[Segment]:
         return [Segment(left + mid.join(fill * (w + 2) for w in widths) + right)]
 
-    head: list[tuple[str, Style | None]] = [("┃", None)]
+    lines = [rule("┏", "┳", "┓", "━")]
+    head = [Segment("┃")]
     for k, h in enumerate(header):
-        head += [(pad(h, k), BOLD), ("┃", None)]
-    lines = [rule("┏", "┳", "┓", "━"), _segments(head), rule("┡", "╇", "┩", "━")]
+        head += [Segment(pad(h, k), BOLD), Segment("┃")]
+    lines += [head, rule("┡", "╇", "┩", "━")]
     for row in body:
-        line: list[tuple[str, Style | None]] = [("│", None)]
+        line = [Segment("│")]
         for k, (text, style) in enumerate(row):
             if k == 0:
-                line.append((pad(text, k), BOLD))
+                line.append(Segment(pad(text, k), BOLD))
             elif style is None:
-                line.append((pad(text, k), None))
+                line.append(Segment(pad(text, k)))
             else:
                 fill = " " * (widths[k] - _cells(text))
-                line += [(" " + fill, None), (text, style), (" ", None)]
-            line.append(("│", None))
-        lines.append(_segments(line))
+                line += [Segment(" " + fill), Segment(text, style), Segment(" ")]
+            line.append(Segment("│"))
+        lines.append(line)
     lines.append(rule("└", "┴", "┘", "─"))
     return Grid(lines, sum(widths) + 3 * len(widths) + 1)  # "│ cell " per column, then "│"
 
@@ -198,23 +199,6 @@ def width_needed(renderable: RenderableType) -> int:
         inner = width_needed(renderable.renderable)
         return inner + 4 if inner else 0  # two borders, a space of padding inside each
     return 0
-
-
-def _segments(pieces: list[tuple[str, Style | None]]) -> list[Segment]:
-    """A line's pieces as segments, each run of pieces in the same style joined: rich
-    measures every segment it prints, and most of a grid's are plain text."""
-    out: list[Segment] = []
-    run: list[str] = []
-    style: Style | None = None
-    for text, piece_style in pieces:
-        if piece_style is not style and run:
-            out.append(Segment("".join(run), style))
-            run = []
-        run.append(text)
-        style = piece_style
-    if run:
-        out.append(Segment("".join(run), style))
-    return out
 
 
 def _cells(text: str) -> int:
