@@ -205,6 +205,30 @@ def test_full_shows_every_column_however_narrow_the_terminal(
     assert code == 0 and max(cell_len(x) for x in out.splitlines()) <= 60
 
 
+@pytest.mark.parametrize("command", [("encode",), ("step", "--stage", "input")])
+def test_no_line_is_wider_than_the_terminal_with_long_tokens_and_many_digits(
+    tmp_yaml, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    from rich.cells import cell_len
+
+    # A 16-letter token and 10 digits: at 60 columns only the first and last column of
+    # a 16-wide matrix fit beside the label (18 + 16 + 4 + 16 + 1 cells).
+    path = tmp_yaml(
+        "model: {d_model: 16, n_heads: 2}\n"
+        "vocab: [incomprehensible, a]\nsource: [incomprehensible, a]\n"
+    )
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, _ = invoke(command[0], path, *command[1:], "--precision", "10")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(cell_len(x) for x in lines) <= 60
+    rows = [x for x in lines if "│ incomprehensible │" in x]
+    # every row whole, none cut off (inside step's panel: before the panel's border)
+    inner = [x[2:-1].rstrip() if x.startswith("│ │") else x for x in rows]
+    assert rows and all(x.endswith("│") for x in inner)
+    assert any("│ … │" in x for x in rows)  # columns elided instead
+
+
 def test_examples_lists_hello() -> None:
     code, out, _ = invoke("examples")
     assert code == 0 and out.startswith("hello") and "Hello World" in out

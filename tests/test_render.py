@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -40,3 +41,40 @@ def test_a_grid_in_a_panel_fits_the_panel(
     lines = out.getvalue().splitlines()
     # the panel is measured from the grid: its border just encloses every line
     assert {cell_len(line) for line in lines} == {grid.width + 4}
+
+
+def _row(grid: render.Grid, k: int) -> list[str]:
+    """The cells of body row k, label first."""
+    text = "".join(s.text for s in grid.lines[3 + k])
+    return [c.strip() for c in text.strip("│").split("│")]
+
+
+@pytest.mark.parametrize("width", [200, 120, 90, 70, 60])
+def test_columns_are_elided_until_the_grid_fits_the_width(width: int) -> None:
+    value = np.arange(40.0).reshape(2, 20) / 7  # 0/7 ... 39/7
+    view = render.View(precision=8, max_cols=10, edge=4, width=width)
+    grid = render.matrix_table(value, rows=["incomprehensibilities", "a"], view=view)
+    assert grid.width <= width
+    first, last = _row(grid, 0), _row(grid, 1)
+    assert first[0] == "incomprehensibilities" and last[0] == "a"
+    # always the first and the last columns, around an ellipsis
+    assert first[1] == "0.00000000" and first[-1] == f"{19 / 7:.8f}" and "…" in first
+    assert last[-1] == f"{39 / 7:.8f}"
+    shown = len(first) - 2  # numbers and the ellipsis
+    wider = render.matrix_table(
+        value, rows=["incomprehensibilities", "a"], view=replace(view, width=width + 14)
+    )
+    assert len(_row(wider, 0)) - 2 >= shown  # more room never shows fewer columns
+
+
+def test_when_nothing_fits_the_narrowest_grid_is_given() -> None:
+    value = np.arange(40.0).reshape(2, 20)
+    view = render.View(precision=8, width=20)
+    grid = render.matrix_table(value, rows=["incomprehensibilities", "a"], view=view)
+    assert _row(grid, 0) == ["incomprehensibilities", "0.00000000", "…", "19.00000000"]
+
+
+def test_full_ignores_the_width() -> None:
+    value = np.arange(40.0).reshape(2, 20)
+    grid = render.matrix_table(value, view=render.View(full=True, width=30))
+    assert len(_row(grid, 0)) == 21

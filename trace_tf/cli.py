@@ -135,7 +135,11 @@ class Common:
         width = shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
         cols = max(4, (width - 16) // (self.precision + 7))
         return View(
-            precision=self.precision, full=self.full, max_cols=cols, edge=max(2, (cols - 1) // 2)
+            precision=self.precision,
+            full=self.full,
+            max_cols=cols,
+            edge=max(2, (cols - 1) // 2),
+            width=width,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +41,7 @@ class View:
     max_cols: int = 10
     edge: int = 4
     full: bool = False  # show whole matrices, however large
+    width: int | None = None  # cells a matrix may take: fewer columns until it fits
 
 
 def _format_cells(values: np.ndarray, precision: int) -> list[str]:
@@ -68,7 +69,7 @@ def _keep(n: int, limit: int, edge: int, full: bool) -> list[int | None]:
     """Indices to show along an axis of length n; None marks the ellipsis."""
     if full or n <= limit:
         return list(range(n))
-    return [*range(edge), None, *range(n - edge, n)]
+    return _edges(n, edge)
 
 
 def _heat(value: float) -> Style:
@@ -91,13 +92,39 @@ def matrix_table(
 ) -> Grid:
     """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large.
 
-    `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs differ.
+    Columns are elided to the view's count, then, while the table is still wider than
+    `view.width` (long labels, many digits), to fewer: a row is never cut at the edge
+    of the screen. `highlight` (bool, the array's shape) marks cells to stand out,
+    e.g. where two runs differ.
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
-    n_rows, n_cols = m.shape
-    row_idx = _keep(n_rows, view.max_rows, view.edge, view.full)
-    col_idx = _keep(n_cols, view.max_cols, view.edge, view.full)
+    row_idx = _keep(m.shape[0], view.max_rows, view.edge, view.full)
+    first = _keep(m.shape[1], view.max_cols, view.edge, view.full)
+    shown = len(first) - (None in first)
+    for col_idx in [first] + [_edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]:
+        grid = _layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view)
+        if view.full or view.width is None or grid.width <= view.width:
+            break
+    return grid
+
+
+def _edges(n: int, edge: int) -> list[int | None]:
+    return [*range(edge), None, *range(n - edge, n)]
+
+
+def _layout(
+    m: np.ndarray,
+    ndim: int,
+    row_idx: list[int | None],
+    col_idx: list[int | None],
+    rows: Sequence[str] | None,
+    cols: Sequence[str] | None,
+    heatmap: bool,
+    marked: np.ndarray | None,
+    view: View,
+) -> Grid:
+    """The grid of the chosen rows and columns of a 2-D array (None: an ellipsis)."""
     shown = m[np.ix_([i for i in row_idx if i is not None], [j for j in col_idx if j is not None])]
     cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
@@ -110,9 +137,7 @@ def matrix_table(
         if i is None:
             body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
-        label = (
-            rows[i] if rows is not None and value.ndim >= 2 else (str(i) if value.ndim >= 2 else "")
-        )
+        label = rows[i] if rows is not None and ndim >= 2 else (str(i) if ndim >= 2 else "")
         line: list[tuple[str, Style | None]] = [(label, None)]
         c = 0
         for j in col_idx:
@@ -250,6 +275,8 @@ def step_with_inputs(
     view: View = View(),
 ) -> RenderableType:
     """A step preceded by the inputs it was computed from (steps or weights) and its formula."""
+    if view.width is not None:  # inside a panel: its borders and padding take 4 cells
+        view = replace(view, width=view.width - 4)
     names = ", ".join(step.inputs) if step.inputs else "the configuration"
     parts: list[RenderableType] = [Text(f"computed from: {names}", style="dim")]
     for name in step.inputs:
