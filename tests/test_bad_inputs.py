@@ -1236,6 +1236,14 @@ STAGES = [
         args=("step", "{file}", "--stage", "softmax", "--layer", "7"),
     ),
     case(
+        "explain-config-first",
+        BASE,
+        None,
+        None,
+        "is a config file, and explain takes the step first: trace-tf explain encoder.pe",
+        args=("explain", "{file}", "encoder.pe"),
+    ),
+    case(
         "group-this-model-lacks",
         BASE,  # encoder-only: no cross-attention
         None,

@@ -1090,6 +1090,11 @@ def explain(
     from trace_tf.errors import InputError
     from trace_tf.runner import run
 
+    if step_name.endswith((".yaml", ".yml")) or Path(step_name).is_file():
+        _fail(
+            f"{step_name!r} is a config file, and explain takes the step first: "
+            f"trace-tf explain {config or 'STEP'} {step_name}"
+        )
     cfg = _load(config, c)
     trace = run(cfg)
     warn(c, trace, cfg.file)
