@@ -229,6 +229,49 @@ def test_no_line_is_wider_than_the_terminal_with_long_tokens_and_many_digits(
     assert any("│ … │" in x for x in rows)  # columns elided instead
 
 
+MARKUP = """\
+title: "[bold red]title[/] [/]"
+model: {d_model: 2, n_heads: 1, decoder_layers: 1, positional: none}
+vocab: ["[/]", "[bold]x", S, E, ":smile:"]
+embeddings: {"[/]": [1, 0], "[bold]x": [0, 1], S: [1, 1], E: [0, 0], ":smile:": [2, 0]}
+tokens: {bos: S, eos: E}
+source: ["[/]", "[bold]x", ":smile:"]
+target: [S, "[/]"]
+expect:
+  - {step: encoder.embed, value: [[1, 0], [0, 1], [2, 0]], note: "[/] a [bold]note"}
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("encode",),
+        ("decode",),
+        ("step", "--stage", "probs"),
+        ("check",),
+        ("generate", "--beam", "2", "--max-tokens", "2"),
+        ("generate", "--sample", "--max-tokens", "2"),
+        ("diff", "--set-b", "model.scale=2"),
+        ("explain", "probs"),
+    ],
+)
+def test_tokens_titles_and_notes_are_text_not_rich_markup(
+    tmp_yaml, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    # "[/]" read as markup would be an error (closing nothing); "[bold]x" would print "x"
+    path = tmp_yaml(MARKUP)
+    monkeypatch.setenv("COLUMNS", "160")
+    name, *rest = command
+    code, out, err = invoke(*([name, *rest, path] if name == "explain" else [name, path, *rest]))
+    assert code == 0, err
+    if command[0] != "explain":
+        assert "[/]" in out
+    if command[0] in ("encode", "decode", "step"):
+        assert "[bold]x" in out and "[bold red]title[/] [/]" in out and ":smile:" in out
+    if command[0] == "check":
+        assert "[/] a [bold]note" in out
+
+
 def test_examples_lists_hello() -> None:
     code, out, _ = invoke("examples")
     assert code == 0 and out.startswith("hello") and "Hello World" in out

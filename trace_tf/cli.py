@@ -297,10 +297,14 @@ def _commit(tmp: Path, path: Path, force: bool) -> None:
 def console(file: Any) -> "Console":
     from rich.console import Console
 
-    # emoji=False: a ":name:" in a title or token is text, not an emoji (and loads no emoji table)
+    # Every string is text: a "[/]" or "[bold]" in a token, title or note is printed as
+    # written, not read as rich markup (styles are given as Text); and a ":name:" is no
+    # emoji (nor is the emoji table loaded).
     if file is sys.stdout:
-        return Console(highlight=False, emoji=False)
-    return Console(file=file, highlight=False, emoji=False, color_system=None, width=160)
+        return Console(highlight=False, markup=False, emoji=False)
+    return Console(
+        file=file, highlight=False, markup=False, emoji=False, color_system=None, width=160
+    )
 
 
 def emit(
@@ -510,6 +514,7 @@ def check(
     """Evaluate every `expect` entry; exit 1 if any does not match."""
     with guarded(debug):
         from rich.table import Table
+        from rich.text import Text
 
         from trace_tf.config import parse_set, read_document
         from trace_tf.render import json_value
@@ -541,7 +546,7 @@ def check(
                 Path(r.config).name,
                 r.step,
                 r.variant or "",
-                "[green]ok[/]" if r.ok else "[bold red]FAIL[/]",
+                Text("ok", style="green") if r.ok else Text("FAIL", style="bold red"),
                 err,
                 f"{r.atol:g}",
                 r.problem or r.note,
