@@ -272,6 +272,23 @@ def test_tokens_titles_and_notes_are_text_not_rich_markup(
         assert "[/] a [bold]note" in out
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("encode",), ("decode",), ("generate", "--beam", "2"), ("generate", "--sample")],
+)
+def test_a_newline_or_tab_token_stays_on_its_line(tmp_yaml, command: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(
+        'model: {d_model: 2, decoder_layers: 1}\nvocab: ["a\\nb", "c\\td", S, E]\n'
+        "tokens: {bos: S, eos: E}\n"
+        'source: ["a\\nb", "c\\td"]\ntarget: [S, "a\\nb"]\n'
+    )
+    extra = ["--max-tokens", "2"] if command[0] == "generate" else []
+    code, out, err = invoke(command[0], path, *command[1:], *extra)
+    assert code == 0, err
+    assert "a\\nb" in out and "\t" not in out
+    assert not any(line.startswith("b ") or line.startswith("│ b ") for line in out.splitlines())
+
+
 def test_examples_lists_hello() -> None:
     code, out, _ = invoke("examples")
     assert code == 0 and out.startswith("hello") and "Hello World" in out

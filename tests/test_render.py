@@ -78,3 +78,13 @@ def test_full_ignores_the_width() -> None:
     value = np.arange(40.0).reshape(2, 20)
     grid = render.matrix_table(value, view=render.View(full=True, width=30))
     assert len(_row(grid, 0)) == 21
+
+
+def test_control_characters_in_labels_are_escaped() -> None:
+    # a newline token, a tab: each label stays on its row, written as an escape
+    grid = render.matrix_table(np.eye(2), rows=["a\nb", "c\td"], cols=["\x00", "é"])
+    assert [_row(grid, k)[0] for k in (0, 1)] == ["a\\nb", "c\\td"]
+    header = "".join(s.text for s in grid.lines[1])
+    assert "\\x00" in header and "é" in header
+    assert all("\n" not in s.text and "\t" not in s.text for line in grid.lines for s in line)
+    assert render.printable("你好 world") == "你好 world"

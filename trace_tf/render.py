@@ -129,7 +129,8 @@ def _layout(
     cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
     header = [""] + [
-        ELLIPSIS if j is None else (cols[j] if cols is not None else str(j)) for j in col_idx
+        ELLIPSIS if j is None else (printable(cols[j]) if cols is not None else str(j))
+        for j in col_idx
     ]
     body: list[list[tuple[str, Style | None]]] = []
     r = 0
@@ -137,7 +138,9 @@ def _layout(
         if i is None:
             body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
-        label = rows[i] if rows is not None and ndim >= 2 else (str(i) if ndim >= 2 else "")
+        label = (
+            printable(rows[i]) if rows is not None and ndim >= 2 else (str(i) if ndim >= 2 else "")
+        )
         line: list[tuple[str, Style | None]] = [(label, None)]
         c = 0
         for j in col_idx:
@@ -226,6 +229,14 @@ def width_needed(renderable: RenderableType) -> int:
     return 0
 
 
+def printable(text: str) -> str:
+    """A token or label as printed: control characters (a newline token, a tab)
+    written as escapes, so that it stays on its line; anything else as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _cells(text: str) -> int:
     """Terminal cells `text` takes: its length when ASCII (numbers always are), else
     rich's count (wide characters in a token take two)."""
@@ -257,7 +268,7 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
-            label = f"  ({step.rows[i]})" if step.rows is not None else ""
+            label = f"  ({printable(step.rows[i])})" if step.rows is not None else ""
             parts.append(Text(f"[{i}]{label}", style="bold"))
             parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
         body = Group(*parts)
@@ -505,7 +516,7 @@ def distribution_table(
         mark = vocab[i] == chosen
         table.add_row(
             str(r + 1),
-            Text(vocab[i], style="bold green" if mark else ""),
+            Text(printable(vocab[i]), style="bold green" if mark else ""),
             *[column[r] for column in cells],
             Text.assemble(_bar_text(float(last[i])), ("  ◀ chosen" if mark else "", "bold green")),
         )
@@ -529,7 +540,7 @@ def _bar_text(p: float, width: int = 24) -> Text:
 
 
 def _tokens(tokens: Sequence[str]) -> str:
-    return " ".join(tokens) if tokens else "(none)"
+    return " ".join(printable(t) for t in tokens) if tokens else "(none)"
 
 
 def iteration_view(
@@ -547,7 +558,7 @@ def iteration_view(
             Text.assemble(
                 ("best extension ", "bold"),
                 f"beam {best.beam} + ",
-                (best.token, "bold green"),
+                (printable(best.token), "bold green"),
                 f"   (log p {best.token_logprob:.{view.precision}f}, "
                 f"cumulative {best.logprob:.{view.precision}f})",
             )
@@ -567,7 +578,7 @@ def iteration_view(
         parts.append(
             Text.assemble(
                 ("next ", "bold"),
-                (it.next, "bold green"),
+                (printable(it.next), "bold green"),
                 f"   sampled: u = {it.u:.{max(view.precision, 6)}f}, the first token (vocabulary "
                 "order) whose cumulative p > u",
             )
@@ -578,7 +589,7 @@ def iteration_view(
         parts.append(
             Text.assemble(
                 ("next ", "bold"),
-                (it.next, "bold green"),
+                (printable(it.next), "bold green"),
                 f"   greedy: the most probable, p = {_p(p, view.precision)}",
             )
         )
@@ -619,7 +630,7 @@ def _beams_table(
         table.add_row(
             str(rank),
             str(j),
-            vocab[i],
+            printable(vocab[i]),
             _p(p, view.precision),
             *(
                 f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
