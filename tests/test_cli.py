@@ -395,3 +395,36 @@ def test_the_app_for_one_command_behaves_as_the_whole_app(args: list[str]) -> No
     a = runner.invoke(app, args)
     b = runner.invoke(one, args)
     assert (b.exit_code, b.stdout, b.stderr) == (a.exit_code, a.stdout, a.stderr)
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGPIPE"), reason="no SIGPIPE here")
+@pytest.mark.parametrize("command", ["encode", "check"])
+def test_a_closed_pipe_ends_the_command_by_sigpipe_not_exit_1(tmp_yaml, command: str) -> None:  # type: ignore[no-untyped-def]
+    # `trace-tf check ... | head` must not exit 1, which says a check failed. Each
+    # output is far over a pipe's 64 KiB, so it cannot all be written before the
+    # reader goes after one line.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    if command == "encode":
+        args = [
+            "encode",
+            tmp_yaml("model: {d_model: 64}\nsource: " + str([[0.5] * 64] * 40)),
+            "--full",
+        ]
+    else:
+        args = ["check", *[str(FIXTURES / "hello.yaml")] * 40]  # 880 rows
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trace_tf", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == -signal.SIGPIPE
+    assert err == b""
