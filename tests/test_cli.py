@@ -362,6 +362,31 @@ def test_every_command_is_guarded() -> None:
     assert {a[0] for a, _, _ in INTERNAL} <= set(names)
 
 
+class CtrlC:
+    """Stands in for a function or a table and is interrupted however it is used."""
+
+    def __call__(self, *a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name: str) -> None:
+        raise KeyboardInterrupt
+
+    def __iter__(self) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("args, module, name", INTERNAL, ids=lambda x: str(x))
+def test_ctrl_c_exits_130_in_every_command(
+    args: list[str], module: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # never 1, which says `check` found a mismatch
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(module), name, CtrlC())
+    code, out, err = invoke(*args)
+    assert (code, out, err) == (130, "", "trace-tf: interrupted\n")
+
+
 def test_out_of_memory_is_bad_input_not_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     import trace_tf.runner
 

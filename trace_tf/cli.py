@@ -210,8 +210,12 @@ def guarded(debug: bool) -> Iterator[None]:
             raise
         typer.echo(f"trace-tf: error: {exc}", err=True)
         raise typer.Exit(2) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except (typer.Exit, typer.Abort):
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C: 130 (128 + SIGINT), as shells report it; never 1, a check's mismatch
+        typer.echo("trace-tf: interrupted", err=True)
+        raise typer.Exit(130) from None
     except MemoryError:
         # Not a bug: a config within a raised --max-elements can still exceed the machine.
         if debug:
