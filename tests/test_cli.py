@@ -179,6 +179,16 @@ def test_large_matrices_are_elided_unless_full(tmp_yaml) -> None:  # type: ignor
     assert code == 0 and len(out.splitlines()) > lines_elided + 20
 
 
+def _at_60_columns(
+    monkeypatch: pytest.MonkeyPatch, path: str, command: tuple[str, ...], *options: str
+) -> list[str]:
+    """The lines `command` prints for the config at `path` on a 60-column terminal."""
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, err = invoke(command[0], path, *command[1:], *options)
+    assert code == 0, err
+    return out.splitlines()
+
+
 @pytest.mark.parametrize("command", [("encode",), ("step", "--stage", "input")])
 def test_full_shows_every_column_however_narrow_the_terminal(
     tmp_yaml, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]
@@ -192,17 +202,14 @@ def test_full_shows_every_column_however_narrow_the_terminal(
         + str([[-0.001 * (i + j) for j in range(40)] for i in range(3)])
         + "\n"
     )
-    monkeypatch.setenv("COLUMNS", "60")
-    code, out, _ = invoke(command[0], path, *command[1:], "--full")
-    assert code == 0
-    lines = out.splitlines()
+    lines = _at_60_columns(monkeypatch, path, command, "--full")
     header = lines[: lines.index(next(x for x in lines if x.startswith("╰")))]
     assert max(cell_len(x) for x in header) <= 60  # the rest keeps the terminal's width
     # the input's last row (x2: -0.0020 ... -0.0410), in every step that shows it
     rows = [x for x in lines if "│ x2 │ -0.0020 " in x]
     assert rows and all(x.count("│") >= 42 and x.rstrip("│ ").endswith("-0.0410") for x in rows)
-    code, out, _ = invoke(command[0], path, *command[1:])  # elided: fits the 60 cells
-    assert code == 0 and max(cell_len(x) for x in out.splitlines()) <= 60
+    elided = _at_60_columns(monkeypatch, path, command)
+    assert max(cell_len(x) for x in elided) <= 60
 
 
 @pytest.mark.parametrize("command", [("encode",), ("step", "--stage", "input")])
@@ -217,10 +224,7 @@ def test_no_line_is_wider_than_the_terminal_with_long_tokens_and_many_digits(
         "model: {d_model: 16, n_heads: 2}\n"
         "vocab: [incomprehensible, a]\nsource: [incomprehensible, a]\n"
     )
-    monkeypatch.setenv("COLUMNS", "60")
-    code, out, _ = invoke(command[0], path, *command[1:], "--precision", "10")
-    assert code == 0
-    lines = out.splitlines()
+    lines = _at_60_columns(monkeypatch, path, command, "--precision", "10")
     assert max(cell_len(x) for x in lines) <= 60
     rows = [x for x in lines if "│ incomprehensible │" in x]
     # every row whole, none cut off (inside step's panel: before the panel's border)
