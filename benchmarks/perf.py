@@ -21,7 +21,9 @@ less), with the issue's target beside each:
 
 a is measured twice. As a command runs it: one forward pass per fresh process,
 its memory new from the system (medians of interleaved processes, taken first,
-before the in-process runs churn the machine's memory). And in one process:
+before the in-process runs churn the machine's memory), beside a third kind of
+process that only copies the trace's bytes into the tracer's blocks: the cost
+of the memory alone, a floor for any tracer that keeps every step. And in one process:
 in-process times (a, b) are the fastest of interleaved repeats, as on a shared
 machine the fastest run is the one least disturbed by other processes (medians
 printed too); there a traced run may reuse memory an earlier one freed.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import platform
@@ -45,6 +48,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +57,9 @@ import yaml
 
 from trace_tf import model, runner
 from trace_tf.config import Config, Document, build
+from trace_tf.cost import ShapeTracer
 from trace_tf.loader import Lines
+from trace_tf.trace import _Blocks
 
 # From the hello example's size up to the issue's large model.
 SIZES: dict[str, dict[str, int]] = {
@@ -191,8 +197,8 @@ def machine() -> str:
         pass
     blas = ""
     try:
-        cfg = np.show_config(mode="dicts")  # type: ignore[call-arg]
-        blas = cfg["Build Dependencies"]["blas"]["name"]  # type: ignore[index]
+        info: Any = np.show_config(mode="dicts")
+        blas = info["Build Dependencies"]["blas"]["name"]
     except Exception:
         pass
     threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
@@ -232,12 +238,12 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
         untraced = model.run_full(cfg)
         np.testing.assert_array_equal(trace.value("probs"), untraced)
         fns: dict[str, Callable[[], object]] = {
-            "untraced": lambda cfg=cfg: model.run_full(cfg),
-            "traced": lambda cfg=cfg: runner.run(cfg, "full"),
+            "untraced": partial(model.run_full, cfg),
+            "traced": partial(runner.run, cfg, "full"),
         }
         if name != "hello":  # the floor is written for the benchmark configs' conventions
             np.testing.assert_allclose(numpy_forward(cfg), untraced, rtol=1e-9, atol=1e-12)
-            fns["numpy"] = lambda cfg=cfg: numpy_forward(cfg)
+            fns["numpy"] = partial(numpy_forward, cfg)
         n = repeat if name in ("large", "medium") else max(repeat, 30)
         mb = recorded_bytes(trace) / 2**20
         steps = len(trace)
@@ -282,10 +288,18 @@ def one_run(kind: str) -> None:
     """(In a fresh process, from fresh_process_ratio.) Time one forward pass, as one
     `trace-tf` command makes: its memory comes new from the system, not reused."""
     cfg = load(config_data(**SIZES["large"]))
+    if kind == "storing":  # the copies alone: each step's shape (on stdin), one source each
+        shapes = [tuple(shape) for shape in json.load(sys.stdin)]
+        sources = {shape: np.ones(shape) for shape in shapes}
+        values = [sources[shape] for shape in shapes]
     gc.collect()
     t = time.perf_counter()
     if kind == "traced":
         runner.run(cfg, "full")
+    elif kind == "storing":
+        blocks = _Blocks()
+        for value in values:
+            blocks.store(value)
     else:
         model.run_full(cfg)
     print(time.perf_counter() - t)
@@ -294,11 +308,15 @@ def one_run(kind: str) -> None:
 def fresh_process_ratio(repeat: int) -> float:
     """a as a command sees it: one forward pass per fresh process, traced or not
     (loading the config not timed); medians of interleaved processes."""
-    times: dict[str, list[float]] = {"untraced": [], "traced": []}
+    tracer = ShapeTracer()  # the shape of every step, for "storing"
+    model.run_full(load(config_data(**SIZES["large"])), tracer)
+    shapes = json.dumps([shape for _, shape, _ in tracer.shapes])
+    times: dict[str, list[float]] = {"untraced": [], "traced": [], "storing": []}
     for _ in range(repeat):
         for kind, ts in times.items():
             out = subprocess.run(
                 [sys.executable, __file__, "--one-run", kind],
+                input=shapes,
                 capture_output=True,
                 text=True,
                 env=_env(),
@@ -307,12 +325,19 @@ def fresh_process_ratio(repeat: int) -> float:
             ts.append(float(out.stdout))
     med = {kind: statistics.median(ts) for kind, ts in times.items()}
     ratio = med["traced"] / med["untraced"]
+    floor = (med["untraced"] + med["storing"]) / med["untraced"]
     print("\na. traced / untraced, as a command runs it: one run per fresh process, large config")
     print(
         f"  medians of {repeat}: untraced {med['untraced'] * 1e3:.1f} ms, traced "
         f"{med['traced'] * 1e3:.1f} ms (each: "
         + ", ".join(f"{t * 1e3:.0f}" for t in times["traced"])
         + f"): {ratio:.3f}x (target <= 1.3: {verdict(ratio, 1.3)})"
+    )
+    print(
+        f"  the memory floor: copying the trace's bytes into the tracer's blocks, fresh "
+        f"memory, nothing else: {med['storing'] * 1e3:.1f} ms (each: "
+        + ", ".join(f"{t * 1e3:.0f}" for t in times["storing"])
+        + f"), so no tracer that keeps every step can be under {floor:.3f}x here"
     )
     return ratio
 
@@ -448,7 +473,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats; skip d")
     parser.add_argument("--repeat", type=int, default=0, help="repeats per measurement")
-    parser.add_argument("--one-run", choices=("traced", "untraced"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--one-run", choices=("traced", "untraced", "storing"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.one_run:
         one_run(args.one_run)
