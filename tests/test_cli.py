@@ -457,3 +457,22 @@ def test_a_closed_pipe_ends_the_command_by_sigpipe_not_exit_1(tmp_yaml, command:
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == -signal.SIGPIPE
     assert err == b""
+
+
+@pytest.mark.parametrize("name", ["generate", "diff"])
+def test_help_paragraphs_wrap_to_the_terminal_not_to_the_source(name: str) -> None:
+    # Typer keeps the line breaks of a docstring's paragraphs; on a wide terminal a
+    # paragraph written on two source lines must still be one line.
+    wide = runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).stdout
+    summary = next(line for line in wide.splitlines() if f" {name} " in line)
+    own = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+    lines = [line.strip() for line in own.splitlines() if line.strip()]
+    first, detail = lines[1], lines[2]  # after "Usage: ...": the summary, then the detail
+    assert summary.split(name, 1)[1].strip().strip("│").strip() == first
+    doc = next(
+        c.callback.__doc__
+        for c in app.registered_commands
+        if c.callback and c.callback.__name__ == name
+    )
+    assert doc is not None
+    assert detail == " ".join(doc.split("\n\n")[1].split())

@@ -690,8 +690,10 @@ def generate(
         int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
     ] = 10,
 ) -> None:
-    """Autoregressive decoding from tokens.bos (or the target) until tokens.eos or
-    --max-tokens: each iteration's prefix, next-token distribution and choice."""
+    """Autoregressive decoding until tokens.eos or --max-tokens, iteration by iteration.
+
+    From tokens.bos (or the target), each iteration shows its prefix, the next-token
+    distribution and the token chosen."""
     from trace_tf import generate as gen_mod
     from trace_tf import render
     from trace_tf.errors import InputError
@@ -1254,6 +1256,17 @@ def _version() -> str:
     from trace_tf import __version__
 
     return __version__
+
+
+def _help_text(doc: str) -> str:
+    """A docstring as help: typer keeps a paragraph's line breaks, so join its lines."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split("\n")) for p in paragraphs)
+
+
+for _info in app.registered_commands:
+    if _info.callback is not None and _info.callback.__doc__:
+        _info.help = _help_text(_info.callback.__doc__)
 
 
 def app_for(args: list[str]) -> typer.Typer:
