@@ -233,6 +233,35 @@ def test_no_line_is_wider_than_the_terminal_with_long_tokens_and_many_digits(
     assert any("│ … │" in x for x in rows)  # columns elided instead
 
 
+@pytest.mark.parametrize("command", [("encode",), ("step", "--stage", "input")])
+def test_piped_output_is_elided_for_the_width_it_is_printed_at(
+    tmp_yaml, command: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    from rich.cells import cell_len
+
+    # Into a pipe, with no $COLUMNS: tables were elided for 120 columns but printed at
+    # rich's 80, which cropped their last columns. 15 digits: 3 columns fit in 120.
+    path = tmp_yaml("model: {d_model: 8, n_heads: 2}\nvocab: [a, b]\nsource: [a, b]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trace_tf", command[0], path, *command[1:], "--precision", "15"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert max(cell_len(x) for x in lines) == 120
+    rows = [x for x in lines if "│ a │" in x or "│ b │" in x]
+    inner = [x[2:-1].rstrip() if x.startswith("│ │") else x for x in rows]
+    assert rows and all(x.endswith("│") for x in inner)  # every row whole
+    assert all("│ … │" in x for x in rows if x.count("│") > 6)  # wide ones elided
+
+
 MARKUP = """\
 title: "[bold red]title[/] [/]"
 model: {d_model: 2, n_heads: 1, decoder_layers: 1, positional: none}

@@ -224,9 +224,9 @@ def test_output_that_appears_while_rendering_is_not_clobbered(
     out = tmp_path / "trace.txt"
     real_console = trace_tf.cli.console
 
-    def racing_console(file: Any) -> Any:
+    def racing_console(file: Any, width: int) -> Any:
         out.write_text("written meanwhile by someone else\n")  # after the check, before the end
-        return real_console(file)
+        return real_console(file, width)
 
     monkeypatch.setattr(trace_tf.cli, "console", racing_console)
     result = runner.invoke(app, ["encode", "--output", str(out)])

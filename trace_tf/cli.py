@@ -126,13 +126,19 @@ class Common:
     max_elements: int
     dtype: str | None = None
 
-    def view(self) -> "View":
-        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
+    @property
+    def width(self) -> int:
+        """The width tables are laid out for, and printed at: the terminal's (or
+        $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file."""
         import shutil
 
+        return shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+
+    def view(self) -> "View":
+        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
         from trace_tf.render import View
 
-        width = shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+        width = self.width
         cols = max(4, (width - 16) // (self.precision + 7))
         return View(
             precision=self.precision,
@@ -298,16 +304,17 @@ def _commit(tmp: Path, path: Path, force: bool) -> None:
         _fail(f"cannot write --output {path}: {exc.strerror}")
 
 
-def console(file: Any) -> "Console":
+def console(file: Any, width: int) -> "Console":
     from rich.console import Console
 
     # Every string is text: a "[/]" or "[bold]" in a token, title or note is printed as
     # written, not read as rich markup (styles are given as Text); and a ":name:" is no
-    # emoji (nor is the emoji table loaded).
+    # emoji (nor is the emoji table loaded). The width is the one tables were elided
+    # for (rich's own guess for a pipe, 80, would crop them).
     if file is sys.stdout:
-        return Console(highlight=False, markup=False, emoji=False)
+        return Console(highlight=False, markup=False, emoji=False, width=width)
     return Console(
-        file=file, highlight=False, markup=False, emoji=False, color_system=None, width=160
+        file=file, highlight=False, markup=False, emoji=False, color_system=None, width=width
     )
 
 
@@ -333,7 +340,7 @@ def emit(
 
             fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
-            con = console(fh)
+            con = console(fh, c.width)
             widths = [0] * len(renderables)
             if c.full:  # every column, however wide: matrices are never cropped to the width
                 from trace_tf.render import width_needed
