@@ -505,3 +505,31 @@ def test_help_paragraphs_wrap_to_the_terminal_not_to_the_source(name: str) -> No
     )
     assert doc is not None
     assert detail == " ".join(doc.split("\n\n")[1].split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["step", "--precision", "100"],
+            "Invalid value for '--precision': 100 is not in the range",
+        ),
+        (["step", "--bogus"], "--bogus"),  # click's wording varies with its version
+        (["generate", "--beam", "abc"], "'abc' is not a valid int"),
+        (["encde"], "No such command 'encde'. Did you mean 'encode'? (see 'trace-tf --help')"),
+        (["examples", "extra"], "unexpected extra argument"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2_like_any_bad_input(
+    args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, args, prog_name="trace-tf")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("trace-tf: error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr and result.stderr.endswith(" --help')\n")
+
+
+def test_no_command_still_shows_the_help() -> None:
+    result = runner.invoke(app, [], prog_name="trace-tf")
+    assert result.exit_code == 2 and "Commands" in result.stdout and result.stderr == ""
+    assert runner.invoke(app, ["encode", "--help"]).exit_code == 0

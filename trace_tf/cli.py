@@ -11,13 +11,14 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -27,7 +28,48 @@ if TYPE_CHECKING:
     from trace_tf.runner import CheckResult
     from trace_tf.trace import Step, Trace
 
+
+class _Group(TyperGroup):
+    """Typer's group, with a usage error (an unknown option, a bad option value) told
+    as every other bad input is: one line on stderr, exit 2, rather than a box."""
+
+    def main(
+        self,
+        args: "Sequence[str] | None" = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        def run() -> Any:
+            return super(_Group, self).main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
+
+        try:  # typer 0.2x carries its own click
+            from typer._click.exceptions import ClickException
+        except ImportError:
+            from click import ClickException  # type: ignore[no-redef]
+
+        if not standalone_mode:
+            return run()
+        try:
+            code = run()
+        except ClickException as exc:  # the help was printed for `trace-tf` alone
+            if type(exc).__name__ != "NoArgsIsHelpError":
+                ctx = getattr(exc, "ctx", None)
+                hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+                typer.echo(f"trace-tf: error: {exc.format_message().rstrip('.')}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:  # end of input where typer reads some
+            typer.echo("trace-tf: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 _APP_SETTINGS: dict[str, Any] = dict(
+    cls=_Group,
     name="trace-tf",
     help="Trace every step of a Transformer, number by number.",
     no_args_is_help=True,
