@@ -56,8 +56,8 @@ class _Group(TyperGroup):
             return run()
         try:
             code = run()
-        except ClickException as exc:  # the help was printed for `trace-tf` alone
-            if type(exc).__name__ != "NoArgsIsHelpError":
+        except ClickException as exc:
+            if type(exc).__name__ != "NoArgsIsHelpError":  # (`trace-tf` alone: help shown)
                 ctx = getattr(exc, "ctx", None)
                 hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
                 typer.echo(f"trace-tf: error: {exc.format_message().rstrip('.')}{hint}", err=True)
