@@ -167,6 +167,72 @@ def test_output_to_a_directory_or_a_missing_directory_is_an_error(tmp_path: Path
     assert result.exit_code == 2 and "cannot write --output" in result.stderr
 
 
+def test_output_dash_is_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["encode", "--format", "json", "--output", "-"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["steps"]
+    assert list(tmp_path.iterdir()) == []  # no file named "-"
+
+
+def test_npz_to_stdout_with_output_dash() -> None:
+    import io
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "trace_tf", "decode", "--format", "npz", "--output", "-"],
+        capture_output=True,
+        check=True,
+    )
+    with np.load(io.BytesIO(proc.stdout)) as steps:
+        assert steps["probs"].shape == (1, 10)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_output_into_a_named_pipe_is_written_straight_and_the_pipe_kept(tmp_path: Path) -> None:
+    # Through a temporary file, the pipe would have been replaced by a regular file
+    # (and so, run as root, would /dev/null).
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = runner.invoke(app, ["encode", "--format", "json", "--output", str(fifo)])
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(received[0])["steps"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still a pipe, no --force needed
+
+
+def test_a_character_device_is_written_straight() -> None:
+    import os
+    import stat
+
+    from trace_tf.cli import _is_stream
+
+    if not stat.S_ISCHR(os.stat(os.devnull).st_mode):
+        pytest.skip("no character device for os.devnull here")
+    assert _is_stream(Path(os.devnull))  # (checked, not written: never risk /dev/null)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="no symbolic links here")
+def test_output_through_a_symbolic_link_writes_its_target(tmp_path: Path) -> None:
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("before\n")
+    link.symlink_to(real.name)
+    result = runner.invoke(app, ["encode", "--format", "json", "--output", str(link)])
+    assert result.exit_code == 2 and f"--output {link} exists" in result.stderr
+    assert real.read_text() == "before\n"
+    result = runner.invoke(app, ["encode", "--format", "json", "--output", str(link), "--force"])
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and json.loads(real.read_text())["steps"]  # as `>` would
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
 def test_a_failure_while_writing_leaves_the_existing_output_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -169,12 +169,17 @@ class Common:
     dtype: str | None = None
 
     @property
+    def to_stdout(self) -> bool:
+        """No --output, or `--output -`."""
+        return self.output is None or str(self.output) == "-"
+
+    @property
     def width(self) -> int:
         """The width tables are laid out for, and printed at: the terminal's (or
         $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file."""
         import shutil
 
-        return shutil.get_terminal_size((120, 40)).columns if self.output is None else 160
+        return shutil.get_terminal_size((120, 40)).columns if self.to_stdout else 160
 
     def view(self) -> "View":
         """Elide matrices to what fits the terminal: columns as wide as the numbers."""
@@ -293,15 +298,29 @@ def guarded(debug: bool) -> Iterator[None]:
 
 @contextmanager
 def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
-    """stdout, or --output written through a temporary file beside it that takes its
-    name only once everything is written: a failure leaves no half-written file, and
-    an existing one is never lost (nor replaced without --force)."""
-    if c.output is None:
-        yield sys.stdout
+    """stdout (also for `--output -`); a pipe or character device (`/dev/null`, a
+    FIFO) written straight into; or a file, written through a temporary file beside
+    it that takes its name only once everything is written: a failure leaves no
+    half-written file, and an existing one is never lost (nor replaced without
+    --force). A symbolic link is written through, as a shell's `>` does."""
+    if c.to_stdout:
+        if binary and sys.stdout.isatty():
+            _fail("--output - would write binary data to the terminal; redirect it to a file")
+        yield sys.stdout.buffer if binary else sys.stdout
         return
     path = c.output
+    assert path is not None
+    if _is_stream(path):
+        try:
+            fh = _open(path, "w", binary)
+        except OSError as exc:
+            _fail(f"cannot write --output {path}: {exc.strerror}")
+        with fh:
+            yield fh
+        return
     _writable(path, c.force)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    real = Path(os.path.realpath(path))
+    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:
         try:
             fh = _open(tmp, "w", binary)
@@ -309,9 +328,25 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
             _fail(f"cannot write --output {path}: {exc.strerror}")
         with fh:
             yield fh
-        _commit(tmp, path, c.force)
+        _commit(tmp, real, c.force, shown=path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether `path` is an existing pipe or character device (after its links); a
+    block device or socket is refused."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there (yet), or not reachable: the file path reports it
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        return True
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        _fail(f"--output {path} is not a file, a pipe or a character device")
+    return False
 
 
 def _writable(path: Path, force: bool) -> None:
@@ -326,9 +361,9 @@ def _open(path: Path, mode: str, binary: bool) -> Any:
     return open(path, mode + "b") if binary else open(path, mode, encoding="utf-8", newline="")
 
 
-def _commit(tmp: Path, path: Path, force: bool) -> None:
+def _commit(tmp: Path, path: Path, force: bool, shown: Path) -> None:
     """Give the written file its name: replace (--force), or link, which refuses an
-    existing name even if one appeared meanwhile."""
+    existing name even if one appeared meanwhile. (`shown`: the path as given.)"""
     try:
         if force:
             os.replace(tmp, path)
@@ -341,9 +376,9 @@ def _commit(tmp: Path, path: Path, force: bool) -> None:
             _writable(path, force)
             os.replace(tmp, path)
     except FileExistsError:
-        _fail(f"--output {path} exists; pass --force to overwrite it")
+        _fail(f"--output {shown} exists; pass --force to overwrite it")
     except OSError as exc:
-        _fail(f"cannot write --output {path}: {exc.strerror}")
+        _fail(f"cannot write --output {shown}: {exc.strerror}")
 
 
 def console(file: Any, width: int) -> "Console":
