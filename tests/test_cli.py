@@ -533,3 +533,13 @@ def test_no_command_still_shows_the_help() -> None:
     result = runner.invoke(app, [], prog_name="trace-tf")
     assert result.exit_code == 2 and "Commands" in result.stdout and result.stderr == ""
     assert runner.invoke(app, ["encode", "--help"]).exit_code == 0
+
+
+def test_config_dash_is_read_from_stdin() -> None:
+    config = "model: {d_model: 2, n_heads: 1}\nvocab: [ab, cd]\nsource: [ab, cd]\n"
+    result = runner.invoke(app, ["encode", "-"], input=config)
+    assert result.exit_code == 0, result.stderr
+    assert "encoder.output" in result.stdout and "│ cd │" in result.stdout
+    result = runner.invoke(app, ["encode", "-"], input="model: {d_model: 0}\n")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("trace-tf: error: <stdin>:1: model.d_model: ")

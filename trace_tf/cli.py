@@ -85,7 +85,8 @@ app = typer.Typer(**_APP_SETTINGS)
 ConfigArg = Annotated[
     Optional[str],  # noqa: UP045 (typer needs Optional on Python 3.10)
     typer.Argument(
-        help="Config file, or the name of a packaged example (default: hello).", show_default=False
+        help="Config file, the name of a packaged example (default: hello), or - for stdin.",
+        show_default=False,
     ),
 ]
 SetOpt = Annotated[

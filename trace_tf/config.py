@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -19,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from trace_tf.errors import InputError
-from trace_tf.loader import Lines, example_names, examples_dir, join, parse_yaml, read_text
+from trace_tf.loader import (
+    Lines,
+    example_names,
+    examples_dir,
+    join,
+    parse_yaml,
+    read_stream,
+    read_text,
+)
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -333,10 +342,17 @@ def resolve(name: str | None) -> Path:
     )
 
 
+STDIN = "-"  # the config name that reads the config from standard input
+
+
 def read_document(name: str | None) -> Document:
-    path = resolve(name)
-    file = str(path) if name is not None else "hello (packaged example)"
-    text = read_text(path)
+    if name == STDIN:
+        file = "<stdin>"
+        text = read_stream(sys.stdin.buffer, file)
+    else:
+        path = resolve(name)
+        file = str(path) if name is not None else "hello (packaged example)"
+        text = read_text(path)
     data, lines = parse_yaml(text, file)
     if data is None:
         raise InputError("the config is empty", file=file, expected="a YAML mapping")

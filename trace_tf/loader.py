@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -309,19 +309,25 @@ def read_text(path: Path) -> str:
         raise InputError("no such file", file=name)
     if path.is_dir():
         raise InputError("is a directory, not a config file", file=name)
+    try:
+        with open(path, "rb") as fh:
+            return read_stream(fh, name)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=name) from None
+
+
+def read_stream(fh: BinaryIO, name: str) -> str:
+    """The text of an open file or of stdin (`name` for messages), or an InputError."""
     chunks: list[bytes] = []
     size = 0
     try:
         # In chunks, stopping past the limit: a device such as /dev/zero never ends, and
         # read(limit) would reserve the whole limit in memory even for a small file.
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                size += len(chunk)
-                if size > MAX_FILE_BYTES:
-                    raise InputError(
-                        f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name
-                    )
-                chunks.append(chunk)
+        while chunk := fh.read(1 << 20):
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                raise InputError(f"file larger than {MAX_FILE_BYTES >> 20} MiB; refused", file=name)
+            chunks.append(chunk)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
     data = b"".join(chunks)
