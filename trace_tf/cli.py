@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -246,7 +246,7 @@ def running(fn: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     from trace_tf.errors import InputError
 
     raise InputError(message)
@@ -312,22 +312,14 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     path = c.output
     assert path is not None
     if _is_stream(path):
-        try:
-            fh = _open(path, "w", binary)
-        except OSError as exc:
-            _fail(f"cannot write --output {path}: {exc.strerror}")
-        with fh:
+        with _open(path, binary, shown=path) as fh:
             yield fh
         return
     _writable(path, c.force)
     real = Path(os.path.realpath(path))
     tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:
-        try:
-            fh = _open(tmp, "w", binary)
-        except OSError as exc:
-            _fail(f"cannot write --output {path}: {exc.strerror}")
-        with fh:
+        with _open(tmp, binary, shown=path) as fh:
             yield fh
         _commit(tmp, real, c.force, shown=path)
     finally:
@@ -357,9 +349,13 @@ def _writable(path: Path, force: bool) -> None:
         _fail(f"--output {path} exists; pass --force to overwrite it")
 
 
-def _open(path: Path, mode: str, binary: bool) -> Any:
-    """A file for --output: bytes (npz), or UTF-8 text with its newlines as written (csv)."""
-    return open(path, mode + "b") if binary else open(path, mode, encoding="utf-8", newline="")
+def _open(path: Path, binary: bool, shown: Path) -> Any:
+    """A file for --output (`shown`: as given) opened for writing: bytes (npz), or
+    UTF-8 text with its newlines as written (csv)."""
+    try:
+        return open(path, "wb") if binary else open(path, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        _fail(f"cannot write --output {shown}: {exc.strerror}")
 
 
 def _commit(tmp: Path, path: Path, force: bool, shown: Path) -> None:
