@@ -294,3 +294,15 @@ def test_explain_command_table_and_json() -> None:
 def test_explain_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
     code, _, err = invoke("explain", *args)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_long_formula_is_shown_whole_on_a_narrow_terminal() -> None:
+    # In the panel's title it was cut at the border: "... · γ + β,  ─╮".
+    result = runner.invoke(
+        app, ["explain", "encoder.0.ffn.norm", "--cell", "1,2"], env={"COLUMNS": "60"}
+    )
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(line.strip("│ ") for line in result.stdout.splitlines())
+    assert "LayerNorm(x) = (x − mean) / √(var + ε) · γ + β, ε = 1e-05, biased var" in " ".join(
+        text.split()
+    )

@@ -971,7 +971,8 @@ def explain(
 def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
     """The explanation as the documents write it, with where each number comes from."""
     f = _Fmt(precision)
-    body: list[RenderableType] = [Text(line, style="bold") for line in e.lines()]
+    body: list[RenderableType] = [Text(e.formula, style="italic")]  # (wraps, unlike a title)
+    body.extend(Text(line, style="bold") for line in e.lines())
     if e.where:
         body.append(Text("where", style="dim"))
         body.extend(Text(f"  {w}") for w in e.where)
@@ -983,5 +984,4 @@ def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
             style="bold red",
         )
     body.append(check)
-    title = Text.assemble((e.lhs, "bold cyan"), "   ", (e.formula, "italic"))
-    return Panel(Group(*body), title=title, title_align="left")
+    return Panel(Group(*body), title=Text(e.lhs, style="bold cyan"), title_align="left")
