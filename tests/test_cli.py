@@ -543,3 +543,45 @@ def test_config_dash_is_read_from_stdin() -> None:
     result = runner.invoke(app, ["encode", "-"], input="model: {d_model: 0}\n")
     assert result.exit_code == 2
     assert result.stderr.startswith("trace-tf: error: <stdin>:1: model.d_model: ")
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100, 160])
+def test_check_keeps_every_verdict_and_error_in_view_at_any_width(
+    monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    from rich.cells import cell_len
+
+    # 11 of hello's 22 entries fail at scale 3. At 60 and 80 columns the config and
+    # tolerance columns had crushed the verdict to nothing; now shared values go in the
+    # title, notes get only the room left, and paths are cut at their start.
+    monkeypatch.setenv("COLUMNS", str(columns))
+    hello = str(FIXTURES / "hello.yaml")
+    code, out, _ = invoke("check", hello, "--set", "model.scale=3")
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith("trace-tf check  hello.yaml")
+    assert max(cell_len(x) for x in lines) <= columns
+    _, data, _ = invoke("check", hello, "--set", "model.scale=3", "--format", "json")
+    results = json.loads(data)["results"]
+    rows = lines[2 : 2 + len(results)]  # after the title and the header
+    for row, r in zip(rows, results, strict=True):
+        cells = row.split()
+        assert cells[0].lstrip("…") and r["step"].endswith(cells[0].lstrip("…"))
+        assert ("ok" if r["ok"] else "FAIL") in cells
+        assert f"{r['max_abs_error']:.3g}" in cells
+    assert ("note" in lines[1].split()) == (columns >= 100)  # given room, the notes
+
+
+def test_check_says_in_full_why_an_entry_failed(tmp_yaml, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_yaml(
+        "model: {d_model: 2, n_heads: 1}\nvocab: [a, b]\nsource: [a, b]\nexpect:\n"
+        "  - {step: encoder.0.self_attn.h0.nope, value: [[1, 2]]}\n"
+        "  - {step: encoder.embed, value: [[1, 2, 3]]}\n"
+    )
+    code, out, _ = invoke("check", path)
+    name = Path(path).name
+    assert code == 1
+    assert f"FAIL {name}: encoder.0.self_attn.h0.nope: no such step" in out
+    assert f"FAIL {name}: encoder.embed: shape (2, 2) but expected (1, 3)" in out
+    assert out.splitlines()[0].rstrip() == f"trace-tf check  {name}  (atol 1e-06)"

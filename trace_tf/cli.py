@@ -598,9 +598,6 @@ def check(
 ) -> None:
     """Evaluate every `expect` entry; exit 1 if any does not match."""
     with guarded(debug):
-        from rich.table import Table
-        from rich.text import Text
-
         from trace_tf.config import parse_set, read_document
         from trace_tf.render import json_value
         from trace_tf.runner import check as run_check
@@ -621,21 +618,6 @@ def check(
             doc = read_document(name)
             results.extend(run_check(doc, pairs, c.max_elements))
         _check_warnings(c, results)
-        table = Table(title="trace-tf check", title_justify="left")
-        for col in ("config", "step", "variant", "ok", "max abs error", "atol"):
-            table.add_column(col, justify="right" if col in ("max abs error", "atol") else "left")
-        table.add_column("note", max_width=60, no_wrap=True, overflow="ellipsis")
-        for r in results:
-            err = "—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
-            table.add_row(
-                Path(r.config).name,
-                r.step,
-                r.variant or "",
-                Text("ok", style="green") if r.ok else Text("FAIL", style="bold red"),
-                err,
-                f"{r.atol:g}",
-                r.problem or r.note,
-            )
         failed = sum(not r.ok for r in results)
         summary = f"{len(results) - failed} passed, {failed} failed"
         data = {
@@ -657,7 +639,9 @@ def check(
         }
         from rich.text import Text
 
-        emit(c, [table, Text(summary)], data)
+        from trace_tf.render import check_view
+
+        emit(c, [*check_view(results, c.width), Text(summary)], data)
         if failed:
             raise typer.Exit(1)
 

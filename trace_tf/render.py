@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from trace_tf.cost import Cost, Totals, VaryRow
     from trace_tf.diff import StepDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
+    from trace_tf.runner import CheckResult
 
 HEATMAP_STAGES = {"softmax", "probs", "attn.softmax"}
 ELLIPSIS = "…"
@@ -401,6 +403,63 @@ def step_csv(step: Step) -> str:
 
 def _count(n: int) -> str:
     return f"{n:,}" if n else "—"
+
+
+def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
+    """One row per `expect` entry, then why each failed one failed, in full. A config
+    or tolerance shared by every row goes in the title rather than a column; the
+    notes get the room that is left (cut short on their line), or, on a terminal too
+    narrow for them, no column (they are in --format json)."""
+    configs = {Path(r.config).name for r in results}
+    atols = {f"{r.atol:g}" for r in results}
+    title = "trace-tf check"
+    title += f"  {next(iter(configs))}" if len(configs) == 1 else ""
+    title += f"  (atol {next(iter(atols))})" if len(atols) == 1 else ""
+    rows = [
+        [Path(r.config).name] * (len(configs) > 1)
+        + [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
+        + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
+        + [f"{r.atol:g}"] * (len(atols) > 1)
+        for r in results
+    ]
+    names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
+    names += ["atol"] * (len(atols) > 1)
+    columns = zip(*rows, strict=True)
+    widths = [max(cell_len(x) for x in (n, *col)) for n, col in zip(names, columns, strict=True)]
+    room = width - sum(widths) - 2 * len(widths)  # two spaces between columns
+    # Too narrow even without notes: the names give way, never the verdict. A path is
+    # cut at its start, so that its end (the stage) stays: "…self_attn.h0.softmax".
+    for name, least in (("step", 16), ("variant", 8), ("config", 10)):
+        if room < 0 and name in names:
+            i = names.index(name)
+            cut = min(-room, max(0, widths[i] - least))
+            widths[i] -= cut
+            room += cut
+            for row in rows:
+                if len(row[i]) > widths[i]:
+                    row[i] = ELLIPSIS + row[i][len(row[i]) - widths[i] + 1 :]
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for name, w in zip(names, widths, strict=True):
+        right = name in ("max |error|", "atol")
+        table.add_column(
+            name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
+        )
+    if room >= 12:
+        table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
+    for r, cells in zip(results, rows, strict=True):
+        styled: list[RenderableType] = list(cells)
+        styled[names.index("ok")] = (
+            Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
+        )
+        table.add_row(*styled, *([r.note] if room >= 12 else []))
+    out: list[RenderableType] = [table]
+    for r in results:
+        if r.problem:
+            where = f"{Path(r.config).name}: {r.step}" + (
+                f" (variant {r.variant})" if r.variant else ""
+            )
+            out.append(Text.assemble(("FAIL ", "bold red"), f"{where}: {r.problem}"))
+    return out
 
 
 def cost_ledger(costs: Iterable[Cost]) -> Table:
