@@ -473,7 +473,7 @@ def test_a_closed_pipe_ends_the_command_by_sigpipe_not_exit_1(tmp_yaml, command:
             "--full",
         ]
     else:
-        args = ["check", *[str(FIXTURES / "hello.yaml")] * 40]  # 880 rows
+        args = ["check", *[str(FIXTURES / "hello.yaml")] * 200]  # 4,400 rows, ~350 KB
     proc = subprocess.Popen(
         [sys.executable, "-m", "trace_tf", *args],
         stdout=subprocess.PIPE,
@@ -585,3 +585,24 @@ def test_check_says_in_full_why_an_entry_failed(tmp_yaml, monkeypatch: pytest.Mo
     assert f"FAIL {name}: encoder.0.self_attn.h0.nope: no such step" in out
     assert f"FAIL {name}: encoder.embed: shape (2, 2) but expected (1, 3)" in out
     assert out.splitlines()[0].rstrip() == f"trace-tf check  {name}  (atol 1e-06)"
+
+
+@pytest.mark.parametrize("columns", [44, 50, 60, 80])
+def test_generate_keeps_tokens_and_probabilities_whole_on_a_narrow_terminal(
+    monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    from rich.cells import cell_len
+
+    # The bars give way, not the numbers: at 50 columns the tokens read "he…" and the
+    # probabilities "0.0…" while the bars kept their 24 cells.
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = invoke("generate", "--max-tokens", "1")
+    assert code == 0
+    assert max(cell_len(x) for x in out.splitlines()) <= columns
+    _, data, _ = invoke("generate", "--max-tokens", "1", "--format", "json")
+    probs = json.loads(data)["iterations"][0]["probs"]
+    ranked = sorted(probs.items(), key=lambda kv: -kv[1])
+    rows = [x.strip("│ ").split() for x in out.splitlines() if x.startswith("│ ")]
+    for rank, (token, p) in enumerate(ranked, start=1):
+        assert [str(rank), token, f"{p:.4f}"] in [row[:3] for row in rows]
+    assert "◀ chosen" in out or columns < 80  # the mark shortens to its arrow only when tight

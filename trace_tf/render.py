@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 HEATMAP_STAGES = {"softmax", "probs", "attn.softmax"}
 ELLIPSIS = "…"
+CHOSEN = "  ◀ chosen"  # beside the bar of the token a decoding step chose
 HIGHLIGHT = Style(bold=True, color="black", bgcolor="yellow")
 
 
@@ -570,14 +571,14 @@ def distribution_table(
     table.add_column("token", no_wrap=True)
     for name, _ in columns:
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
+    table.add_column("")  # the bars: what gives way on a narrow terminal (see Bar)
     for r, i in enumerate(shown):
         mark = vocab[i] == chosen
         table.add_row(
             str(r + 1),
             Text(printable(vocab[i]), style="bold green" if mark else ""),
             *[column[r] for column in cells],
-            Text.assemble(_bar_text(float(last[i])), ("  ◀ chosen" if mark else "", "bold green")),
+            Bar(float(last[i]), 24, CHOSEN if mark else "", len(CHOSEN)),
         )
     if len(rest):
         table.add_row(
@@ -596,6 +597,31 @@ def _bar_text(p: float, width: int = 24) -> Text:
     full, part = divmod(eighths, 8)
     bar = "█" * full + (blocks[part] if part else "")
     return Text(bar.ljust(width), style="blue")
+
+
+class Bar:
+    """A table cell: the bar of p, `width` cells long at most and shorter when the
+    table must give way (every bar of a column is drawn to the same scale, the
+    column's width), then a mark. Its column is the one to make wrapable
+    (`no_wrap=False`): rich narrows such a column first, so the tokens and the
+    numbers beside it keep their room."""
+
+    def __init__(self, p: float, width: int, mark: str = "", mark_room: int = 0) -> None:
+        self.p, self.width, self.mark = p, width, mark
+        self.mark_room = mark_room  # the same in every row of a column, marked or not
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(0, self.width + self.mark_room)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        room = min(options.max_width, self.width + self.mark_room)
+        mark, mark_room = self.mark, self.mark_room
+        if room < self.width + mark_room and mark_room > 2:  # tight: the mark is its arrow
+            mark, mark_room = " ◀" if mark else "", 2
+        bar = _bar_text(self.p, max(0, min(self.width, room - mark_room)))
+        text = Text.assemble(bar, (mark, "bold green"))
+        text.truncate(room)
+        yield text
 
 
 def _tokens(tokens: Sequence[str]) -> str:
@@ -671,8 +697,9 @@ def _beams_table(
     V = len(vocab)
     kept = {c.beam * V + vocab.index(c.token): c for c in it.candidates}
     table = Table(box=None, padding=(0, 1), show_edge=False)
-    for col in ("#", "beam", "+ token", "p", "log p", "logP", "", ""):
-        table.add_column(col, justify="left" if col in ("+ token", "") else "right", no_wrap=True)
+    for k, col in enumerate(("#", "beam", "+ token", "p", "log p", "logP", "", "")):
+        left = col in ("+ token", "")
+        table.add_column(col, justify="left" if left else "right", no_wrap=k != 6)  # (see Bar)
     shown = order if view.full else order[: max(show, len(it.candidates))]
     live = 0
     for rank, f in enumerate(shown, start=1):
@@ -695,7 +722,7 @@ def _beams_table(
                 f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
                 for x in (float(token_logp[j, i]), float(totals[j, i]))
             ),
-            _bar_text(p, 10),
+            Bar(p, 10),
             status,
         )
     if len(order) > len(shown):
