@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import FIXTURES
 from typer.testing import CliRunner
 
@@ -151,3 +152,27 @@ def test_diff_needs_something_to_compare() -> None:
     assert code == 2 and "unknown variant 'nope'" in err
     code, _, err = invoke("diff", "hello", "--set-b", "model.scale=30", "--stage", "sclaed")
     assert code == 2 and "did you mean 'scaled'" in err
+
+
+@pytest.mark.parametrize("columns", [60, 80, 160])
+def test_the_summary_fits_the_terminal_and_keeps_its_numbers(columns: int) -> None:
+    from rich.cells import cell_len
+
+    result = runner.invoke(
+        app, ["diff", "hello", "--set-b", "model.scale=30"], env={"COLUMNS": str(columns)}
+    )
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert max(cell_len(x) for x in lines) <= columns
+    data = json.loads(
+        runner.invoke(
+            app, ["diff", "hello", "--set-b", "model.scale=30", "--format", "json"]
+        ).stdout
+    )
+    start = next(i for i, x in enumerate(lines) if x.startswith("steps, in A's order")) + 2
+    differing = [s for s in data["steps"] if s["status"] == DIFFERS]
+    for row, s in zip(lines[start:], differing, strict=False):
+        cells = row.split()
+        assert s["path"].endswith(cells[0].lstrip("…")) and cells[1] == DIFFERS
+        assert cells[2] == f"{s['max_abs_diff']:.3g}"
+    assert ("A → B there" in result.stdout) == (columns >= 100)

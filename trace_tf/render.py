@@ -406,6 +406,46 @@ def _count(n: int) -> str:
     return f"{n:,}" if n else "—"
 
 
+def _fitted(
+    names: list[str],
+    rows: list[list[str]],
+    width: int,
+    give_way: Sequence[tuple[str, int]],
+    **table: Any,
+) -> tuple[Table, int]:
+    """A plain table (no borders, two spaces between columns) of `rows`, its columns
+    as wide as their texts, and the room left of `width` for one more column. When it
+    does not fit, the `give_way` columns narrow in turn, each to its least, their
+    texts cut at the start so that a path keeps its end ("…self_attn.h0.softmax");
+    the others (verdicts, numbers) keep their width. Columns of numbers (a name
+    with `|`, `atol`, `cells`) are right-aligned."""
+    widths = (
+        [
+            max(cell_len(x) for x in (name, *column))
+            for name, column in zip(names, zip(*rows, strict=True), strict=True)
+        ]
+        if rows
+        else [cell_len(name) for name in names]
+    )
+    room = width - sum(widths) - 2 * len(widths)
+    for name, least in give_way:
+        if room < 0 and name in names:
+            i = names.index(name)
+            cut = min(-room, max(0, widths[i] - least))
+            widths[i] -= cut
+            room += cut
+            for row in rows:
+                if len(row[i]) > widths[i]:
+                    row[i] = ELLIPSIS + row[i][len(row[i]) - widths[i] + 1 :]
+    out = Table(title_justify="left", box=None, pad_edge=False, **table)
+    for name, w in zip(names, widths, strict=True):
+        right = "|" in name or name in ("atol", "cells")
+        out.add_column(
+            name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
+        )
+    return out, room
+
+
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
     """One row per `expect` entry, then why each failed one failed, in full. A config
     or tolerance shared by every row goes in the title rather than a column; the
@@ -425,26 +465,9 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     ]
     names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
     names += ["atol"] * (len(atols) > 1)
-    columns = zip(*rows, strict=True)
-    widths = [max(cell_len(x) for x in (n, *col)) for n, col in zip(names, columns, strict=True)]
-    room = width - sum(widths) - 2 * len(widths)  # two spaces between columns
-    # Too narrow even without notes: the names give way, never the verdict. A path is
-    # cut at its start, so that its end (the stage) stays: "…self_attn.h0.softmax".
-    for name, least in (("step", 16), ("variant", 8), ("config", 10)):
-        if room < 0 and name in names:
-            i = names.index(name)
-            cut = min(-room, max(0, widths[i] - least))
-            widths[i] -= cut
-            room += cut
-            for row in rows:
-                if len(row[i]) > widths[i]:
-                    row[i] = ELLIPSIS + row[i][len(row[i]) - widths[i] + 1 :]
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
-    for name, w in zip(names, widths, strict=True):
-        right = name in ("max |error|", "atol")
-        table.add_column(
-            name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
-        )
+    table, room = _fitted(
+        names, rows, width, (("step", 16), ("variant", 8), ("config", 10)), title=title
+    )
     if room >= 12:
         table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
     for r, cells in zip(results, rows, strict=True):
@@ -869,17 +892,12 @@ def _cell(where: Sequence[int] | None) -> str:
 
 
 def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
-    """One row per step: its status, the largest |B − A| and where, how many cells differ."""
+    """One row per step: its status, the largest |B − A|, where, the two values there,
+    and how many cells differ. On a narrow terminal the values there are left out
+    and step paths are cut at their start (see `_fitted`)."""
     from trace_tf.diff import DIFFERS, SAME, SHAPE
 
-    table = Table(title="steps, in A's order (then B's own)", title_justify="left")
-    table.add_column("step", no_wrap=True)
-    table.add_column("status", overflow="fold")
-    table.add_column("max |B−A|", justify="right", no_wrap=True)
-    table.add_column("at", no_wrap=True)
-    table.add_column("A → B there", overflow="fold")
-    table.add_column("cells", justify="right", no_wrap=True)
-    style = {SAME: "green", DIFFERS: "bold yellow", SHAPE: "bold red"}
+    rows, changes = [], []
     for d in diffs:
         status = d.status
         if d.status == SHAPE:
@@ -891,14 +909,29 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
                 f"{_p(float(d.a.value[d.where]), view.precision)} → "
                 f"{_p(float(d.b.value[d.where]), view.precision)}"
             )
-        table.add_row(
-            d.path,
-            Text(status, style=style.get(d.status, "magenta")),
-            "" if d.max_abs is None or d.status == SAME else f"{d.max_abs:.3g}",
-            _cell(d.where),
-            change,
-            f"{d.n_differing}/{d.size}" if d.status == DIFFERS else "",
+        changes.append(change)
+        rows.append(
+            [
+                d.path,
+                status,
+                "" if d.max_abs is None or d.status == SAME else f"{d.max_abs:.3g}",
+                _cell(d.where),
+                f"{d.n_differing}/{d.size}" if d.status == DIFFERS else "",
+            ]
         )
+    names = ["step", "status", "max |B−A|", "at", "cells"]
+    width = view.width if view.width is not None else 10**6
+    table, room = _fitted(
+        names, rows, width, (("step", 16),), title="steps, in A's order (then B's own)"
+    )
+    there = max((cell_len(c) for c in ["A → B there", *changes]), default=0)
+    if room >= there:
+        table.add_column("A → B there", no_wrap=True)
+    style = {SAME: "green", DIFFERS: "bold yellow", SHAPE: "bold red"}
+    for d, row, change in zip(diffs, rows, changes, strict=True):
+        cells: list[RenderableType] = list(row)
+        cells[1] = Text(row[1], style=style.get(d.status, "magenta"))
+        table.add_row(*cells, *([change] if room >= there else []))
     return table
 
 
