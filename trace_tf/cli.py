@@ -108,8 +108,8 @@ FormatOpt = Annotated[
     str,
     typer.Option(
         "--format",
-        help="table, json, npz (every step under its path, for numpy.load; needs --output) "
-        "or csv (one step: select it with `step --stage PATH`).",
+        help="table, json, npz (every step under its path, for numpy.load; needs --output, "
+        "- for stdout) or csv (one step: select it with `step --stage PATH`).",
     ),
 ]
 DtypeOpt = Annotated[
@@ -127,7 +127,7 @@ OutputOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
         "--output",
-        help="Write to this file instead of stdout (never overwrites without --force).",
+        help="Write to this file instead of stdout (never overwrites without --force; - is stdout).",
         show_default=False,
     ),
 ]
