@@ -606,3 +606,13 @@ def test_generate_keeps_tokens_and_probabilities_whole_on_a_narrow_terminal(
     for rank, (token, p) in enumerate(ranked, start=1):
         assert [str(rank), token, f"{p:.4f}"] in [row[:3] for row in rows]
     assert "◀ chosen" in out or columns < 80  # the mark shortens to its arrow only when tight
+
+
+def test_check_of_a_config_without_expect_entries_says_so(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml("model: {d_model: 2, n_heads: 1}\nvocab: [a, b]\nsource: [a, b]\n")
+    code, out, _ = invoke("check", path)
+    assert code == 0
+    assert out.splitlines() == [
+        "trace-tf check: no `expect` entries to check",
+        "0 passed, 0 failed",
+    ]

@@ -451,6 +451,8 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     or tolerance shared by every row goes in the title rather than a column; the
     notes get the room that is left (cut short on their line), or, on a terminal too
     narrow for them, no column (they are in --format json)."""
+    if not results:
+        return [Text("trace-tf check: no `expect` entries to check", style="dim")]
     configs = {Path(r.config).name for r in results}
     atols = {f"{r.atol:g}" for r in results}
     title = "trace-tf check"
