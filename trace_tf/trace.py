@@ -182,7 +182,7 @@ class _Blocks:
             self._block = np.empty(max(self._next, n) + 64, np.uint8)
             self._used = -self._block.ctypes.data % 64  # each array starts 64-byte aligned
             self._next = min(2 * self._next, self.LARGEST)
-        out = self._block[self._used : self._used + n].view(value.dtype).reshape(value.shape)
+        out = np.ndarray(value.shape, value.dtype, self._block, self._used)
         self._used += -(-n // 64) * 64
         np.copyto(out, value)
         return out
