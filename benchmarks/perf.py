@@ -23,7 +23,10 @@ a is measured twice. As a command runs it: one forward pass per fresh process,
 its memory new from the system (medians of interleaved processes, taken first,
 before the in-process runs churn the machine's memory), beside a third kind of
 process that only copies the trace's bytes into the tracer's blocks: the cost
-of the memory alone, a floor for any tracer that keeps every step. And in one process:
+of the memory alone, a floor for any tracer that keeps every step. The traced
+and the copying processes each follow an untraced one (the same state of the
+machine's memory), and each process's kernel time is printed beside its wall
+time: what its fresh memory cost. And in one process:
 in-process times (a, b) are the fastest of interleaved repeats, as on a shared
 machine the fastest run is the one least disturbed by other processes (medians
 printed too); there a traced run may reuse memory an earlier one freed.
@@ -294,13 +297,15 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
 
 def one_run(kind: str) -> None:
     """(In a fresh process, from fresh_process_ratio.) Time one forward pass, as one
-    `trace-tf` command makes: its memory comes new from the system, not reused."""
+    `trace-tf` command makes: its memory comes new from the system, not reused.
+    Prints the wall time and the kernel time (page faults: the memory's cost) in s."""
     cfg = load(config_data(**SIZES["large"]))
     if kind == "storing":  # the copies alone: each step's shape (on stdin), one source each
         shapes = [tuple(shape) for shape in json.load(sys.stdin)]
         sources = {shape: np.ones(shape) for shape in shapes}
         values = [sources[shape] for shape in shapes]
     gc.collect()
+    sys_before = os.times().system
     t = time.perf_counter()
     if kind == "traced":
         runner.run(cfg, "full")
@@ -310,18 +315,25 @@ def one_run(kind: str) -> None:
             blocks.store(value)
     else:
         model.run_full(cfg)
-    print(time.perf_counter() - t)
+    print(time.perf_counter() - t, os.times().system - sys_before)
 
 
 def fresh_process_ratio(repeat: int) -> float:
     """a as a command sees it: one forward pass per fresh process, traced or not
-    (loading the config not timed); medians of interleaved processes."""
+    (loading the config not timed); medians of interleaved processes.
+
+    Each round runs untraced, traced, untraced, storing: the traced process and the
+    storing floor each follow an untraced one, so both find the machine's memory in
+    the same state (a process that follows a traced one can reuse the memory that
+    it just gave back, which on some VMs is much cheaper than memory left unused for
+    a while). The kernel time of each process shows what its memory cost."""
     tracer = ShapeTracer()  # the shape of every step, for "storing"
     model.run_full(load(config_data(**SIZES["large"])), tracer)
     shapes = json.dumps([shape for _, shape, _ in tracer.shapes])
     times: dict[str, list[float]] = {"untraced": [], "traced": [], "storing": []}
+    kernel: dict[str, list[float]] = {kind: [] for kind in times}
     for _ in range(repeat):
-        for kind, ts in times.items():
+        for kind in ("untraced", "traced", "untraced", "storing"):
             out = subprocess.run(
                 [sys.executable, __file__, "--one-run", kind],
                 input=shapes,
@@ -330,23 +342,26 @@ def fresh_process_ratio(repeat: int) -> float:
                 env=_env(),
                 check=True,
             )
-            ts.append(float(out.stdout))
+            wall, system = (float(x) for x in out.stdout.split())
+            times[kind].append(wall)
+            kernel[kind].append(system)
     med = {kind: statistics.median(ts) for kind, ts in times.items()}
     ratio = med["traced"] / med["untraced"]
     floor = (med["untraced"] + med["storing"]) / med["untraced"]
     print("\na. traced / untraced, as a command runs it: one run per fresh process, large config")
+    print(f"  medians of {repeat}: untraced {med['untraced'] * 1e3:.1f} ms, traced ", end="")
+    print(f"{med['traced'] * 1e3:.1f} ms: {ratio:.3f}x (target <= 1.3: {verdict(ratio, 1.3)})")
     print(
-        f"  medians of {repeat}: untraced {med['untraced'] * 1e3:.1f} ms, traced "
-        f"{med['traced'] * 1e3:.1f} ms (each: "
-        + ", ".join(f"{t * 1e3:.0f}" for t in times["traced"])
-        + f"): {ratio:.3f}x (target <= 1.3: {verdict(ratio, 1.3)})"
+        "  the memory floor: the trace's bytes copied into the tracer's blocks, in a fresh "
+        f"process, nothing else: {med['storing'] * 1e3:.1f} ms, so no tracer that keeps "
+        f"every step can be under {floor:.3f}x here"
     )
-    print(
-        f"  the memory floor: copying the trace's bytes into the tracer's blocks, fresh "
-        f"memory, nothing else: {med['storing'] * 1e3:.1f} ms (each: "
-        + ", ".join(f"{t * 1e3:.0f}" for t in times["storing"])
-        + f"), so no tracer that keeps every step can be under {floor:.3f}x here"
-    )
+    print("  each process, wall / kernel time in ms (the kernel's: page faults, zeroing):")
+    for kind in times:
+        each = ", ".join(
+            f"{w * 1e3:.0f}/{k * 1e3:.0f}" for w, k in zip(times[kind], kernel[kind], strict=True)
+        )
+        print(f"    {kind:9s} {each}")
     return ratio
 
 
