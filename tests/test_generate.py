@@ -385,7 +385,8 @@ def _by_the_rules(
 ) -> tuple[str, ...]:
     """Beam search as the README states it, in plain Python: rank every extension by
     cumulative logP (ties: earlier beam, earlier vocabulary entry), keep width - finished,
-    set aside those ending in EOS; the best finished logP wins."""
+    set aside those ending in EOS; the best logP wins among the finished ones and the
+    live ones cut at max_tokens."""
     live: list[tuple[tuple[str, ...], float]] = [((), 0.0)]
     finished: list[tuple[tuple[str, ...], float]] = []
     for _ in range(max_tokens):
@@ -400,8 +401,39 @@ def _by_the_rules(
             (finished if vocab[i] == EOS else live).append(((*tail, vocab[i]), total))
         if not live:
             break
-    pool = finished or live
-    return max(pool, key=lambda h: h[1])[0]
+    return max(finished + live, key=lambda h: h[1])[0]
+
+
+def test_beam_search_at_the_limit_weighs_the_cut_beams_against_the_finished() -> None:
+    """Stopped by max_tokens, a live beam more probable than every finished hypothesis
+    is the result: every width returns the brute-force best of what a search of that
+    length can end with (a sequence ending in EOS, or one cut at the limit)."""
+    raw = _brute_force_config()
+    vocab, cfg = raw["vocab"], model_of(raw)
+    for max_tokens in (1, 2):
+        logp = _reference_logp(raw, max_tokens)
+
+        def total(seq: tuple[str, ...], logp: dict[tuple[str, ...], np.ndarray] = logp) -> float:
+            return sum(float(logp[seq[:k]][vocab.index(t)]) for k, t in enumerate(seq))
+
+        ends = {(*tail, EOS): total((*tail, EOS)) for tail in logp}
+        cut = itertools.product([t for t in vocab if t != EOS], repeat=max_tokens)
+        ends.update({seq: total(seq) for seq in cut})
+        best = max(ends, key=lambda seq: ends[seq])
+        exhaustive = gen.run(cfg, gen.settings(beam=200, max_tokens=max_tokens))
+        assert exhaustive.generated == best, max_tokens
+        assert exhaustive.result is not None
+        assert math.isclose(exhaustive.result.logprob, ends[best], abs_tol=1e-10)
+        assert {h.tokens for h in exhaustive.unfinished} == {seq for seq in ends if EOS not in seq}
+        for width in (2, 3):
+            by_rules = _by_the_rules(logp, vocab, width=width, max_tokens=max_tokens)
+            s = gen.settings(beam=width, max_tokens=max_tokens)
+            assert gen.run(cfg, s).generated == by_rules
+    # Here the most probable single token is not EOS, yet EOS is among the 200 kept:
+    # before, the first EOS-ended hypothesis won over the better cut one.
+    one = gen.run(cfg, gen.settings(beam=200, max_tokens=1))
+    assert one.finished and EOS not in one.generated
+    assert one.result is not None and one.result.score > max(h.score for h in one.finished)
 
 
 # ---------------------------------------------------------------------------

@@ -24,10 +24,12 @@ The decoding rules (SPEC section 4, stated here once):
   beam, then the earlier vocabulary entry); the best `slots` are kept, with
   slots = width - finished; a kept extension that ends in eos is set aside as
   finished, so the beam narrows by one. The search ends when the beam is empty
-  or at --max-tokens. The result is the finished hypothesis with the best
-  score logP / ((5 + n) / 6)^alpha (Wu et al. 2016, n = its produced tokens,
-  eos included; alpha = --length-penalty, default 0: plain logP); with none
-  finished, the best live beam.
+  or at --max-tokens. The result is the hypothesis with the best score
+  logP / ((5 + n) / 6)^alpha (Wu et al. 2016, n = its produced tokens, eos
+  included; alpha = --length-penalty, default 0: plain logP) among the finished
+  ones and, when the search stops at --max-tokens, the live beams cut there
+  (unfinished; fairseq and Hugging Face count them too), so a search never
+  returns a worse sequence than one it holds.
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def describe(s: Settings) -> list[tuple[str, str]]:
         )
         rule = (
             f"beam search, width {s.width}: extensions ranked by cumulative log-probability; "
-            f"a kept one ending in eos finishes and the beam narrows by one; {penalty}"
+            f"a kept one ending in eos finishes and the beam narrows by one; the result: "
+            f"the best {penalty} among the finished and, at the limit, the live beams cut there"
         )
     return [
         ("decoding", rule),
@@ -294,6 +297,7 @@ class Generation:
     stopped: str  # eos | max_tokens | beams_finished (beam: every slot finished)
     finished: tuple[Hypothesis, ...] = ()  # beam: every finished hypothesis, in order
     result: Hypothesis | None = None  # beam: the chosen hypothesis
+    unfinished: tuple[Hypothesis, ...] = ()  # beam: the live beams cut at --max-tokens
 
 
 # ---------------------------------------------------------------------------
@@ -513,6 +517,10 @@ def _beam(
         if not live:
             stopped = "beams_finished"
             break
-    pool = finished or [hypothesis(tokens, logprob) for tokens, logprob, _ in live]
-    result = max(pool, key=lambda h: h.score)  # max keeps the first of equal scores
-    return Generation(s, start, result.tokens, tuple(iterations), stopped, tuple(finished), result)
+    # Cut at --max-tokens, the live beams compete with the finished hypotheses: one
+    # of them may be more probable than anything that ended in eos.
+    unfinished = tuple(hypothesis(tokens, logprob) for tokens, logprob, _ in live)
+    result = max((*finished, *unfinished), key=lambda h: h.score)  # ties: the first
+    return Generation(
+        s, start, result.tokens, tuple(iterations), stopped, tuple(finished), result, unfinished
+    )

@@ -757,7 +757,8 @@ def _beams_table(
 
 
 def generation_summary(gen: Generation, view: View) -> Panel:
-    """What was produced, and why the loop stopped; for beam search, every finished hypothesis."""
+    """What was produced, and why the loop stopped; for beam search, every hypothesis:
+    the finished ones, and the live beams cut at --max-tokens."""
     s = gen.settings
     parts: list[RenderableType] = [
         Text.assemble(("start     ", "bold"), _tokens(gen.start)),
@@ -770,22 +771,23 @@ def generation_summary(gen: Generation, view: View) -> Panel:
     ]
     if s.strategy == "beam":
         rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
-        title = f"finished hypotheses (n produced tokens; score = {rule})"
+        title = f"hypotheses (n produced tokens; score = {rule})"
         table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
-        for col in ("tokens", "n", "logP", "score", ""):
+        for col in ("tokens", "n", "logP", "score", "ended", ""):
             table.add_column(col, justify="left" if col == "tokens" else "right", no_wrap=True)
-        pool = list(gen.finished)
-        if not gen.finished and gen.result is not None:
-            pool = [gen.result]
-            table.title = "no beam finished: the best live beam"
-        for h in pool:
+        ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
+        for h, how in ended:
             table.add_row(
                 _tokens(h.tokens),
                 str(len(h.tokens)),
                 f"{h.logprob:.{view.precision}f}",
                 f"{h.score:.{view.precision}f}",
+                how,
                 Text("◀ result", style="bold green") if h is gen.result else "",
             )
+        if gen.unfinished:
+            table.caption = "cut: still live at --max-tokens"
+            table.caption_justify = "left"
         parts.append(table)
     return Panel(Group(*parts), title=Text("generated"), title_align="left")
 
@@ -880,6 +882,7 @@ def generation_json(gen: Generation, vocab: Sequence[str]) -> dict[str, Any]:
             }
 
         out["finished"] = [hyp(h) for h in gen.finished]
+        out["unfinished"] = [hyp(h) for h in gen.unfinished]
         out["result"] = hyp(gen.result)
     return out
 
