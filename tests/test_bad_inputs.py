@@ -793,6 +793,13 @@ UNKNOWN_KEYS = [
         "not a valid choice (did you mean 'sinusoidal'?)",
         "expected one of: sinusoidal, learned, rope, none, found the string 'sinusodal'",
     ),
+    case(
+        "choice-abbreviated",  # by spelling alone 'Sine' is nearer 'none'
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: Sine"),
+        "model.positional",
+        4,
+        "not a valid choice (did you mean 'sinusoidal'?)",
+    ),
 ]
 
 D_MODEL = [
@@ -1190,6 +1197,17 @@ STRUCTURE = [
         "found 'doc'",
         args=("encode", "{file}", "--variant", "doc"),
     ),
+    *(
+        case(
+            f"variant-suggested-{given}",
+            BASE + "variants: {document: {model.scale: 2}, plain: {model.scale: 1}}\n",
+            "variants",
+            None,
+            f"unknown variant '{given}' (did you mean 'document'?)",
+            args=("encode", "{file}", "--variant", given),
+        )
+        for given in ("documnt", "Document")
+    ),
     case(
         "expect-unknown-variant",
         BASE
@@ -1372,6 +1390,15 @@ FILES = [
         args=("encode", "nope"),
         names="nope",
     ),
+    case(
+        "misspelt-example",
+        None,
+        None,
+        None,
+        "no such file or packaged example (did you mean 'hello'?)",
+        args=("encode", "helo"),
+        names="helo",
+    ),
     case("directory", None, None, None, "is a directory", args=("encode", "{dir}"), names="{dir}"),
     case("empty-file", "", None, None, "the config is empty", "expected a YAML mapping"),
     case("only-comments", "# a title\n# nothing else\n", None, None, "the config is empty"),
@@ -1452,6 +1479,42 @@ CALCULATORS = [
             names="--q",
         )
         for lit in ("nan", "inf", "-inf", "1e400")
+    ),
+    *(
+        case(
+            f"inline-{name}",
+            None,
+            None,
+            None,
+            "row 0: a comma with no number beside it",
+            f"expected one number between commas, found {text!r}",
+            args=att(q=text),
+            names="--q",
+        )
+        # before, "1,,0" was silently read as the two numbers 1 and 0
+        for name, text in (
+            ("empty-field", "1,,0"),
+            ("leading-comma", ",1"),
+            ("trailing-comma", "1,"),
+        )
+    ),
+    case("inline-given-empty", None, None, None, "row 0 is empty", args=att(q=""), names="--q"),
+    *(
+        case(
+            f"{args[0]}-dtype",
+            text,
+            None,
+            None,
+            "--dtype float32 applies to a model config; this file holds a single operation",
+            args=(*args, "--dtype", "float32"),
+            names="--dtype",
+        )
+        # --dtype was silently ignored by the single operations, which run in float64
+        for text, args in (
+            (None, ATT),
+            ("pe: {length: 2, d_model: 4}\n", ("pe", "{file}")),
+            ("norm: {x: [[1, 2], [3, 5]]}\n", ("norm", "{file}")),
+        )
     ),
     case(
         "inline-empty-row",

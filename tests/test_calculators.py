@@ -118,6 +118,17 @@ def test_attend_mask_and_gaussian_score() -> None:
     assert steps["attn.masked"][0, 3] == -math.inf and steps["attn.softmax"][0, 3] == 0
 
 
+def test_attend_mask_with_a_finite_bias_adds_it() -> None:
+    """A finite mask entry is an additive bias (000's relative-position B): scores
+    [1, 0] / √1, plus [ln 3, 0], give softmax weights [3e, 1] / (3e + 1)."""
+    steps = steps_of(
+        "attend", "--q", "1", "--k", "1;0", "--v", "1;0", "--mask", f"{math.log(3)!r} 0"
+    )
+    assert steps["attn.masked"][0].tolist() == pytest.approx([1 + math.log(3), 0], abs=1e-15)
+    e = math.e
+    assert steps["attn.context"][0, 0] == pytest.approx(3 * e / (3 * e + 1), abs=1e-15)
+
+
 def test_attend_additive_from_the_fixture_shows_the_given_matrices() -> None:
     code, out, err = invoke("attend", str(FIXTURES / "003_additive_attention.yaml"))
     assert code == 0, err

@@ -543,6 +543,7 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--sample", "--top-p", "0"], "--top-p must lie in (0, 1]"),
         (["--sample", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
         (["--sample", "--top-k", "0"], "--top-k must be at least 1"),
+        (["--sample", "--seed", "-1"], "--seed must be at least 0"),  # was exit 3
         (["--beam", "0"], "--beam width must be at least 1"),
         (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
         (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),

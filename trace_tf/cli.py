@@ -868,7 +868,7 @@ def _op_config(
     for key, option, value in options:
         sets.append((f"{kind}.{key}", value))
         doc.origins[f"{kind}.{key}"] = option
-    cfg = build(doc, sets, c.variant, c.max_elements)
+    cfg = build(doc, sets, c.variant, c.max_elements, c.dtype)  # --dtype: refused there
     assert isinstance(cfg, OpConfig)
     return cfg
 
@@ -906,7 +906,11 @@ def attend(
     k: Annotated[MatrixOpt, typer.Option("--k", help="Keys K, one row per key.")] = None,
     v: Annotated[MatrixOpt, typer.Option("--v", help="Values V, one row per key.")] = None,
     mask: Annotated[
-        MatrixOpt, typer.Option("--mask", help="Additive mask, n_q x n_k of 0 and -inf.")
+        MatrixOpt,
+        typer.Option(
+            "--mask",
+            help="Additive mask M, n_q x n_k: 0 attends, -inf masks; another number is added as a bias.",
+        ),
     ] = None,
     scale: Annotated[
         WordOpt,
@@ -927,7 +931,7 @@ def attend(
     """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
     from trace_tf.config import parse_matrix
 
-    if file is None and not (q and k and v):
+    if file is None and (q is None or k is None or v is None):
         _fail("attend needs --q, --k and --v (or a FILE with an 'attention:' section)")
     options: list[tuple[str, str, Any]] = []
     for key, option, text in (("Q", "--q", q), ("K", "--k", k), ("V", "--v", v)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -335,7 +336,7 @@ def resolve(name: str | None) -> Path:
     if packaged.exists():
         return packaged
     raise InputError(
-        "no such file or packaged example",
+        "no such file or packaged example" + _suggest(name, example_names()),
         file=name,
         expected="a config file path or one of: " + ", ".join(example_names()),
         found=repr(name),
@@ -398,15 +399,24 @@ def parse_matrix(text: str, option: str, *, allow_inf: bool = False) -> list[Any
     return blocks
 
 
+_NUMBER_SEPARATOR = re.compile(r"\s*,\s*|\s+")  # one comma (spaces around it allowed), or spaces
+
+
 def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
     rows: list[list[float]] = []
     for r, row_text in enumerate(text.split(";")):
-        cells = [c for c in row_text.replace(",", " ").split() if c]
-        if not cells:
+        if not row_text.strip():
             raise InputError(
                 f"{option}: row {r} is empty",
                 expected="numbers separated by spaces or commas, rows by ';'",
                 found=repr(text),
+            )
+        cells = _NUMBER_SEPARATOR.split(row_text.strip())
+        if "" in cells:  # "1,,0", ",1" or "1,": a number left out, not a shorter row
+            raise InputError(
+                f"{option}: row {r}: a comma with no number beside it",
+                expected="one number between commas",
+                found=repr(row_text.strip()),
             )
         row = []
         for c in cells:
@@ -499,7 +509,7 @@ def apply_variant(doc: Document, name: str) -> None:
     if not isinstance(variants, dict) or name not in variants:
         known = sorted(variants) if isinstance(variants, dict) else []
         raise InputError(
-            f"unknown variant {name!r}",
+            f"unknown variant {name!r}{_suggest(name, known)}",
             file=doc.file,
             path="variants",
             expected="one of: " + (", ".join(known) or "(the file defines none)"),
@@ -622,8 +632,16 @@ def _ctx(doc: Document) -> _Ctx:
 
 
 def _suggest(key: str, valid: Sequence[str]) -> str:
-    same_case = [v for v in valid if v.lower() == key.lower()]  # `w` for `W`
-    near = same_case or difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    """` (did you mean 'x'?)`: the valid name nearest to `key`, compared without case
+    (`w` for `W`); a name that alone begins with the key's first three letters wins
+    (`Sine` for `sinusoidal`, where spelling alone is nearer `none`)."""
+    by_lower = {v.lower(): v for v in valid}
+    k = key.lower()
+    near = [by_lower[k]] if k in by_lower else []
+    if not near and len(k) >= 3:
+        near = [v for low, v in by_lower.items() if low.startswith(k[:3])]
+    if len(near) != 1:
+        near = [by_lower[m] for m in difflib.get_close_matches(k, list(by_lower), n=1, cutoff=0.5)]
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 

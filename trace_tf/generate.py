@@ -116,6 +116,8 @@ def settings(
         raise InputError(
             "--temperature must be positive", expected="a number > 0", found=f"{temperature:g}"
         )
+    if seed is not None and seed < 0:  # numpy's generators take no negative seed
+        raise InputError("--seed must be at least 0", expected="an integer >= 0", found=str(seed))
     if top_k is not None and top_k < 1:
         raise InputError("--top-k must be at least 1", expected="an integer >= 1", found=str(top_k))
     if top_p is not None and not 0 < top_p <= 1:

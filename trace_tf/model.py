@@ -283,7 +283,12 @@ def attend(
     if mask is not None:
         with np.errstate(invalid="ignore"):
             scaled = tr.rec(
-                "masked", scaled + mask, "S / scale + M  (M: 0 or −inf)", scaled, mask, cols="keys"
+                "masked",
+                scaled + mask,
+                "S / scale + M  (M additive: −inf masks)",
+                scaled,
+                mask,
+                cols="keys",
             )
     temp = f" / T, T = {temperature:g}" if temperature != 1.0 else ""
     weights = tr.rec(
