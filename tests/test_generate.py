@@ -243,9 +243,16 @@ def test_top_k_and_top_p_keep_exactly_the_documented_sets() -> None:
     assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
     got = probs_of(raw, top_p=0.4)  # a alone reaches 0.4
     assert got["a"] == 1.0 and sum(got.values()) == 1.0
-    # top-p measures what top-k left, renormalised: 0.5, 0.5 + 0.3125 = 0.8125 >= 0.8.
-    got = probs_of(raw, top_k=3, top_p=0.8)
+    # top-p measures what top-k left as it is, renormalising once, last (SPEC section 4):
+    # 0.4, 0.65 < 0.7, 0.8 >= 0.7, so c crosses and is kept. (Renormalised first, as
+    # Hugging Face chains them, 0.5 + 0.3125 = 0.8125 would reach 0.7 without c.)
+    got = probs_of(raw, top_k=3, top_p=0.7)
+    assert {t for t, x in got.items() if x > 0} == {"a", "b", "c"}
+    assert math.isclose(got["a"], 0.5) and math.isclose(got["c"], 0.1875)
+    got = probs_of(raw, top_k=3, top_p=0.6)  # 0.4 < 0.6, 0.65 >= 0.6: as top-p alone
     assert {t for t, x in got.items() if x > 0} == {"a", "b"}
+    assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
+    got = probs_of(raw, top_k=2, top_p=0.9)  # top-k kept 0.65 < 0.9: top-p keeps both
     assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
     assert probs_of(raw, top_p=1.0) == pytest.approx(FIXED_P, rel=1e-12)
 
@@ -613,9 +620,11 @@ def test_a_nan_distribution_is_an_error_not_a_token(tmp_yaml) -> None:  # type: 
 def test_helpers_by_hand() -> None:
     p = np.array([0.1, 0.4, 0.2, 0.3])
     assert gen.ranking(p).tolist() == [1, 3, 2, 0]
-    assert gen.top_k_filter(p, 2).tolist() == pytest.approx([0, 4 / 7, 0, 3 / 7])
-    assert gen.top_p_filter(p, 0.7).tolist() == pytest.approx([0, 4 / 7, 0, 3 / 7])
-    assert gen.top_p_filter(p, 0.71).tolist() == pytest.approx([0, 4 / 9, 2 / 9, 3 / 9])
+    # The filters keep probabilities as they are; sampling_steps renormalises.
+    assert gen.top_k_filter(p, 2).tolist() == [0, 0.4, 0, 0.3]
+    assert gen.top_p_filter(p, 0.7).tolist() == [0, 0.4, 0, 0.3]
+    assert gen.top_p_filter(p, 0.71).tolist() == [0, 0.4, 0.2, 0.3]
+    assert gen.top_p_filter(np.array([0, 0.4, 0, 0.3]), 0.8).tolist() == [0, 0.4, 0, 0.3]
     assert [gen.draw(p, u) for u in (0.0, 0.0999, 0.1, 0.49, 0.5, 0.7, 0.9999999)] == [
         0,
         0,

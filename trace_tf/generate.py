@@ -13,9 +13,11 @@ The decoding rules (SPEC section 4, stated here once):
 
 - greedy: the most probable token; a tie goes to the earlier vocabulary entry.
 - sample: softmax(logits / T); then top-k (the k most probable, ties to the
-  earlier vocabulary entry); then top-p over what is left, renormalised (sort by
+  earlier vocabulary entry); then top-p over what is left, as it is (sort by
   probability, keep the smallest prefix whose total reaches p, the token that
-  crosses p included); renormalise. One generator for the whole run,
+  crosses p included); then renormalise, once (SPEC section 4's order: where
+  top-k keeps less than p, top-p keeps all it kept; Hugging Face and vLLM
+  renormalise before top-p instead, which differs only when both are given). One generator for the whole run,
   `numpy.random.default_rng(seed)`; each iteration draws u = rng.random() and
   takes the first token, in vocabulary order, whose cumulative probability
   exceeds u x (the total).
@@ -150,7 +152,10 @@ def describe(s: Settings) -> list[tuple[str, str]]:
         if s.top_k is not None:
             parts.append(f"top-k {s.top_k}")
         if s.top_p is not None:
-            parts.append(f"top-p {s.top_p:g} (smallest prefix reaching p, the crossing token in)")
+            parts.append(
+                f"top-p {s.top_p:g} (smallest prefix whose total, not yet renormalised, "
+                "reaches p; the crossing token in)"
+            )
         rule = (
             "sample from "
             + ", then ".join(parts)
@@ -192,35 +197,41 @@ def ranking(p: Array) -> Array:
 
 
 def top_k_filter(p: Array, k: int) -> Array:
-    """Keep the k most probable tokens (ties to the earlier entry), renormalised. [V] -> [V]"""
+    """The k most probable tokens (ties to the earlier entry) kept as they are, the
+    rest 0. [V] -> [V]"""
     keep = ranking(p)[:k]
     out = np.zeros_like(p)
     out[keep] = p[keep]
-    return out / out.sum()
+    return out
 
 
 def top_p_filter(p: Array, top_p: float) -> Array:
-    """Nucleus: sorted by probability, the smallest prefix whose total reaches top_p (the
-    crossing token included), renormalised (Holtzman et al. 2020). [V] -> [V]"""
+    """Nucleus (Holtzman et al. 2020): sorted by probability, the smallest prefix whose
+    total reaches top_p (the crossing token included) kept as it is, the rest 0; all of
+    `p` when its total stays below top_p. [V] -> [V]"""
     order = ranking(p)
     total = np.cumsum(p[order])
     n = min(int(np.searchsorted(total, top_p, side="left")) + 1, len(p))
     keep = order[:n]
     out = np.zeros_like(p)
     out[keep] = p[keep]
-    return out / out.sum()
+    return out
 
 
 def sampling_steps(logits: Array, s: Settings) -> list[tuple[str, Array]]:
-    """The distribution after each sampling stage in turn: temperature, top-k, top-p. [V]"""
+    """The distribution after each sampling stage in turn: temperature, top-k, top-p.
+
+    The filters keep probabilities as they are, so top-p measures what top-k left
+    without renormalising it first, and the one renormalisation comes last (SPEC 4).
+    Each stage is shown renormalised: the distribution a draw after it would use. [V]"""
     p = ops.softmax(logits, s.temperature)
     steps = [("tempered", p)]
     if s.top_k is not None:
         p = top_k_filter(p, s.top_k)
-        steps.append(("top_k", p))
+        steps.append(("top_k", p / p.sum()))
     if s.top_p is not None:
         p = top_p_filter(p, s.top_p)
-        steps.append(("top_p", p))
+        steps.append(("top_p", p / p.sum()))
     return steps
 
 
@@ -450,7 +461,8 @@ def _single(
 _STAGE_FORMULA = {
     "tempered": "softmax(logits / T), T = {s.temperature:g}",
     "top_k": "the {s.top_k} most probable kept, renormalised",
-    "top_p": "smallest sorted prefix with total ≥ {s.top_p:g} kept, renormalised",
+    "top_p": "smallest sorted prefix with total ≥ {s.top_p:g} kept (the total before any "
+    "renormalisation), renormalised",
 }
 
 
