@@ -1249,8 +1249,8 @@ STAGES = [
         BASE,
         None,
         None,
-        "no step matches --stage softmax --layer 7",
-        "expected a layer and head the model has",
+        "no step matches --stage softmax --layer 7: the model has no layer 7",
+        "expected a layer from 0 to",
         args=("step", "{file}", "--stage", "softmax", "--layer", "7"),
     ),
     case(

@@ -131,3 +131,96 @@ def test_step_takes_one_whole_path_and_refuses_an_unknown_one() -> None:
     bad = runner.invoke(app, ["step", "--stage", "encoder.9.self_attn.h0.softmax"])
     assert bad.exit_code == 2
     assert "did you mean 'encoder.0.self_attn.h0.softmax'" in bad.stderr
+
+
+# What a selection that selects nothing says (the packaged `hello`: post-norm, one
+# encoder and one decoder layer, two heads, sinusoidal positions, scaled_dot).
+NOT_RECORDED = [
+    ("final_norm", "model.norm_position: pre or model.final_norm: true"),
+    ("q_raw", "model.positional: rope"),
+    ("k_raw", "model.positional: rope"),
+    ("q_a", "model.score: additive"),
+    ("k_a", "model.score: additive"),
+    ("tanh", "model.score: additive"),
+    ("q_b", "model.score: bilinear"),
+    ("rms", "model.norm: rms"),
+    ("centered", "only in the norm calculator, trace-tf norm"),
+]
+
+
+def _step(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["step", "hello", *args])
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize(("stage", "why"), NOT_RECORDED)
+def test_a_stage_this_config_does_not_record_is_named_as_a_stage(stage: str, why: str) -> None:
+    code, err = _step("--stage", stage)
+    assert code == 2 and "Traceback" not in err
+    assert f"stage '{stage}' exists, but it is not recorded by this config" in err
+    assert why in err and "unknown stage" not in err and "did you mean" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_stage_still_gets_the_nearest_name() -> None:
+    code, err = _step("--stage", "final_nrm")
+    assert code == 2 and "unknown stage 'final_nrm'" in err and "did you mean" in err
+
+
+def test_a_layer_the_model_lacks_is_named_with_the_layers_it_has() -> None:
+    code, err = _step("--stage", "softmax", "--layer", "5")
+    assert code == 2 and "no step matches --stage softmax --layer 5" in err
+    assert "the model has no layer 5" in err
+    assert "expected a layer from 0 to 0 (1 encoder + 1 decoder layer), found 5" in err
+
+
+def test_a_head_the_model_lacks_is_named_with_the_heads_it_has() -> None:
+    code, err = _step("--stage", "softmax", "--head", "2")
+    assert code == 2 and "the model has no head 2" in err
+    assert "expected a head from 0 to 1 (2 heads per attention block), found 2" in err
+
+
+def test_a_stage_outside_the_layers_says_so() -> None:
+    code, err = _step("--stage", "embed", "--layer", "0")
+    assert code == 2 and "no step matches --stage embed --layer 0" in err
+    assert "the steps --stage embed selects are outside the layers" in err
+    assert "without --layer" in err and "found --layer 0" in err
+    code, err = _step("--stage", "wo", "--head", "0")
+    assert code == 2 and "the steps --stage wo selects are not per head" in err
+
+
+def test_a_stage_recorded_in_other_layers_names_them() -> None:
+    raw = random_config(
+        np.random.default_rng(5), d_model=4, n_heads=2, encoder_layers=2, decoder_layers=1
+    )
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    from trace_tf.errors import InputError
+    from trace_tf.trace import check_selection
+
+    trace = run(cfg, "full")
+    with pytest.raises(InputError) as exc:
+        check_selection(trace, "cross", 1, None)
+    assert "--stage cross is recorded in layer 0 only" in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        check_selection(trace, "softmax", 2, None)
+    assert "(2 encoder + 1 decoder layers), found 2" in str(exc.value)
+    check_selection(trace, "softmax", 1, 0)  # encoder layer 1: selects steps
+
+
+def test_generate_trace_checks_the_selection_as_step_does() -> None:
+    runner = CliRunner()
+    for args in (
+        ["--stage", "k", "--layer", "3"],
+        ["--stage", "final_norm"],
+        ["--stage", "v", "--head", "7"],
+    ):
+        gen = runner.invoke(app, ["generate", "hello", "--trace", "--max-tokens", "2", *args])
+        step = runner.invoke(app, ["step", "hello", *args])
+        assert gen.exit_code == 2 and step.exit_code == 2, (args, gen.stdout)
+        assert gen.stderr == step.stderr and gen.stdout == ""
+    for args in (["--layer", "0"], ["--head", "1"]):  # no --stage: every step of that layer
+        ok = runner.invoke(app, ["generate", "hello", "--trace", "--max-tokens", "2", *args])
+        assert ok.exit_code == 0, ok.stderr
+    bad = runner.invoke(app, ["generate", "hello", "--trace", "--max-tokens", "2", "--head", "2"])
+    assert bad.exit_code == 2 and "no step matches --head 2: the model has no head 2" in bad.stderr

@@ -547,27 +547,16 @@ def step(
     from trace_tf.config import Config
     from trace_tf.errors import InputError
     from trace_tf.runner import run
-    from trace_tf.trace import check_stage, matches
+    from trace_tf.trace import check_selection, matches
 
     cfg = _load(config, c)
     # Store only the selected steps (and, as they are recorded, their inputs).
     trace = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
     try:
-        check_stage(stage, trace.stages() | trace.paths())  # a name, or one whole path
+        check_selection(trace, stage, layer, head)
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     steps = trace.select(stage, layer, head)
-    if not steps:
-        raise InputError(
-            f"no step matches --stage {stage}"
-            + (f" --layer {layer}" if layer is not None else "")
-            + (f" --head {head}" if head is not None else ""),
-            file=cfg.file,
-            expected="a layer and head the model has"
-            if layer is not None or head is not None
-            else "a group or pattern that matches a step this model computes "
-            "(`trace-tf stages` lists them)",
-        )
     weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
     view = c.view()
     _show(
@@ -763,7 +752,7 @@ def generate(
     from trace_tf import render
     from trace_tf.errors import InputError
     from trace_tf.runner import conventions, require_model
-    from trace_tf.trace import CheckingTracer, Tracer, check_stage, matches
+    from trace_tf.trace import CheckingTracer, Tracer, check_selection, matches
 
     s = gen_mod.settings(
         greedy=greedy,
@@ -787,8 +776,8 @@ def generate(
         gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
         tr.name_all(cfg.named_arrays())
         result = gen_mod.run(cfg, s, tr)
-        if stage is not None:  # a stage name, or one whole path
-            check_stage(stage, tr.trace.stages() | tr.trace.paths())
+        if stage is not None or layer is not None or head is not None:
+            check_selection(tr.trace, stage, layer, head)  # as `step` does
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace, cfg.file)
@@ -1114,7 +1103,9 @@ def diff(
     keep = None
     if stage is not None:
         check_stage(
-            stage, trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps)
+            stage,
+            trace_a.stages() | trace_b.stages() | set(trace_a.steps) | set(trace_b.steps),
+            "either config",
         )
         keep = lambda path: matches(path, stage, None, None)  # noqa: E731
     diffs = compare(trace_a, trace_b, atol, keep)

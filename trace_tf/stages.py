@@ -31,6 +31,9 @@ class Stage:
     formula: str
     shape: str
     meaning: str
+    # What makes a config record it, when not every model does: completes
+    # "stage 'x' exists, but this config does not record it (it appears ...)".
+    appears: str = ""
 
     @property
     def name(self) -> str:
@@ -67,6 +70,7 @@ STAGES: tuple[Stage, ...] = (
         "PE[pos,2i] = sin(pos / base^(2i/d)), PE[pos,2i+1] = cos(…); learned: positional[pos]",
         "L × d_model",
         "where each token stands, added to its embedding (absent for rope and none)",
+        "with model.positional: sinusoidal, the default, or learned",
     ),
     Stage(
         "input",
@@ -81,6 +85,7 @@ STAGES: tuple[Stage, ...] = (
         "M[i,j] = −inf where query i may not see key j (decoder: j > i; pad keys), else 0",
         "L × L",
         "the additive mask of the self-attention",
+        "in a decoder (causal), or with a tokens.pad token in the source",
     ),
     Stage(
         "cross_mask",
@@ -88,6 +93,7 @@ STAGES: tuple[Stage, ...] = (
         "M[i,j] = −inf where source key j is a pad, else 0",
         "L_tgt × L_src",
         "the additive mask of the cross-attention",
+        "in an encoder-decoder model with a tokens.pad token in the source",
     ),
     Stage(
         "q_raw",
@@ -95,6 +101,7 @@ STAGES: tuple[Stage, ...] = (
         "X W_q + b_q",
         "L × d_k",
         "rope: the queries before their rotation",
+        "with model.positional: rope",
     ),
     Stage(
         "k_raw",
@@ -102,6 +109,7 @@ STAGES: tuple[Stage, ...] = (
         "X W_k + b_k",
         "L × d_k",
         "rope: the keys before their rotation",
+        "with model.positional: rope",
     ),
     Stage(
         "q",
@@ -130,6 +138,7 @@ STAGES: tuple[Stage, ...] = (
         "Q W_a_q",
         "L_q × d_a",
         "score additive: the queries in the hidden layer",
+        "with model.score: additive",
     ),
     Stage(
         "k_a",
@@ -137,6 +146,7 @@ STAGES: tuple[Stage, ...] = (
         "K W_a_k",
         "L_k × d_a",
         "score additive: the keys in the hidden layer",
+        "with model.score: additive",
     ),
     Stage(
         "tanh",
@@ -144,6 +154,7 @@ STAGES: tuple[Stage, ...] = (
         "tanh(q_a[i] + k_a[j])",
         "L_q × L_k × d_a",
         "score additive: the hidden features of each query-key pair (003's one-layer MLP)",
+        "with model.score: additive",
     ),
     Stage(
         "q_b",
@@ -151,6 +162,7 @@ STAGES: tuple[Stage, ...] = (
         "Q W_b",
         "L_q × d_k",
         "score bilinear: the queries through W_b",
+        "with model.score: bilinear",
     ),
     Stage(
         "scores",
@@ -173,6 +185,7 @@ STAGES: tuple[Stage, ...] = (
         "S / scale + M",
         "L_q × L_k",
         "the scaled scores with the hidden keys at −inf (only when a mask applies)",
+        "where a mask applies: in a decoder, or with a tokens.pad token in a sequence",
     ),
     Stage(
         "softmax",
@@ -222,6 +235,7 @@ STAGES: tuple[Stage, ...] = (
         "mean over the normalised axis",
         "L × 1 (batch: 1 × d, instance: B × C × 1)",
         "the centre the norm subtracts: a row's features (layer), a column (batch)",
+        "with model.norm: layer, the default",
     ),
     Stage(
         "var",
@@ -229,6 +243,7 @@ STAGES: tuple[Stage, ...] = (
         "mean((x − mean)²) over the normalised axis (biased: ÷ n)",
         "L × 1 (batch: 1 × d, instance: B × C × 1)",
         "the spread the norm divides by (after ε and the square root)",
+        "with model.norm: layer, the default",
     ),
     Stage(
         "rms",
@@ -236,6 +251,7 @@ STAGES: tuple[Stage, ...] = (
         "√(mean(x²) + ε)",
         "L × 1",
         "RMSNorm: the size each row is divided by",
+        "with model.norm: rms",
     ),
     Stage(
         "centered",
@@ -243,6 +259,8 @@ STAGES: tuple[Stage, ...] = (
         "x − mean",
         "as x",
         "calculator: the values around their mean",
+        "only in the norm calculator, trace-tf norm or a file with a norm: section; "
+        "a model's norms record mean and var, or rms",
     ),
     Stage(
         "norm_out",
@@ -278,6 +296,7 @@ STAGES: tuple[Stage, ...] = (
         "Norm(x)",
         "L × d_model",
         "the last norm of a stack (on by default for pre-norm)",
+        "with model.norm_position: pre or model.final_norm: true",
     ),
     Stage(
         "output",

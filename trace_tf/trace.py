@@ -13,7 +13,7 @@ import fnmatch
 import math
 import re
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -119,19 +119,150 @@ def matches(path: str, stage: str | None, layer: int | None, head: int | None) -
     return head is None or f"h{head}" in parts
 
 
-def check_stage(stage: str, known: set[str]) -> None:
-    """Refuse a stage name that can select nothing, suggesting the nearest."""
+def check_stage(stage: str, known: set[str], config: str = "this config") -> None:
+    """Refuse a stage name that can select nothing: a stage of the registry that
+    `config` does not record (saying what would record it), or an unknown name
+    (suggesting the nearest: one `known`, else one of the registry)."""
     import difflib
+
+    from trace_tf.stages import STAGES
 
     if "*" in stage or "?" in stage or stage in GROUPS or stage in known:
         return
-    names = sorted(known | set(GROUPS))
-    near = difflib.get_close_matches(stage, names, n=1)
+    registered = [s for s in STAGES if s.name == stage]
+    if registered:
+        appears = next((s.appears for s in registered if s.appears), "")
+        raise InputError(
+            f"stage {stage!r} exists, but it is not recorded by {config}"
+            + (f" (it appears {appears})" if appears else ""),
+            expected=f"a stage recorded by {config} (`trace-tf stages` explains each)",
+            found=repr(stage),
+        )
+    # the nearest name this config records, else the nearest of the registry
+    near = difflib.get_close_matches(stage, sorted(known | set(GROUPS)), n=1)
+    near = near or difflib.get_close_matches(stage, sorted({s.name for s in STAGES}), n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise InputError(
         f"unknown stage {stage!r}{hint}",
         expected="a stage name, a group (" + ", ".join(GROUPS) + ") or a pattern with *",
         found=repr(stage),
+    )
+
+
+_LAYER = re.compile(r"(?:^|\.)(encoder|decoder)\.(\d+)\.")
+_HEAD = re.compile(r"(?:^|\.)h(\d+)(?:\.|$)")
+
+
+def _layers(paths: Iterable[str]) -> dict[str, set[int]]:
+    """The layers each stack has among `paths`, encoder first."""
+    found: dict[str, set[int]] = {"encoder": set(), "decoder": set()}
+    for p in paths:
+        m = _LAYER.search(p)
+        if m:
+            found[m.group(1)].add(int(m.group(2)))
+    return {stack: layers for stack, layers in found.items() if layers}
+
+
+def _heads(paths: Iterable[str]) -> set[int]:
+    return {int(m.group(1)) for p in paths if (m := _HEAD.search(p))}
+
+
+def _listed(numbers: set[int]) -> str:
+    return ", ".join(str(n) for n in sorted(numbers))
+
+
+def check_selection(trace: Trace, stage: str | None, layer: int | None, head: int | None) -> None:
+    """Refuse a selection (--stage, --layer, --head) that selects no step `trace`
+    recorded, saying why: an unknown stage, or one this config does not record; a
+    layer or head the model does not have; a stage with no layer or head, or none
+    of that number. `step` and `generate --trace` both check with this."""
+    from trace_tf.stages import STAGES
+
+    paths = trace.paths()
+    if stage is not None:
+        check_stage(stage, trace.stages() | paths)  # a name, or one whole path
+    if any(matches(p, stage, layer, head) for p in paths):
+        return
+    what = " ".join(
+        f"--{option} {value}"
+        for option, value in (("stage", stage), ("layer", layer), ("head", head))
+        if value is not None
+    )
+    nothing = f"no step matches {what}"
+    model_layers = _layers(paths)
+    if layer is not None and not any(layer in ls for ls in model_layers.values()):
+        if not model_layers:
+            raise InputError(
+                f"{nothing}: this config has no layers", expected="no --layer", found=str(layer)
+            )
+        top = max(max(ls) for ls in model_layers.values())
+        counts = [f"{max(ls) + 1} {stack}" for stack, ls in model_layers.items()]
+        several = any(max(ls) > 0 for ls in model_layers.values())  # "layers" then
+        raise InputError(
+            f"{nothing}: the model has no layer {layer}",
+            expected=f"a layer from 0 to {top} ("
+            + " + ".join(counts)
+            + (" layers)" if several else " layer)"),
+            found=str(layer),
+        )
+    model_heads = _heads(paths)
+    if head is not None and head not in model_heads:
+        if not model_heads:
+            raise InputError(
+                f"{nothing}: this config has no attention heads",
+                expected="no --head",
+                found=str(head),
+            )
+        n = max(model_heads) + 1
+        raise InputError(
+            f"{nothing}: the model has no head {head}",
+            expected=f"a head from 0 to {n - 1} ({n} head{'s' if n > 1 else ''} per attention block)",
+            found=str(head),
+        )
+    selected = [p for p in paths if matches(p, stage, None, None)]
+    if stage is not None and selected and layer is not None:
+        stage_layers = set().union(*_layers(selected).values())
+        if not stage_layers:
+            outside = [
+                s.name
+                for s in STAGES
+                if not any("<l>" in p for p in s.paths)
+                and any(not p.startswith(("attn.", "norm.")) and p != "pe" for p in s.paths)
+            ]
+            raise InputError(
+                f"{nothing}: the steps --stage {stage} selects are outside the layers",
+                expected=f"--stage {stage} without --layer ("
+                + ", ".join(dict.fromkeys(outside))
+                + " have no layer)",
+                found=f"--layer {layer}",
+            )
+        if layer not in stage_layers:
+            raise InputError(
+                f"{nothing}: --stage {stage} is recorded in layer {_listed(stage_layers)} only",
+                expected=f"a layer in which --stage {stage} is recorded",
+                found=str(layer),
+            )
+        selected = [p for p in selected if matches(p, None, layer, None)]
+    stage_heads = _heads(selected)
+    if stage is not None and selected and head is not None and head not in stage_heads:
+        if not stage_heads:
+            per_head = [s.name for s in STAGES if any("h<n>" in p for p in s.paths)]
+            raise InputError(
+                f"{nothing}: the steps --stage {stage} selects are not per head",
+                expected=f"--stage {stage} without --head, or a per-head stage ("
+                + ", ".join(per_head)
+                + ")",
+                found=f"--head {head}",
+            )
+        raise InputError(
+            f"{nothing}: --stage {stage} is recorded in head {_listed(stage_heads)} only",
+            expected=f"a head in which --stage {stage} is recorded",
+            found=str(head),
+        )
+    raise InputError(
+        nothing,
+        expected="a group or pattern that matches a step this model computes "
+        "(`trace-tf stages` lists them)",
     )
 
 
