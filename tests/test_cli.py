@@ -616,3 +616,98 @@ def test_check_of_a_config_without_expect_entries_says_so(tmp_yaml) -> None:  # 
         "trace-tf check: no `expect` entries to check",
         "0 passed, 0 failed",
     ]
+
+
+def _cells_at(monkeypatch: pytest.MonkeyPatch, columns: int, *args: str) -> tuple[str, set[str]]:
+    """What `args` prints at `columns` columns, and its cells: the words between spaces
+    and table borders (so that "2.8" is not found in "2.84e-14")."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = runner.invoke(app, list(args))
+    assert result.exit_code in (0, 1), result.stderr
+    return result.stdout, set(re.split(r"[\s│┃]+", result.stdout))
+
+
+def _json_of(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict:  # type: ignore[type-arg]
+    monkeypatch.setenv("COLUMNS", "200")
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code in (0, 1), result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def _assert_whole(monkeypatch: pytest.MonkeyPatch, numbers: list[str], *args: str) -> None:
+    """Every one of `numbers` is a cell of what `args` prints at 200 columns, and at 80
+    and 40 too: a narrow terminal never cuts a number."""
+    assert numbers
+    for columns in (200, 80, 40):
+        out, cells = _cells_at(monkeypatch, columns, *args)
+        missing = [x for x in numbers if x not in cells]
+        assert not missing, f"at {columns} columns, cut or missing: {missing}\n{out}"
+
+
+def test_check_never_cuts_an_error_or_a_tolerance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 40 columns `max |error|` read "2.8" for 2.84e-14 and the failing row's error was
+    # blank; at 50, atol read "1e-" for 1e-06.
+    import trace_tf
+
+    hello = (Path(trace_tf.__file__).parent / "examples" / "hello.yaml").read_text()
+    first = "    value: [[1, 2, 3, 4], [2, 3, 4, 5]]\n"
+    assert first in hello
+    path = tmp_path / "X.yaml"
+    path.write_text(hello.replace(first, first.replace("[[1,", "[[2,"), 1))
+    results = _json_of(monkeypatch, "check", str(path))["results"]
+    assert [r["ok"] for r in results].count(False) == 1
+    numbers = [f"{r['max_abs_error']:.3g}" for r in results] + [f"{r['atol']:g}" for r in results]
+    _assert_whole(monkeypatch, numbers, "check", str(path))
+    for columns in (40, 50):
+        _, cells = _cells_at(monkeypatch, columns, "check", str(path))
+        assert {"2.84e-14", "4.89e-09", "1e-06", "FAIL"} <= cells
+
+
+def test_diff_never_cuts_a_difference_where_or_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 40 columns the `at` column read "[1" and "[0", and `cells` was not shown.
+    args = ("diff", "hello", "--set-b", "model.scale=30")
+    steps = [s for s in _json_of(monkeypatch, *args)["steps"] if s["status"] == "differs"]
+    numbers = [f"{s['max_abs_diff']:.3g}" for s in steps]
+    numbers += ["[" + ",".join(map(str, s["at"])) + "]" for s in steps]
+    numbers += [f"{s['cells_differing']}/{math.prod(s['shape_b'])}" for s in steps]
+    _assert_whole(monkeypatch, numbers, *args)
+
+
+def test_cost_never_cuts_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 40 columns the L column had no width and the counts read "2,3…" and "36.…".
+    from trace_tf.render import _si
+
+    args = ("cost", "--vary", "L=8,16,32")
+    data = _json_of(monkeypatch, *args)
+    numbers = [f"{c['macs']:,}" for c in data["ledger"] if c["macs"]]
+    numbers += [f"{n:,}" for n in data["totals"]["by_stage"].values()]
+    numbers += [f"{data['totals']['total']:,}"]
+    for row in data["vary"]["rows"]:  # the times are measured anew each run: not compared
+        numbers += [str(row["value"]), _si(row["total"])]
+        numbers += [_si(n) for n in row["by_kind"].values() if n]
+        numbers += [f"{row['by_kind']['attention'] / row['total']:.1%}"]
+    _assert_whole(monkeypatch, numbers, *args)
+
+
+def test_generate_beam_summary_never_cuts_a_log_probability(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 80 and 120 columns the long token lists took the width and logP, score and
+    # the result mark were cut to "…".
+    args = ("generate", "--beam", "3")
+    data = _json_of(monkeypatch, *args)
+    hypotheses = data["finished"] + data["unfinished"]
+    numbers = [f"{h['logprob']:.4f}" for h in hypotheses] + [
+        f"{h['score']:.4f}" for h in hypotheses
+    ]
+    _assert_whole(monkeypatch, numbers, *args)
+    for columns in (80, 120):
+        out, _ = _cells_at(monkeypatch, columns, *args)
+        summary = out[out.index("hypotheses (") :]
+        assert "◀ result" in summary
+        for h in hypotheses:
+            assert f"{h['logprob']:.4f}" in summary and f"{h['score']:.4f}" in summary

@@ -414,12 +414,12 @@ def emit(
 
             fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
-            con = console(fh, c.width)
-            widths = [0] * len(renderables)
-            if c.full:  # every column, however wide: matrices are never cropped to the width
-                from trace_tf.render import width_needed
+            from trace_tf.render import least_width, width_needed
 
-                widths = [width_needed(r) for r in renderables]
+            con = console(fh, c.width)
+            # A table whose numbers cannot all fit is printed wider than the terminal
+            # rather than cut one; with --full, every column of a matrix, however wide.
+            widths = [max(least_width(r), width_needed(r) if c.full else 0) for r in renderables]
             screen, con.width = con.width, max(con.width, *widths)
             for r, need in zip(renderables, widths, strict=True):
                 con.print(r, width=max(screen, need))  # the rest keeps the screen's width

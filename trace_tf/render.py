@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -406,6 +407,61 @@ def _count(n: int) -> str:
     return f"{n:,}" if n else "—"
 
 
+_LEAST_TEXT = 8  # the fewest cells a text column that gives way is cut to ("…softmax")
+
+
+def keep_whole(table: Table) -> Table:
+    """Raise the min_width of every column that is never wrapped and has one (numbers,
+    short codes) to its widest cell, so that rich narrows only the text columns: a
+    number is never cut. Where even so the table cannot fit, `least_width` says how
+    wide it must be printed."""
+    for column in table.columns:
+        if column.no_wrap and column.min_width is not None:
+            cells = [column.header, *column.cells]
+            widest = max(
+                (
+                    cell_len(c.plain if isinstance(c, Text) else c)
+                    for c in cells
+                    if isinstance(c, (str, Text))
+                ),
+                default=0,
+            )
+            column.min_width = max(column.min_width, widest)
+    return table
+
+
+def least_width(renderable: RenderableType) -> int:
+    """The fewest terminal cells `renderable` can be printed in without cutting a column
+    kept whole (never wrapped, with a min_width: numbers, short codes); 0 when it has
+    no such column. A line may be wider than the terminal rather than cut a number.
+
+    This follows how rich narrows a table that is too wide: the wrapable columns only,
+    the widest first, down to a common width; that width must leave each of them its
+    min_width (else 1 cell), or rich would cut the others too."""
+    if isinstance(renderable, Table):
+        columns = renderable.columns
+        if not any(c.no_wrap and c.min_width is not None for c in columns):
+            return 0
+        # (measured as printed: every string is text, not markup; see cli.console)
+        console = Console(
+            width=10**5, file=io.StringIO(), markup=False, emoji=False, highlight=False
+        )
+        options = console.options
+        widest = [renderable._measure_column(console, options, c).maximum for c in columns]
+        pad = [renderable._get_padding_width(c._index) for c in columns]
+        wrap = [not c.no_wrap and c.width is None for c in columns]
+        least = [(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)]
+        level = max((x for x, w in zip(least, wrap, strict=True) if w), default=0)
+        cells = sum(min(x, level) if w else x for x, w in zip(widest, wrap, strict=True))
+        return cells + renderable._extra_width
+    if isinstance(renderable, Group):
+        return max((least_width(r) for r in renderable.renderables), default=0)
+    if isinstance(renderable, Panel):
+        inner = least_width(renderable.renderable)
+        return inner + 4 if inner else 0  # two borders, a space of padding inside each
+    return 0
+
+
 def _fitted(
     names: list[str],
     rows: list[list[str]],
@@ -428,7 +484,8 @@ def _fitted(
         else [cell_len(name) for name in names]
     )
     room = width - sum(widths) - 2 * len(widths)
-    for name, least in give_way:
+    # Each in turn to its least; when that is not enough, each further, to _LEAST_TEXT.
+    for name, least in [*give_way, *((name, _LEAST_TEXT) for name, _ in give_way)]:
         if room < 0 and name in names:
             i = names.index(name)
             cut = min(-room, max(0, widths[i] - least))
@@ -491,23 +548,23 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
 def cost_ledger(costs: Iterable[Cost]) -> Table:
     """Every step with its shape and multiply-adds (formula in symbols and in numbers)."""
     table = Table(title="multiply-adds of every step", title_justify="left")
-    table.add_column("step", no_wrap=True)
-    table.add_column("shape", justify="right", no_wrap=True)
-    table.add_column("multiply-adds")
-    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("step", overflow="fold")  # on a narrow terminal, over two lines
+    table.add_column("shape", justify="right", no_wrap=True, min_width=0)
+    table.add_column("multiply-adds", overflow="fold")
+    table.add_column("count", justify="right", no_wrap=True, min_width=0)
     for c in costs:
         terms = " = " + "·".join(str(t) for t in c.terms) if c.terms else ""
         table.add_row(c.path, shape_text(c.shape), c.formula + terms, _count(c.macs))
-    return table
+    return keep_whole(table)
 
 
 def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
     """Multiply-adds per stage and per kind, and the total."""
     table = Table(title="totals", title_justify="left")
-    table.add_column("stage or kind")
-    table.add_column("multiply-adds", justify="right")
-    table.add_column("share", justify="right")
-    table.add_column("grows as")
+    table.add_column("stage or kind", overflow="fold")
+    table.add_column("multiply-adds", justify="right", no_wrap=True, min_width=0)
+    table.add_column("share", justify="right", no_wrap=True, min_width=0)
+    table.add_column("grows as", overflow="fold")
     total = totals.total or 1
     for stage, n in totals.by_stage.items():
         table.add_row(stage, f"{n:,}", f"{n / total:.1%}", "")
@@ -517,7 +574,7 @@ def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
             table.add_row(Text(kind, style="bold"), f"{n:,}", f"{n / total:.1%}", growth[kind])
     table.add_section()
     table.add_row(Text("total", style="bold"), f"{totals.total:,}", "100%", "")
-    return table
+    return keep_whole(table)
 
 
 def vary_table(name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[str]) -> Table:
@@ -545,7 +602,7 @@ def vary_table(name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[st
             f"{r.predicted * 1e3:.3f}",
             f"{r.measured * 1e3:.3f}",
         )
-    return table
+    return keep_whole(table)
 
 
 def _si(n: int) -> str:
@@ -714,17 +771,23 @@ def _beams_table(
     from trace_tf.generate import extensions
 
     beams = Table(box=None, padding=(0, 1), show_edge=False)
-    for col in ("beam", "prefix", "logP"):
-        beams.add_column(col, justify="left" if col == "prefix" else "right")
+    words = [printable(t) for b in it.beams for t in (*gen.start, *b.tokens)]
+    beams.add_column("beam", justify="right", no_wrap=True, min_width=0)
+    beams.add_column("prefix", overflow="fold", min_width=max(map(cell_len, ["prefix", *words])))
+    beams.add_column("logP", justify="right", no_wrap=True, min_width=0)
     for j, b in enumerate(it.beams):
         beams.add_row(str(j), _tokens((*gen.start, *b.tokens)), f"{b.logprob:.{view.precision}f}")
+    keep_whole(beams)
     token_logp, totals, order = extensions(it.beams)
     V = len(vocab)
     kept = {c.beam * V + vocab.index(c.token): c for c in it.candidates}
     table = Table(box=None, padding=(0, 1), show_edge=False)
     for k, col in enumerate(("#", "beam", "+ token", "p", "log p", "logP", "", "")):
         left = col in ("+ token", "")
-        table.add_column(col, justify="left" if left else "right", no_wrap=k != 6)  # (see Bar)
+        if k < 6:  # numbers and tokens, kept whole
+            table.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=0)
+        else:  # the bars give way first (see Bar), then the statuses wrap
+            table.add_column(col, overflow="fold")
     shown = order if view.full else order[: max(show, len(it.candidates))]
     live = 0
     for rank, f in enumerate(shown, start=1):
@@ -753,6 +816,9 @@ def _beams_table(
     if len(order) > len(shown):
         more = Text(f"{len(order) - len(shown)} more, dropped", style="dim")
         table.add_row(ELLIPSIS, *[""] * 6, more)
+    statuses = [c.plain for c in table.columns[7].cells if isinstance(c, Text)]
+    table.columns[7].min_width = max(cell_len(w) for x in statuses for w in x.split())
+    keep_whole(table)
     return Group(Text("live beams", style="bold"), beams, Text("extensions", style="bold"), table)
 
 
@@ -773,9 +839,14 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
         title = f"hypotheses (n produced tokens; score = {rule})"
         table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
-        for col in ("tokens", "n", "logP", "score", "ended", ""):
-            table.add_column(col, justify="left" if col == "tokens" else "right", no_wrap=True)
+        # The token lists wrap; the numbers, the ends and the mark are kept whole.
         ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
+        words = [printable(t) for h, _ in ended for t in h.tokens]
+        table.add_column(
+            "tokens", overflow="fold", min_width=max(map(cell_len, ["tokens", *words]))
+        )
+        for col in ("n", "logP", "score", "ended", ""):
+            table.add_column(col, justify="right", no_wrap=True, min_width=0)
         for h, how in ended:
             table.add_row(
                 _tokens(h.tokens),
@@ -788,7 +859,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         if gen.unfinished:
             table.caption = "cut: still live at --max-tokens"
             table.caption_justify = "left"
-        parts.append(table)
+        parts.append(keep_whole(table))
     return Panel(Group(*parts), title=Text("generated"), title_align="left")
 
 
