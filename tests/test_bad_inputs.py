@@ -896,6 +896,13 @@ TOKENS = [
 ]
 
 SIZES_ = [
+    case(  # few numbers, tens of millions of arrays and steps: ran out of memory before
+        "a-million-tiny-layers",
+        "model: {d_model: 2, n_heads: 1, encoder_layers: 1000000}\nvocab: [a]\nsource: [a]\n",
+        "model",
+        1,
+        "too large: the model's arrays would be over the limit",
+    ),
     case(
         "n_heads-0",
         BASE.replace("n_heads: 2", "n_heads: 0"),
@@ -964,7 +971,7 @@ SIZES_ = [
         "model",
         1,
         "too large",
-        "expected at most 268,435,456 numbers, found about 4,000,000,000,",
+        "expected at most 268,435,456 numbers, found about 4,000,0",  # + objects
     ),
     case(
         "below-a-lowered-limit",
@@ -1119,8 +1126,8 @@ STRUCTURE = [
         ENC_DEC.replace("tokens: {bos: S}", "tokens: {bos: S, eos: a}"),
         None,
         None,
-        "over the limit of 3,000",
-        args=("generate", "{file}", "--trace", "--max-tokens", "50", "--max-elements", "3000"),
+        "over the limit of 100,000",
+        args=("generate", "{file}", "--trace", "--max-tokens", "50", "--max-elements", "100000"),
     ),
     case(
         "encode-on-decoder-only",

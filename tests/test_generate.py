@@ -551,6 +551,11 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--sample", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
         (["--sample", "--top-k", "0"], "--top-k must be at least 1"),
         (["--sample", "--seed", "-1"], "--seed must be at least 0"),  # was exit 3
+        # 1 + 10 + 100 + ... live beams: --beam 100000 ran for many minutes before
+        (["--beam", "20000"], "may need more than 100,000 decoder passes"),
+        (["--beam", "2", "--length-penalty", "1e308"], "--length-penalty 1e+308 overflows"),
+        (["--beam", "2", "--length-penalty", "-1e308"], "--length-penalty -1e+308 overflows"),
+        (["--sample", "--temperature", "1e-320"], "is not finite after --temperature"),
         (["--beam", "0"], "--beam width must be at least 1"),
         (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
         (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),
@@ -559,7 +564,8 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--length-penalty", "1"], "--length-penalty applies to --beam only"),
         (["--stage", "k"], "add --trace"),
         (["--trace", "--stage", "softmx"], "did you mean 'softmax'"),
-        (["--trace", "--max-elements", "5000"], "over the limit of 5,000"),
+        # (the model alone is about 33,000 with its arrays' and steps' objects)
+        (["--trace", "--max-elements", "100000"], "over the limit of 100,000"),
     ],
 )
 def test_bad_options_exit_2(args: list[str], message: str) -> None:
@@ -615,6 +621,14 @@ def test_a_nan_distribution_is_an_error_not_a_token(tmp_yaml) -> None:  # type: 
     )
     code, _, err = invoke("generate", path)
     assert code == 2 and "not finite" in err and "NaN first appears in step t0.decoder.0" in err
+
+
+def test_beam_passes_count_the_live_beams_each_iteration_can_have() -> None:
+    s = gen.settings(beam=5, max_tokens=4)
+    assert gen.beam_passes(s, n_vocab=3) == 1 + 3 + 5 + 5
+    assert gen.beam_passes(gen.settings(beam=200, max_tokens=3), n_vocab=6) == 1 + 6 + 36
+    wide = gen.settings(beam=10**6, max_tokens=10**6)
+    assert gen.beam_passes(wide, n_vocab=10, limit=1000) == 1 + 10 + 100 + 1000  # stops there
 
 
 def test_helpers_by_hand() -> None:

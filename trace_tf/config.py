@@ -645,9 +645,12 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+OBJECT_COST = 128  # numbers (1 KiB) charged to the size limit for each array or step kept
+
+
 def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     """An upper bound on the numbers a traced run over sequences of L positions records,
-    L standing for every query and key length."""
+    L standing for every query and key length, with OBJECT_COST more for each step."""
     d, H, dk, dv, dff = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff
     enc, dec = m.encoder_layers, m.decoder_layers
     blocks = enc + dec * (2 if enc else 1)  # attention blocks
@@ -659,7 +662,11 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     ffn = L * (2 * dff + 3 * d + 2)
     stack = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output; the mask
     stacks = (enc > 0) + (dec > 0)
-    return blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
+    numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
+    # The steps, each charged OBJECT_COST: per head at most 14, per block 6, per FFN 7,
+    # per stack 6; the cross mask, logits and probs.
+    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * 6 + 3
+    return numbers + OBJECT_COST * steps
 
 
 class _Validator:
@@ -1200,7 +1207,9 @@ class _Validator:
         """Refuse, before allocating anything, a model whose arrays would be too large.
 
         An upper bound on the numbers one run holds: every weight (the q/k/v ones twice,
-        as fused weights are split into copies) and every traced step (trace_size)."""
+        as fused weights are split into copies) and every traced step (trace_size); each
+        array and step also counts OBJECT_COST numbers, for the Python objects that keep
+        it (a million layers of d_model 2 hold few numbers, but many objects)."""
         d, H, dk, dv, dff, V = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff, n_vocab
         enc, dec = m.encoder_layers, m.decoder_layers
         qkv = H * (d * (2 * dk + dv) + 2 * dk + dv)
@@ -1211,6 +1220,9 @@ class _Validator:
         total = blocks * attn + (enc + dec) * ffn + 4 * d  # + the final norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
         total += trace_size(m, max(lengths, default=1), V)
+        # The weight arrays, at most: per head 6 (and 4 score weights); per block W_o,
+        # b_o, gamma, beta; per FFN 6; an embedding per token; a few more.
+        total += OBJECT_COST * (blocks * (10 * H + 4) + (enc + dec) * 6 + V + 8)
         if total > self.max_elements:
             raise self.ctx.err(
                 "model",

@@ -130,6 +130,16 @@ def settings(
         )
     if length_penalty is not None and not np.isfinite(length_penalty):
         raise InputError("--length-penalty must be a finite number", found=f"{length_penalty:g}")
+    if length_penalty:  # ((5 + n) / 6)^alpha must stay a positive float for every n
+        with np.errstate(over="ignore", under="ignore"):
+            ends = np.float64((5 + max_tokens) / 6) ** np.array([length_penalty, -length_penalty])
+        if not (np.isfinite(ends).all() and (ends > 0).all()):
+            raise InputError(
+                f"--length-penalty {length_penalty:g} overflows the length penalty "
+                f"((5 + n) / 6)^alpha for {max_tokens} token(s)",
+                expected="a length penalty alpha of moderate size (GNMT uses 0.6 to 0.7)",
+                found=f"{length_penalty:g}",
+            )
     return Settings(
         strategy=strategy,
         max_tokens=max_tokens,
@@ -370,15 +380,39 @@ def size(cfg: Config, s: Settings, traced: bool) -> int:
     return encoder + iteration * s.width * (s.max_tokens if traced else 1)
 
 
+# Decoder passes a beam search may make: about 30 s on the hello example (0.3 ms each).
+MAX_BEAM_PASSES = 100_000
+
+
+def beam_passes(s: Settings, n_vocab: int, limit: int = MAX_BEAM_PASSES) -> int:
+    """The decoder passes of a beam search at most, one per live beam per iteration:
+    iteration t has at most min(width, V^t) live beams. (Counting stops past `limit`.)"""
+    passes, live = 0, 1
+    for _ in range(s.max_tokens):
+        passes += live
+        if passes > limit:
+            break
+        live = min(s.width, live * n_vocab)
+    return passes
+
+
 def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> None:
     """Refuse, before anything runs, a generation whose arrays (with `traced`, whose whole
-    trace) would hold more than max_elements numbers."""
+    trace) would hold more than max_elements numbers, or a beam search too wide to end
+    in reasonable time (memory alone does not bound it: each beam's pass is small)."""
     total = size(cfg, s, traced)
     if total > max_elements:
         raise InputError(
             f"{'the trace of ' if traced else ''}{s.max_tokens} iteration(s) would hold about "
             f"{total:,} numbers, over the limit of {max_elements:,}",
             expected="fewer --max-tokens, a --stage to keep, or a higher --max-elements",
+        )
+    if s.strategy == "beam" and beam_passes(s, len(cfg.vocab)) > MAX_BEAM_PASSES:
+        raise InputError(
+            f"--beam {s.width} over {s.max_tokens} iteration(s) may need more than "
+            f"{MAX_BEAM_PASSES:,} decoder passes (one per live beam per iteration)",
+            expected="a narrower --beam or fewer --max-tokens",
+            found=f"--beam {s.width} --max-tokens {s.max_tokens}",
         )
 
 
@@ -448,6 +482,13 @@ def _single(
                     for name, p in stages:
                         tr.rec(name, p[None, :], _STAGE_FORMULA[name].format(s=s), cols=vocab)
                 chosen, u = stages[-1][1], float(rng.random())
+                if not np.isfinite(chosen).all():  # logits / T overflowed
+                    raise InputError(
+                        f"the distribution after {' '.join(prefix)} is not finite after "
+                        f"--temperature {s.temperature:g}",
+                        expected="a temperature for which logits / T stays finite",
+                        found="NaN or infinity",
+                    )
                 i = draw(chosen, u)
         token = vocab[i]
         iterations.append(Iteration(index, prefix, chosen, token, probs, stages, u))
