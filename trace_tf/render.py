@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -220,17 +220,21 @@ def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Grid
     return Grid(lines, sum(widths) + 3 * len(widths) + 1)  # "│ cell " per column, then "│"
 
 
+def _through_panels(renderable: RenderableType, width: Callable[[RenderableType], int]) -> int:
+    """The largest `width` of the pieces of `renderable`, looking through its groups and
+    panels (a panel adds its borders and padding); 0 where no piece has one."""
+    if isinstance(renderable, Group):
+        return max((_through_panels(r, width) for r in renderable.renderables), default=0)
+    if isinstance(renderable, Panel):
+        inner = _through_panels(renderable.renderable, width)
+        return inner + 4 if inner else 0  # two borders, a space of padding inside each
+    return width(renderable)
+
+
 def width_needed(renderable: RenderableType) -> int:
     """Terminal cells the widest matrix grid in `renderable` needs, with the borders of
     the panels around it (0: none), so that --full can show every column."""
-    if isinstance(renderable, Grid):
-        return renderable.width
-    if isinstance(renderable, Group):
-        return max((width_needed(r) for r in renderable.renderables), default=0)
-    if isinstance(renderable, Panel):
-        inner = width_needed(renderable.renderable)
-        return inner + 4 if inner else 0  # two borders, a space of padding inside each
-    return 0
+    return _through_panels(renderable, lambda r: r.width if isinstance(r, Grid) else 0)
 
 
 def printable(text: str) -> str:
@@ -454,12 +458,7 @@ def least_width(renderable: RenderableType) -> int:
         level = max((x for x, w in zip(least, wrap, strict=True) if w), default=0)
         cells = sum(min(x, level) if w else x for x, w in zip(widest, wrap, strict=True))
         return cells + renderable._extra_width
-    if isinstance(renderable, Group):
-        return max((least_width(r) for r in renderable.renderables), default=0)
-    if isinstance(renderable, Panel):
-        inner = least_width(renderable.renderable)
-        return inner + 4 if inner else 0  # two borders, a space of padding inside each
-    return 0
+    return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
 
 
 def _fitted(
