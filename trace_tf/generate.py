@@ -17,8 +17,8 @@ The decoding rules (SPEC section 4, stated here once):
   probability, keep the smallest prefix whose total reaches p, the token that
   crosses p included); then renormalise, once (SPEC section 4's order: where
   top-k keeps less than p, top-p keeps all it kept; Hugging Face and vLLM
-  renormalise before top-p instead, which differs only when both are given). One generator for the whole run,
-  `numpy.random.default_rng(seed)`; each iteration draws u = rng.random() and
+  renormalise before top-p instead, which differs only when both are given).
+  One generator for the whole run, `numpy.random.default_rng(seed)`; each iteration draws u = rng.random() and
   takes the first token, in vocabulary order, whose cumulative probability
   exceeds u x (the total).
 - beam (Jurafsky & Martin, 3rd ed., section 10.4): every extension of every
@@ -436,14 +436,19 @@ def next_distribution(
     seq = Sequence_(tokens=prefix if cache is None else prefix[cache.length :])
     out = model.decoder(cfg, seq, enc, tr, cache)
     logits, probs = model.output_layer(cfg, out, seq, tr)
-    if not np.isfinite(probs[-1]).all():
-        first = f" ({tr.trace.warnings[0]})" if tr.trace.warnings else ""
+    first = f" ({tr.trace.warnings[0]})" if tr.trace.warnings else ""
+    require_finite(probs[-1], prefix, first, "finite probabilities")
+    return logits[-1], probs[-1]
+
+
+def require_finite(p: Array, prefix: tuple[str, ...], why: str, expected: str) -> None:
+    """Refuse to choose from a distribution holding NaN or infinity. [V]"""
+    if not np.isfinite(p).all():
         raise InputError(
-            f"the next-token distribution after {' '.join(prefix)} is not finite{first}",
-            expected="finite probabilities",
+            f"the next-token distribution after {' '.join(prefix)} is not finite{why}",
+            expected=expected,
             found="NaN or infinity",
         )
-    return logits[-1], probs[-1]
 
 
 def run(cfg: Config, s: Settings, tr: Tracer = NULL_TRACER) -> Generation:
@@ -482,13 +487,8 @@ def _single(
                     for name, p in stages:
                         tr.rec(name, p[None, :], _STAGE_FORMULA[name].format(s=s), cols=vocab)
                 chosen, u = stages[-1][1], float(rng.random())
-                if not np.isfinite(chosen).all():  # logits / T overflowed
-                    raise InputError(
-                        f"the distribution after {' '.join(prefix)} is not finite after "
-                        f"--temperature {s.temperature:g}",
-                        expected="a temperature for which logits / T stays finite",
-                        found="NaN or infinity",
-                    )
+                why = f" after --temperature {s.temperature:g}"  # logits / T overflowed
+                require_finite(chosen, prefix, why, "a temperature for which logits / T is finite")
                 i = draw(chosen, u)
         token = vocab[i]
         iterations.append(Iteration(index, prefix, chosen, token, probs, stages, u))
