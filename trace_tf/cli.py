@@ -854,10 +854,8 @@ def _op_config(
                 found=", ".join(f"'{k}:'" for k in found) or "neither",
             )
     sets = [parse_set(s) for s in c.sets]
-    for key, option, value in options:
-        sets.append((f"{kind}.{key}", value))
-        doc.origins[f"{kind}.{key}"] = option
-    cfg = build(doc, sets, c.variant, c.max_elements, c.dtype)  # --dtype: refused there
+    own = [(f"{kind}.{key}", value, option) for key, option, value in options]
+    cfg = build(doc, sets, c.variant, c.max_elements, c.dtype, own)  # --dtype: refused there
     assert isinstance(cfg, OpConfig)
     return cfg
 

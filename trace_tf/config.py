@@ -314,6 +314,15 @@ class OpConfig:
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Origin:
+    """What set an overridden key: `by` as a message names it ('--set', '--q', "variant
+    'pre'"), and for a variant the key path in the file where the value is written."""
+
+    by: str
+    at: str | None = None
+
+
 @dataclass
 class Document:
     """A config file as read: plain data, where each key was, and what was overridden."""
@@ -321,8 +330,8 @@ class Document:
     file: str
     data: dict[str, Any]
     lines: Lines
-    overridden: list[str] = field(default_factory=list)
-    origins: dict[str, str] = field(default_factory=dict)  # key -> the option that set it
+    overridden: list[str] = field(default_factory=list)  # keys set over the file, in order
+    origins: dict[str, Origin] = field(default_factory=dict)  # key -> what set it last
 
 
 def resolve(name: str | None) -> Path:
@@ -446,13 +455,15 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
 MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing layers are drawn)
 
 
-def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
-    """Set a dotted key inside the document's data, creating mappings as needed.
+def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
+    """Set a dotted key inside the document's data, creating mappings as needed, and
+    record what set it.
 
     A key through a value that is neither a mapping nor a list (`model.d_model.x`
     when d_model is a number) is refused rather than silently replacing the value."""
     parts = key.split(".")
     node: Any = doc.data
+    file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
@@ -463,7 +474,7 @@ def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
                     path=key,
                     expected="a list index",
                     found=repr(part),
-                    file=origin,
+                    file=file,
                 )
             idx = int(part)
             if idx > len(node) + MAX_SET_PAD:
@@ -473,7 +484,7 @@ def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
                     path=key,
                     expected=f"an index below {len(node) + MAX_SET_PAD}",
                     found=str(idx),
-                    file=origin,
+                    file=file,
                 )
             while len(node) <= idx:
                 node.append({})
@@ -499,9 +510,10 @@ def apply_override(doc: Document, key: str, value: Any, origin: str) -> None:
                 path=key,
                 expected=f"a mapping or list at {here}",
                 found=_kind(node),
-                file=origin,
+                file=file,
             )
     doc.overridden.append(key)
+    doc.origins[key] = origin
 
 
 def apply_variant(doc: Document, name: str) -> None:
@@ -523,7 +535,8 @@ def apply_variant(doc: Document, name: str) -> None:
             raise _ctx(doc).err(
                 f"variants.{name}.{key}", "a variant cannot change variants or expect", value
             )
-        apply_override(doc, key, _deepcopy(value), f"{doc.file} (variant {name})")
+        origin = Origin(f"variant {name!r}", at=join(f"variants.{name}", key))
+        apply_override(doc, key, _deepcopy(value), origin)
 
 
 def _deepcopy(value: Any) -> Any:
@@ -546,23 +559,39 @@ def load(
     return build(doc, [parse_set(s) for s in sets], variant, max_elements, dtype)
 
 
-def build(
+def overridden(
     doc: Document,
     sets: Sequence[tuple[str, Any]] = (),
     variant: str | None = None,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
-    dtype: str | None = None,
-) -> Config | OpConfig:
-    """Validate a document (after a variant and --set overrides) into a Config or OpConfig.
-
-    `dtype` (the --dtype option) sets model.dtype, after everything else."""
+    options: Sequence[tuple[str, Any, str]] = (),
+) -> Document:
+    """A copy of the document with its variant, then each --set, then a command's own
+    options (key, value, option name) set over it; the document itself is untouched."""
     doc = Document(
         doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins)
     )
     if variant is not None:
         apply_variant(doc, variant)
     for key, value in sets:
-        apply_override(doc, key, value, "--set")
+        apply_override(doc, key, value, Origin("--set"))
+    for key, value, option in options:
+        apply_override(doc, key, value, Origin(option))
+    return doc
+
+
+def build(
+    doc: Document,
+    sets: Sequence[tuple[str, Any]] = (),
+    variant: str | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    dtype: str | None = None,
+    options: Sequence[tuple[str, Any, str]] = (),
+) -> Config | OpConfig:
+    """Validate a document (after a variant, --set overrides and a command's options)
+    into a Config or OpConfig.
+
+    `dtype` (the --dtype option) sets model.dtype, after everything else."""
+    doc = overridden(doc, sets, variant, options)
     if dtype is not None:
         if "model" not in doc.data:
             raise InputError(
@@ -570,7 +599,7 @@ def build(
                 file=doc.file,
                 expected="a config with a 'model:' section (single operations run in float64)",
             )
-        apply_override(doc, "model.dtype", dtype, "--dtype")
+        apply_override(doc, "model.dtype", dtype, Origin("--dtype"))
     ctx = _ctx(doc)
     return _Validator(ctx, max_elements).document(doc.data, variant)
 
@@ -603,7 +632,7 @@ class _Ctx:
     file: str
     lines: Lines
     overridden: list[str]
-    origins: dict[str, str] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
 
     def err(
         self,
@@ -614,14 +643,24 @@ class _Ctx:
         found_text: str | None = None,
     ) -> InputError:
         """An InputError at `path`; `found` is described, or `found_text` given as is."""
-        origin = next((k for k in self.overridden if path == k or path.startswith(k + ".")), None)
-        by = self.origins.get(origin, f"--set/variant {origin}") if origin else ""
-        msg = message + (f" (set by {by})" if origin else "")
+        key = next(
+            (k for k in reversed(self.overridden) if path == k or path.startswith(k + ".")), None
+        )
+        line = self.lines.get(path)
+        if key is not None:  # the value is not the file's: say what set it
+            origin = self.origins.get(key, Origin("--set"))
+            by = origin.by
+            if origin.by == "--set":
+                by = f"--set {key}"
+            elif origin.at is not None and key != path:
+                by = f"{origin.by}, at {key}"
+            message += f" (set by {by})"
+            line = None if origin.at is None else self.lines.get(origin.at + path[len(key) :])
         return InputError(
-            msg,
+            message,
             file=self.file,
             path=path or None,
-            line=None if origin else self.lines.get(path),
+            line=line,
             expected=expected,
             found=found_text if found is ... else _kind(found),
         )

@@ -9,7 +9,6 @@ step it makes. Nothing about the model's structure is written twice here.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from trace_tf import model
-from trace_tf.config import Config, Document, apply_override, apply_variant, build
+from trace_tf.config import Config, Document, build, overridden
 from trace_tf.errors import InputError
 from trace_tf.trace import Labels, Tracer
 
@@ -165,11 +164,7 @@ def resized(
     D: every width follows from d_model by the defaults (d_k = d_v = D / n_heads,
     d_ff = 4 D) and every weight and embedding is drawn, as the file's have the old width.
     """
-    d = Document(doc.file, copy.deepcopy(doc.data), doc.lines, list(doc.overridden))
-    if variant is not None:
-        apply_variant(d, variant)
-    for key, v in sets:
-        apply_override(d, key, v, "--set")
+    d = overridden(doc, sets, variant)
     if name == "L":
         for key, seq in (("source", base.source), ("target", base.target)):
             if key == "target" and base.model.decoder_layers:
