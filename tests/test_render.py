@@ -88,3 +88,24 @@ def test_control_characters_in_labels_are_escaped() -> None:
     assert "\\x00" in header and "é" in header
     assert all("\n" not in s.text and "\t" not in s.text for line in grid.lines for s in line)
     assert render.printable("你好 world") == "你好 world"
+
+
+def _header(grid: render.Grid) -> list[str]:
+    text = "".join(s.text for s in grid.lines[1])
+    return [c.strip() for c in text.strip("┃").split("┃")]
+
+
+def test_an_elided_axis_labels_each_token_with_its_position() -> None:
+    # 30 tokens of 3 repeating words: after the ellipsis, "the" alone would not say which
+    words = ["the", "cat", "sat"] * 10
+    value = np.arange(900.0).reshape(30, 30)
+    grid = render.matrix_table(value, rows=words, cols=words, view=render.View(width=200))
+    assert _header(grid)[1:4] == ["[0] the", "[1] cat", "[2] sat"]
+    assert _header(grid)[-2:] == ["[28] cat", "[29] sat"]
+    labels = [_row(grid, k)[0] for k in range(len(grid.lines) - 4)]  # less 4 borders
+    assert labels[:2] == ["[0] the", "[1] cat"] and labels[-1] == "[29] sat"
+    assert _row(grid, len(labels) - 1)[-1] == f"{899.0:.4f}"  # row 29, column 29
+    # shown in full, the order says the position: the token alone
+    small = render.matrix_table(value[:3, :3], rows=words[:3], cols=words[:3])
+    assert _header(small)[1:] == ["the", "cat", "sat"]
+    assert [_row(small, k)[0] for k in range(3)] == ["the", "cat", "sat"]

@@ -117,6 +117,15 @@ def _edges(n: int, edge: int) -> list[int | None]:
     return [*range(edge), None, *range(n - edge, n)]
 
 
+def _label(labels: Sequence[str] | None, i: int, shown: list[int | None]) -> str:
+    """Row or column i's label: its token, or its index; with the token, the index too
+    ("[12] the") when the axis is elided, where a repeated token's place cannot be
+    counted."""
+    if labels is None:
+        return str(i)
+    return f"[{i}] {printable(labels[i])}" if None in shown else printable(labels[i])
+
+
 def _layout(
     m: np.ndarray,
     ndim: int,
@@ -132,19 +141,14 @@ def _layout(
     shown = m[np.ix_([i for i in row_idx if i is not None], [j for j in col_idx if j is not None])]
     cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
-    header = [""] + [
-        ELLIPSIS if j is None else (printable(cols[j]) if cols is not None else str(j))
-        for j in col_idx
-    ]
+    header = [""] + [ELLIPSIS if j is None else _label(cols, j, col_idx) for j in col_idx]
     body: list[list[tuple[str, Style | None]]] = []
     r = 0
     for i in row_idx:
         if i is None:
             body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
-        label = (
-            printable(rows[i]) if rows is not None and ndim >= 2 else (str(i) if ndim >= 2 else "")
-        )
+        label = _label(rows, i, row_idx) if ndim >= 2 else ""
         line: list[tuple[str, Style | None]] = [(label, None)]
         c = 0
         for j in col_idx:
