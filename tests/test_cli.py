@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -711,3 +713,43 @@ def test_generate_beam_summary_never_cuts_a_log_probability(
         assert "◀ result" in summary
         for h in hypotheses:
             assert f"{h['logprob']:.4f}" in summary and f"{h['score']:.4f}" in summary
+
+
+def test_a_library_that_cannot_be_loaded_is_one_line_not_a_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # numpy's ImportError is a page long; under `ulimit -v` its last line is the cause
+    import trace_tf.runner
+
+    def unloadable(*a: object, **k: object) -> None:
+        raise ImportError(
+            "\nIMPORTANT: PLEASE READ THIS\n\nOriginal error was: _umath.so: failed to map "
+            "segment from shared object\n",
+            name="numpy",
+        )
+
+    monkeypatch.setattr(trace_tf.runner, "run", unloadable)
+    code, out, err = invoke("encode")
+    assert (code, out) == (3, "")
+    assert err == (
+        "trace-tf: error: cannot load numpy (_umath.so: failed to map segment from shared "
+        "object); expected a working installation and the memory to load it\n"
+    )
+    assert "bug" not in err
+
+
+def test_out_of_memory_outside_a_command_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import trace_tf.cli
+
+    def parse_fails(args: list[str]) -> object:
+        raise MemoryError
+
+    monkeypatch.setattr(trace_tf.cli, "app_for", parse_fails)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # keep pytest's SIGPIPE handling
+    monkeypatch.setattr(sys, "argv", ["trace-tf", "encode"])
+    with pytest.raises(SystemExit) as done:
+        trace_tf.cli.main()
+    assert done.value.code == 2
+    assert capsys.readouterr().err == trace_tf.cli.OUT_OF_MEMORY + "\n"

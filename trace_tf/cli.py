@@ -252,6 +252,13 @@ def _fail(message: str) -> NoReturn:
     raise InputError(message)
 
 
+OUT_OF_MEMORY = (
+    "trace-tf: error: out of memory: the config's arrays do not fit in this machine's "
+    "memory; expected smaller sizes (the default --max-elements refuses such configs "
+    "before allocating)"
+)
+
+
 @contextmanager
 def guarded(debug: bool) -> Iterator[None]:
     """Bad input: one line on stderr, exit 2. A bug: one line, exit 3 (--debug: traceback)."""
@@ -274,13 +281,22 @@ def guarded(debug: bool) -> Iterator[None]:
         # Not a bug: a config within a raised --max-elements can still exceed the machine.
         if debug:
             raise
+        typer.echo(OUT_OF_MEMORY, err=True)
+        raise typer.Exit(2) from None
+    except ImportError as exc:
+        # Not a bug either: numpy (loaded when a command first needs it) is broken or
+        # missing, or the process may not map more memory (`ulimit -v`). numpy's own
+        # message is a page long; its last line says what failed.
+        if debug:
+            raise
+        lines = str(exc).strip().splitlines()
+        detail = lines[-1].removeprefix("Original error was: ") if lines else ""
         typer.echo(
-            "trace-tf: error: out of memory: the config's arrays do not fit in this machine's "
-            "memory; expected smaller sizes (the default --max-elements refuses such configs "
-            "before allocating)",
+            f"trace-tf: error: cannot load {exc.name or 'a library it needs'} ({detail}); "
+            "expected a working installation and the memory to load it",
             err=True,
         )
-        raise typer.Exit(2) from None
+        raise typer.Exit(3) from None
     except Exception as exc:
         if debug:
             raise
@@ -1358,7 +1374,11 @@ def main() -> None:
     # rather than through rich's exit 1, which would say `check` found a mismatch.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    app_for(sys.argv[1:])()
+    try:
+        app_for(sys.argv[1:])()
+    except MemoryError:  # outside a command's guard: parsing the options, say
+        typer.echo(OUT_OF_MEMORY, err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
