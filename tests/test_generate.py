@@ -613,6 +613,22 @@ def test_configs_generate_cannot_serve_exit_2(tmp_yaml, text: str, message: str)
     assert code == 2 and message in err and path in err and "Traceback" not in err
 
 
+def test_a_target_is_the_prompt_and_needs_no_bos(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # SPEC 5: the prefix starts as `target` when the file gives one, else [tokens.bos]
+    text = (
+        "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, b, E]\n"
+        "tokens: {eos: E}\ntarget: [b, a]\n"
+    )
+    code, out, err = invoke("generate", tmp_yaml(text), "--format", "json", "--max-tokens", "3")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["iterations"][0]["prefix"] == ["b", "a"]
+    # the same run as with a bos that the target makes unused
+    with_bos = tmp_yaml(text.replace("{eos: E}", "{bos: b, eos: E}"))
+    code, out_bos, _ = invoke("generate", with_bos, "--format", "json", "--max-tokens", "3")
+    assert code == 0 and json.loads(out_bos)["iterations"] == data["iterations"]
+
+
 def test_a_nan_distribution_is_an_error_not_a_token(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
     # The only key is a pad: the decoder's softmax row is fully masked.
     path = tmp_yaml(

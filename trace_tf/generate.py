@@ -332,16 +332,15 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
     """The starting prefix (target, or [tokens.bos]); refuses what generate cannot serve."""
     m = cfg.model
     model.require_decoder(cfg, "generate")
-    for key in ("bos", "eos"):
-        if getattr(cfg.tokens, key) is None:
-            raise InputError(
-                f"generate needs tokens.{key} (decoding starts from bos and stops at eos), "
-                "and the file sets none",
-                file=cfg.file,
-                path=f"tokens.{key}",
-                expected="a token of vocab",
-            )
-    start = model.target_of(cfg)
+    if cfg.tokens.eos is None:
+        raise InputError(
+            "generate needs tokens.eos (decoding stops at eos or --max-tokens), "
+            "and the file sets none",
+            file=cfg.file,
+            path="tokens.eos",
+            expected="a token of vocab",
+        )
+    start = model.target_of(cfg)  # the target, or [tokens.bos] (an error if neither)
     if start.tokens is None:
         raise InputError(
             "generate appends tokens to the target, and this target is a numeric matrix",
