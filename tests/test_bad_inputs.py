@@ -882,7 +882,7 @@ TOKENS = [
         BASE.replace("[a, b, c]", "[a, b, a]"),
         "vocab.2",
         4,
-        "duplicate token 'a'",
+        "duplicate token 'a' (first at vocab.0)",
     ),
     case("empty-source-list", BASE.replace("[a, b]", "[]"), "source", 5, "empty sequence"),
     case("empty-source-string", BASE.replace("[a, b]", "''"), "source", 5, "empty sequence"),

@@ -1401,17 +1401,19 @@ class _Validator:
             return tuple(str(k) for k in embeddings) if isinstance(embeddings, dict) else ()
         if not isinstance(value, list):
             raise self.ctx.err("vocab", "not a list", value, "a list of tokens")
-        out: list[str] = []
+        first: dict[str, int] = {}  # token -> its index (a dict: a 200k vocab is no wait)
         for i, tok in enumerate(value):
             if not isinstance(tok, str | int | float) or isinstance(tok, bool):
                 raise self.ctx.err(f"vocab.{i}", "not a token", tok, "a string")
             tok = _token_text(tok)
-            if tok in out:
+            if tok in first:
                 raise self.ctx.err(
-                    f"vocab.{i}", f"duplicate token {tok!r}", expected="each token once"
+                    f"vocab.{i}",
+                    f"duplicate token {tok!r} (first at vocab.{first[tok]})",
+                    expected="each token once",
                 )
-            out.append(tok)
-        return tuple(out)
+            first[tok] = i
+        return tuple(first)
 
     def tokens(self, value: Any, vocab: set[str]) -> Tokens:
         t = self.mapping(value, "tokens", ("bos", "eos", "pad"))
