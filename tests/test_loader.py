@@ -26,6 +26,65 @@ def test_yaml_1_2_numbers_and_words() -> None:
     assert lines.get("c") == 3
 
 
+# The YAML 1.2 core schema (yaml.org/spec/1.2.2, 10.3.2), plain scalars: each text and
+# what the schema says it is. YAML 1.1 (PyYAML's own rules) reads the first group as
+# 8, 15, 90, 1000, 5 and a date, and `0o17`, `.NaN`'s neighbours alike, differently.
+YAML_12 = [
+    ("010", 10),  # decimal with a leading zero (1.1: octal 8)
+    ("-010", -10),
+    ("0o17", 15),  # 1.2's octal (1.1: a string)
+    ("0x1F", 31),
+    ("+12", 12),
+    ("1:30", "1:30"),  # (1.1: sexagesimal 90)
+    ("1_000", "1_000"),  # (1.1: 1000)
+    ("0b101", "0b101"),  # (1.1: binary 5)
+    ("12_3.5", "12_3.5"),
+    ("2002-12-14", "2002-12-14"),  # (1.1: a timestamp, which trace-tf refuses)
+    ("1e-5", 1e-5),  # (1.1: a string)
+    ("1E+3", 1000.0),
+    (".5", 0.5),
+    ("3.", 3.0),
+    ("-.inf", float("-inf")),
+    ("+.INF", float("inf")),
+    ("yes", "yes"),  # (1.1: true)
+    ("Off", "Off"),  # (1.1: false)
+    ("TRUE", True),
+    ("False", False),
+    ("~", None),
+    ("NULL", None),
+]
+
+
+@pytest.mark.parametrize("text, value", YAML_12, ids=[t for t, _ in YAML_12])
+def test_plain_scalars_follow_the_yaml_1_2_core_schema(text: str, value: object) -> None:
+    data, _ = parse_yaml(f"a: {text}\nb: [{text}]\n", "f.yaml")
+    assert data == {"a": value, "b": [value]}
+    assert type(data["a"]) is type(value)
+    quoted, _ = parse_yaml(f"a: '{text}'\n", "f.yaml")
+    assert quoted == {"a": text}  # quoted: always text
+
+
+def test_yaml_1_2_nan() -> None:
+    data, _ = parse_yaml("a: .nan\nb: .NaN\n", "f.yaml")
+    assert all(v != v for v in data.values())  # NaN is not equal to itself
+
+
+def test_the_python_composer_reads_numbers_as_libyaml_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # without libyaml (or when it fails), PyYAML's own composer, with the same rules
+    text = "".join(f"k{i}: {t}\n" for i, (t, _) in enumerate(YAML_12))
+    with_c, _ = parse_yaml(text, "f.yaml")
+    monkeypatch.setattr(loader, "_CLoader12", None)
+    without, _ = parse_yaml(text, "f.yaml")
+    assert with_c == without == {f"k{i}": v for i, (_, v) in enumerate(YAML_12)}
+
+
+def test_the_merge_key_is_still_named() -> None:
+    err = _refused("a: &x {b: 1}\nc: {<<: *x}\n")
+    assert "merge keys" in str(err)
+
+
 @pytest.mark.parametrize("opener, closer", [("[", "]"), ("{a: ", "}")])
 def test_deep_nesting_is_refused_not_a_recursion_error(opener: str, closer: str) -> None:
     # PyYAML's composer recurses once per level: 5000 levels would exhaust the stack.

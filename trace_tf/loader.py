@@ -27,8 +27,53 @@ _NULL = "tag:yaml.org,2002:null"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
 
-# YAML 1.1 (PyYAML) reads `1e-5` as a string; YAML 1.2 and every user read it as a number.
-_FLOAT_12 = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class _Resolver12(yaml.resolver.BaseResolver):
+    """YAML 1.2's core schema for plain scalars, in place of PyYAML's YAML 1.1 rules:
+    `010` is ten (1.1: eight), `1e-5` a number (1.1: a string), `0o17` octal, and
+    `1:30`, `1_000`, `0b101`, `yes`, `off` and dates are text (1.1: 90, 1000, 5, true,
+    false, a timestamp). `<<` is still recognised, to be refused as a merge key."""
+
+
+for _tag, _pattern, _first in (
+    (_BOOL, r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    (_NULL, r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+    (_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),  # before float: `10`
+    (
+        _FLOAT,
+        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)",
+        "-+0123456789.",
+    ),
+    (_MERGE, r"<<", "<"),
+):
+    _Resolver12.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
+
+
+_INT_TEXT = re.compile(r"([-+]?)(0o[0-7]+|0x[0-9a-fA-F]+|[0-9]+)\Z")
+_FLOAT_TEXT = re.compile(
+    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?\Z"
+    r"|(?P<special>[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z"
+)
+
+
+def _c_loader() -> type | None:
+    """libyaml's parser and composer, resolving by YAML 1.2 (None without libyaml)."""
+    try:
+        from yaml._yaml import CParser
+    except ImportError:
+        return None
+
+    class CLoader12(CParser, _Resolver12):
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            _Resolver12.__init__(self)
+
+    return CLoader12
+
+
+_CLoader12 = _c_loader()
 
 MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an alias bomb
 MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
@@ -91,9 +136,22 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     return memo[id(root)]
 
 
-class _DepthLimitedLoader(yaml.SafeLoader):
-    """PyYAML's safe composer, refusing nesting deeper than MAX_DEPTH before its
-    own recursion could exhaust the Python stack."""
+class _DepthLimitedLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    yaml.composer.Composer,
+    _Resolver12,
+):
+    """PyYAML's composer (in Python), resolving by YAML 1.2 and refusing nesting deeper
+    than MAX_DEPTH before its own recursion could exhaust the Python stack."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _Resolver12.__init__(self)
 
     _depth = 0
 
@@ -117,7 +175,6 @@ class _Builder:
     def __init__(self, file: str) -> None:
         self.file = file
         self.lines = Lines()
-        self._scalars = yaml.SafeLoader("")
         self._active: set[int] = set()
 
     def fail(self, node: yaml.Node, path: str, message: str, **kw: str) -> InputError:
@@ -146,23 +203,37 @@ class _Builder:
         raise self.fail(node, path, "unsupported YAML node")  # pragma: no cover
 
     def _scalar(self, node: yaml.ScalarNode, path: str) -> Any:
-        tag = node.tag
+        """A scalar by its tag: resolved by YAML 1.2 when plain, or given (`!!int 5`)."""
+        tag, text = node.tag, node.value
+        if tag == _STR:
+            return text
+        if tag == _NULL and text in ("", "~", "null", "Null", "NULL"):
+            return None
+        if tag == _BOOL and text.lower() in ("true", "false"):
+            return text.lower() == "true"
         if tag == _INT:
             return self._int(node, path)
-        if tag == _STR and not node.style and _FLOAT_12.match(node.value):  # plain: None or ""
-            return float(node.value)
-        if tag == _BOOL and node.value.lower() not in ("true", "false"):
-            return node.value  # YAML 1.2: yes/no/on/off are words, not booleans
-        if tag in (_STR, _INT, _FLOAT, _BOOL, _NULL):
-            return self._construct(node, path)
+        if tag == _FLOAT:
+            number = _FLOAT_TEXT.match(text)
+            if number:
+                special = number.group("special")
+                return float(special.lower().replace(".", "")) if special else float(text)
+        if tag in (_NULL, _BOOL, _FLOAT):
+            raise self._invalid(node, path)
         raise self.fail(node, path, f"YAML tag {tag} is not allowed (only plain data is read)")
 
     def _int(self, node: yaml.ScalarNode, path: str) -> int:
-        """An integer, refused when beyond float64 (every number ends up as one)."""
+        """An integer (decimal, 0o octal, 0x hex), refused when beyond float64 (every
+        number ends up as one)."""
+        number = _INT_TEXT.match(node.value)
+        if not number:
+            raise self._invalid(node, path)
+        sign, digits = number.groups()
         value = None
-        if len(node.value) <= MAX_INT_CHARS:
-            value = self._construct(node, path)
-        if value is None or abs(value) > sys.float_info.max:
+        if len(digits) <= MAX_INT_CHARS:
+            base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+            value = int(digits[2:] if base != 10 else digits, base)
+        if value is None or value > sys.float_info.max:
             raise self.fail(
                 node,
                 path,
@@ -170,23 +241,20 @@ class _Builder:
                 expected=f"a number of magnitude at most {sys.float_info.max:.6g} (float64)",
                 found=f"an integer of {len(node.value)} characters",
             )
-        return int(value)
+        return -value if sign == "-" else value
 
-    def _construct(self, node: yaml.ScalarNode, path: str) -> Any:
-        """PyYAML's safe constructor for a plain scalar; `!!int abc` and the like are refused."""
-        try:
-            return self._scalars.construct_object(node)
-        except (ValueError, TypeError, IndexError, yaml.YAMLError):
-            kind = node.tag.rsplit(":", 1)[-1]
-            text = node.value if len(node.value) <= 40 else node.value[:37] + "..."
-            raise self.fail(
-                node, path, f"not a valid {kind}", expected=f"a YAML {kind}", found=repr(text)
-            ) from None
+    def _invalid(self, node: yaml.ScalarNode, path: str) -> InputError:
+        """`!!int abc` and the like."""
+        kind = node.tag.rsplit(":", 1)[-1]
+        text = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+        return self.fail(
+            node, path, f"not a valid {kind}", expected=f"a YAML {kind}", found=repr(text)
+        )
 
     def _mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
+            if key_node.tag == _MERGE:
                 raise self.fail(key_node, path, "YAML merge keys (<<) are not supported")
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, path, "a mapping key must be a plain scalar")
@@ -212,11 +280,11 @@ def _compose(text: str, file: str) -> yaml.Node | None:
     Both composers recurse once per nesting level, and libyaml's in C, where deep enough
     nesting (a 200 kB line of `[`) crashes the process: so the depth is measured first,
     on the parser's events, whenever the text could nest deeper than is safe."""
-    if getattr(yaml, "__with_libyaml__", False):
+    if _CLoader12 is not None:
         try:
             if _could_nest(text, 1000):
                 _check_depth(yaml.parse(text, Loader=yaml.CSafeLoader), file)
-            node: yaml.Node | None = yaml.compose(text, Loader=yaml.CSafeLoader)
+            node: yaml.Node | None = yaml.compose(text, Loader=_CLoader12)
             return node
         except yaml.YAMLError:
             pass
