@@ -241,8 +241,9 @@ def test_a_failure_while_writing_leaves_the_existing_output_intact(
     class Broken:
         """A console that fails halfway through printing."""
 
-        def __init__(self, file: Any) -> None:
+        def __init__(self, file: Any, width: int) -> None:
             self.file = file
+            self.width = width
 
         def print(self, *args: object) -> None:
             self.file.write("half a table")
@@ -257,6 +258,62 @@ def test_a_failure_while_writing_leaves_the_existing_output_intact(
     new = tmp_path / "new.txt"
     assert runner.invoke(app, ["encode", "--output", str(new)]).exit_code == 3
     assert not new.exists()  # no half-written file either
+
+
+def test_a_full_disk_is_one_line_exit_2_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import trace_tf.cli
+
+    class Full:
+        """A console whose writes fail as on a full disk."""
+
+        def __init__(self, file: Any, width: int) -> None:
+            self.file = file
+            self.width = width
+
+        def print(self, *args: object, **kw: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trace_tf.cli, "console", Full)
+    out = tmp_path / "trace.txt"
+    out.write_text("precious\n")
+    for args in (["--output", str(out), "--force"], ["--output", str(tmp_path / "new.txt")]):
+        result = runner.invoke(app, ["encode", *args])
+        assert result.exit_code == 2
+        assert result.stderr == (
+            f"trace-tf: error: cannot write --output {args[1]}: No space left on device\n"
+        )
+    assert out.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.txt"]  # no temporary left
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_standard_output_on_a_full_device_is_exit_2(fmt: str) -> None:
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "trace_tf", "decode", "--format", fmt],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert proc.returncode == 2
+    assert proc.stderr == "trace-tf: error: cannot write standard output: No space left on device\n"
+
+
+def test_force_keeps_the_overwritten_files_permissions(tmp_path: Path) -> None:
+    out = tmp_path / "trace.txt"
+    out.write_text("old\n")
+    out.chmod(0o640)
+    assert runner.invoke(app, ["encode", "--output", str(out), "--force"]).exit_code == 0
+    assert out.read_text() != "old\n" and (out.stat().st_mode & 0o777) == 0o640
 
 
 COMMANDS = [

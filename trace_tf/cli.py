@@ -323,23 +323,38 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     if c.to_stdout:
         if binary and sys.stdout.isatty():
             _fail("--output - would write binary data to the terminal; redirect it to a file")
-        yield sys.stdout.buffer if binary else sys.stdout
+        with _write_errors("standard output"):
+            out = sys.stdout.buffer if binary else sys.stdout
+            yield out
+            out.flush()  # a full disk says so now, not at exit
         return
     path = c.output
     assert path is not None
     if _is_stream(path):
-        with _open(path, binary, shown=path) as fh:
+        with _write_errors(f"--output {path}"), _open(path, binary, shown=path) as fh:
             yield fh
         return
     _writable(path, c.force)
     real = Path(os.path.realpath(path))
     tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:
-        with _open(tmp, binary, shown=path) as fh:
+        with _write_errors(f"--output {path}"), _open(tmp, binary, shown=path) as fh:
             yield fh
         _commit(tmp, real, c.force, shown=path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _write_errors(shown: str) -> Iterator[None]:
+    """A failed write (a full disk, an I/O error) is the machine's state, not a bug:
+    one line, exit 2. (A reader that went away ends the process by SIGPIPE instead.)"""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _fail(f"cannot write {shown}: {exc.strerror or exc}")
 
 
 def _is_stream(path: Path) -> bool:
@@ -379,6 +394,10 @@ def _commit(tmp: Path, path: Path, force: bool, shown: Path) -> None:
     existing name even if one appeared meanwhile. (`shown`: the path as given.)"""
     try:
         if force:
+            if path.exists():  # overwritten, it keeps its permissions, as with a shell's `>`
+                import shutil
+
+                shutil.copymode(path, tmp)
             os.replace(tmp, path)
             return
         try:
