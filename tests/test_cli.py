@@ -264,6 +264,24 @@ def test_piped_output_is_elided_for_the_width_it_is_printed_at(
     assert all("│ … │" in x for x in rows if x.count("│") > 6)  # wide ones elided
 
 
+@pytest.mark.parametrize("width", [120, 100, 80])
+def test_a_matrix_that_fits_the_width_is_shown_whole(width: int) -> None:
+    # The packaged example's probs over its 10 words, 98 cells wide: at 120 columns it
+    # used to hide `?` and `EOS` behind an ellipsis, from a guess of 11 cells a column.
+    from rich.cells import cell_len
+
+    result = runner.invoke(app, ["decode"], env={"COLUMNS": str(width)})
+    lines = result.stdout.splitlines()
+    head = lines[lines.index(next(x for x in lines if x.startswith("probs "))) + 2]
+    words = [w.strip() for w in head.strip("┃").split("┃")][1:]
+    if width >= 98:
+        assert words == ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
+    else:  # elided, and still as many columns as fit
+        assert "…" in words and cell_len(head) <= width
+        assert cell_len(head) + 2 * 9 > width  # a 0.1234 column more each side would not fit
+    assert max(cell_len(x) for x in lines) <= width
+
+
 MARKUP = """\
 title: "[bold red]title[/] [/]"
 model: {d_model: 2, n_heads: 1, decoder_layers: 1, positional: none}

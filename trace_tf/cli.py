@@ -183,11 +183,13 @@ class Common:
         return shutil.get_terminal_size((120, 40)).columns if self.to_stdout else 160
 
     def view(self) -> "View":
-        """Elide matrices to what fits the terminal: columns as wide as the numbers."""
+        """Elide matrices to what fits the terminal. `max_cols` is the most columns that
+        could fit, each at its narrowest (`0.1234` and its padding and border:
+        precision + 5 cells); the tables then drop columns until they really fit."""
         from trace_tf.render import View
 
         width = self.width
-        cols = max(4, (width - 16) // (self.precision + 7))
+        cols = max(4, (width - 4) // (self.precision + 5))
         return View(
             precision=self.precision,
             full=self.full,
