@@ -109,3 +109,19 @@ def test_an_elided_axis_labels_each_token_with_its_position() -> None:
     small = render.matrix_table(value[:3, :3], rows=words[:3], cols=words[:3])
     assert _header(small)[1:] == ["the", "cat", "sat"]
     assert [_row(small, k)[0] for k in range(3)] == ["the", "cat", "sat"]
+
+
+def test_a_long_token_is_shortened_in_its_middle_so_the_numbers_show() -> None:
+    long = "start" + "x" * 290 + "end"
+    wide = "你" * 40  # two cells a character
+    grid = render.matrix_table(
+        np.ones((3, 2)), rows=[long, wide, "a"], cols=[long, "b"], view=render.View(width=120)
+    )
+    assert grid.width <= 120
+    labels = [_row(grid, k)[0] for k in range(3)]
+    assert labels[0].startswith("start") and labels[0].endswith("end") and "…" in labels[0]
+    assert cell_len(labels[0]) == render.LABEL_CELLS  # 31 letters and "…"
+    assert render.LABEL_CELLS - 1 <= cell_len(labels[1]) <= render.LABEL_CELLS  # 2-cell letters
+    assert labels[1].startswith("你") and labels[2] == "a"
+    assert _header(grid)[1].startswith("start") and _row(grid, 0)[1:] == ["1.0000", "1.0000"]
+    assert render.shortened("x" * render.LABEL_CELLS) == "x" * render.LABEL_CELLS  # fits: kept

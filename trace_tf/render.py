@@ -120,10 +120,31 @@ def _edges(n: int, edge: int) -> list[int | None]:
 def _label(labels: Sequence[str] | None, i: int, shown: list[int | None]) -> str:
     """Row or column i's label: its token, or its index; with the token, the index too
     ("[12] the") when the axis is elided, where a repeated token's place cannot be
-    counted."""
+    counted. A token too long for a label is shortened in its middle."""
     if labels is None:
         return str(i)
-    return f"[{i}] {printable(labels[i])}" if None in shown else printable(labels[i])
+    token = shortened(printable(labels[i]))
+    return f"[{i}] {token}" if None in shown else token
+
+
+LABEL_CELLS = 32  # the most cells a token takes as a row or column label
+
+
+def shortened(text: str, cells: int = LABEL_CELLS) -> str:
+    """`text`, or its start and end around `…` in `cells` cells: a 300-letter token
+    would otherwise push every number of its table off the screen."""
+    if _cells(text) <= cells:
+        return text
+    head, tail = "", ""
+    for c in text:  # two thirds from the start, the rest from the end
+        if _cells(head + c) > (cells - 1) * 2 // 3:
+            break
+        head += c
+    for c in reversed(text):
+        if _cells(head + c + tail) > cells - 1:
+            break
+        tail = c + tail
+    return f"{head}{ELLIPSIS}{tail}"
 
 
 def _layout(
@@ -280,7 +301,7 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
-            label = f"  ({printable(step.rows[i])})" if step.rows is not None else ""
+            label = f"  ({shortened(printable(step.rows[i]))})" if step.rows is not None else ""
             parts.append(Text(f"[{i}]{label}", style="bold"))
             parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
         body = Group(*parts)
