@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from conftest import config_from
 from test_explain import CONFIGS
 from typer.testing import CliRunner
 
@@ -75,3 +76,11 @@ def test_generate_traces_are_in_the_registry() -> None:
         paths = [s.path for s in tr.trace]
         assert any(p.startswith(("t1.decoder", "t1.b0.decoder")) for p in paths), paths[-3:]
         assert [p for p in paths if stage_of(p) is None] == []
+
+
+def test_the_embedding_scale_is_named_in_the_formula_and_valued_after_it() -> None:
+    # It read `X = E · sqrt(d_model) = 2 + PE`, an equation that is not one.
+    model = {"d_model": 4, "n_heads": 1, "embed_scale": "sqrt_d_model"}
+    cfg = config_from({"model": model, "vocab": ["a"], "source": ["a"]})
+    step = run(cfg, "encode")["encoder.input"]
+    assert step.formula == "X = E · sqrt(d_model) + PE, sqrt(d_model) = 2"

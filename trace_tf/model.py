@@ -67,7 +67,10 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
             "embed", np.stack([cfg.embeddings[t] for t in seq.tokens]), "E = embedding[token]"
         )
     x = e * m.embed_scale if m.embed_scale != 1.0 else e
-    scale = f" · {m.embed_scale_text}" if m.embed_scale != 1.0 else ""
+    # `E · 2` or `E · sqrt(d_model)`, its value said after the formula, not inside it
+    name, _, value = m.embed_scale_text.partition(" = ")
+    scale = f" · {name}" if m.embed_scale != 1.0 else ""
+    where = f", {m.embed_scale_text}" if value and scale else ""
     L = len(seq)
     if m.positional == "sinusoidal":
         pe = tr.rec(
@@ -84,8 +87,8 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
             cfg.positional,
         )
     else:
-        return tr.rec("input", x, f"X = E{scale}", e)  # E itself when unscaled: no copy
-    return tr.rec("input", x + pe, f"X = E{scale} + PE", e, pe)
+        return tr.rec("input", x, f"X = E{scale}{where}", e)  # E itself when unscaled: no copy
+    return tr.rec("input", x + pe, f"X = E{scale} + PE{where}", e, pe)
 
 
 # ---------------------------------------------------------------------------
