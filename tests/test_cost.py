@@ -115,3 +115,9 @@ def test_bad_vary_is_exit_2() -> None:
         result = runner.invoke(app, ["cost", "--vary", bad])
         assert result.exit_code == 2, (bad, result.output)
         assert "--vary" in result.stderr
+
+
+def test_repeat_is_bounded() -> None:
+    # a mistyped --repeat 1000000 would time the runs for hours
+    result = runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "101"])
+    assert result.exit_code == 2 and "1<=x<=100" in result.stderr

@@ -1283,7 +1283,10 @@ def cost(
         ),
     ] = None,
     repeat: Annotated[
-        int, typer.Option("--repeat", min=1, help="Runs timed per --vary value (fastest kept).")
+        int,
+        typer.Option(
+            "--repeat", min=1, max=100, help="Runs timed per --vary value (fastest kept; 1-100)."
+        ),
     ] = 3,
 ) -> None:
     """The multiply-adds of every stage, totals per stage and kind; with --vary, how they grow."""
