@@ -1384,6 +1384,23 @@ SETS = [
         args=("encode", "{file}", "--variant", "wide"),
     ),
     case(
+        "set-past-the-end-of-a-list-names-the-set",
+        BASE,
+        "source.2",
+        None,
+        "not a token (set by --set source.5, which added source.2 empty before it)",
+        "found a mapping",
+        args=("encode", "{file}", "--set", "source.5=a"),
+    ),
+    case(
+        "variant-past-the-end-of-a-list-names-the-variant",
+        BASE + "variants:\n  v: {source.4: a}\n",
+        "source.2",
+        "v: {source.4",
+        "(set by variant 'v', at source.4, which added source.2 empty before it)",
+        args=("encode", "{file}", "--variant", "v"),
+    ),
+    case(
         "set-after-variant-names-the-set",
         BASE + "variants:\n  neg: {model.scale: -1}\n",
         "model.scale",

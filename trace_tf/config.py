@@ -321,6 +321,7 @@ class Origin:
 
     by: str
     at: str | None = None
+    pads: str | None = None  # an empty entry added for this key, past a list's end
 
 
 @dataclass
@@ -487,6 +488,10 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
                     file=file,
                 )
             while len(node) <= idx:
+                if len(node) < idx:  # an empty entry before the one set: say who added it
+                    padded = join(".".join(parts[:i]), len(node))
+                    doc.overridden.append(padded)
+                    doc.origins[padded] = replace(origin, pads=key)
                 node.append({})
             if last:
                 node[idx] = value
@@ -649,13 +654,15 @@ class _Ctx:
         line = self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
-            by = origin.by
-            if origin.by == "--set":
-                by = f"--set {key}"
-            elif origin.at is not None and key != path:
-                by = f"{origin.by}, at {key}"
+            written = origin.pads or key  # the key as the user wrote it
+            by = f"--set {written}" if origin.by == "--set" else origin.by
+            if origin.at is not None and written != path and origin.by != "--set":
+                by += f", at {written}"
+            if origin.pads:
+                by += f", which added {key} empty before it"
             message += f" (set by {by})"
-            line = None if origin.at is None else self.lines.get(origin.at + path[len(key) :])
+            rest = "" if origin.pads else path[len(key) :]
+            line = None if origin.at is None else self.lines.get(origin.at + rest)
         return InputError(
             message,
             file=self.file,
