@@ -555,7 +555,6 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--beam", "20000"], "may need more than 100,000 decoder passes"),
         (["--beam", "2", "--length-penalty", "1e308"], "--length-penalty 1e+308 overflows"),
         (["--beam", "2", "--length-penalty", "-1e308"], "--length-penalty -1e+308 overflows"),
-        (["--sample", "--temperature", "1e-320"], "is not finite after --temperature"),
         (["--beam", "0"], "--beam width must be at least 1"),
         (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
         (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),
@@ -611,6 +610,21 @@ def test_configs_generate_cannot_serve_exit_2(tmp_yaml, text: str, message: str)
     path = tmp_yaml(text)
     code, _, err = invoke("generate", path)
     assert code == 2 and message in err and path in err and "Traceback" not in err
+
+
+def test_a_vanishing_temperature_samples_the_argmax() -> None:
+    # softmax(logits / T) tends to the argmax as T -> 0; logits / 1e-320 alone would
+    # overflow to inf - inf = NaN (it did, and was refused).
+    args = ["--max-tokens", "4", "--format", "json"]
+    code, out, err = invoke("generate", "--sample", "--temperature", "1e-320", *args)
+    assert code == 0, err
+    sampled = json.loads(out)
+    code, out, _ = invoke("generate", "--greedy", *args)
+    greedy = json.loads(out)
+    assert sampled["generated"] == greedy["generated"]
+    for s, g in zip(sampled["iterations"], greedy["iterations"], strict=True):
+        top = max(g["probs"], key=g["probs"].get)
+        assert s["probs"] == {t: float(t == top) for t in g["probs"]}  # one-hot, exactly
 
 
 def test_a_target_is_the_prompt_and_needs_no_bos(tmp_yaml) -> None:  # type: ignore[no-untyped-def]

@@ -28,6 +28,16 @@ def test_softmax_temperature_divides_the_scores() -> None:
     assert got[0, 0] == pytest.approx(want, abs=1e-15)
 
 
+@pytest.mark.parametrize("T", [1e-320, 1e-300, 1e-30])
+def test_softmax_tends_to_the_argmax_as_the_temperature_vanishes(T: float) -> None:
+    # x / T alone overflows (2 / 1e-320 = inf, and inf - inf = NaN); the limit is
+    # the argmax, shared equally by ties, and a masked key stays at 0.
+    x = np.array([[1.0, 2.0, 0.5], [3.0, -np.inf, 3.0]])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # no warning either
+        got = ops.softmax(x, temperature=T)
+    np.testing.assert_array_equal(got, [[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
+
+
 def test_fully_masked_row_is_nan() -> None:
     got = ops.softmax(np.array([[-np.inf, -np.inf], [0.0, -np.inf]]))
     assert np.isnan(got[0]).all()

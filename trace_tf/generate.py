@@ -436,18 +436,13 @@ def next_distribution(
     out = model.decoder(cfg, seq, enc, tr, cache)
     logits, probs = model.output_layer(cfg, out, seq, tr)
     first = f" ({tr.trace.warnings[0]})" if tr.trace.warnings else ""
-    require_finite(probs[-1], prefix, first, "finite probabilities")
-    return logits[-1], probs[-1]
-
-
-def require_finite(p: Array, prefix: tuple[str, ...], why: str, expected: str) -> None:
-    """Refuse to choose from a distribution holding NaN or infinity. [V]"""
-    if not np.isfinite(p).all():
+    if not np.isfinite(probs[-1]).all():  # never choose from NaN
         raise InputError(
-            f"the next-token distribution after {' '.join(prefix)} is not finite{why}",
-            expected=expected,
+            f"the next-token distribution after {' '.join(prefix)} is not finite{first}",
+            expected="finite probabilities",
             found="NaN or infinity",
         )
+    return logits[-1], probs[-1]
 
 
 def run(cfg: Config, s: Settings, tr: Tracer = NULL_TRACER) -> Generation:
@@ -486,9 +481,7 @@ def _single(
                     for name, p in stages:
                         tr.rec(name, p[None, :], _STAGE_FORMULA[name].format(s=s), cols=vocab)
                 chosen, u = stages[-1][1], float(rng.random())
-                why = f" after --temperature {s.temperature:g}"  # logits / T overflowed
-                require_finite(chosen, prefix, why, "a temperature for which logits / T is finite")
-                i = draw(chosen, u)
+                i = draw(chosen, u)  # finite: (logits − max) / T is, for any T > 0
         token = vocab[i]
         iterations.append(Iteration(index, prefix, chosen, token, probs, stages, u))
         prefix = (*prefix, token)

@@ -19,12 +19,18 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def softmax(x: Array, temperature: float = 1.0) -> Array:
     """Row softmax, numerically stable (subtract the row max). [..., n] -> [..., n]
 
+    The max is subtracted before dividing by the temperature, the same softmax
+    (e^((x_j − m)/T) = e^(x_j/T − m/T)): with a tiny T, x / T alone would overflow to
+    inf − inf = NaN where the limit, the argmax, is well defined.
+
     A row that is entirely -inf (fully masked) has no defined softmax and comes
     out as NaN, deliberately: the tracer reports where it first appears.
     """
-    z = x / temperature if temperature != 1.0 else x
     with np.errstate(invalid="ignore"):
-        shifted = z - np.max(z, axis=-1, keepdims=True)
+        shifted = x - np.max(x, axis=-1, keepdims=True)
+        if temperature != 1.0:
+            with np.errstate(over="ignore"):  # (x − m) / T: 0 or less, -inf at worst
+                shifted = shifted / temperature
         e = np.exp(shifted)
         return e / np.sum(e, axis=-1, keepdims=True)
 

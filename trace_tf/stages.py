@@ -190,7 +190,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "softmax",
         (f"{_HEAD}.softmax", "attn.softmax"),
-        "A = softmax(row / T): e^(s_j/T − m) / Σ_k e^(s_k/T − m), m the row max",
+        "A = softmax(row / T): e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m the row max",
         "L_q × L_k",
         "attention weights: how much each query takes from each key; rows sum to 1",
     ),
