@@ -126,4 +126,29 @@ def test_generate_writes_its_traced_steps(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0].startswith("t1.probs,hello,mundo,world")
     result = runner.invoke(app, ["generate", "--greedy", "--format", "csv"])  # nothing traced
-    assert result.exit_code == 2 and "no" in result.stderr
+    assert result.exit_code == 2 and "add --trace" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, formats",
+    [
+        (["check"], "table, json"),
+        (["stages"], "table, json"),
+        (["cost"], "table, json"),
+        (["diff", "hello", "hello"], "table, json"),
+        (["explain", "encoder.input"], "table, json"),
+        (["attend", "--q", "1", "--k", "1", "--v", "1"], "table, json, npz"),
+        (["norm", "--x", "1 2"], "table, json, npz"),
+    ],
+)
+def test_a_command_offers_only_the_formats_it_can_write(args: list[str], formats: str) -> None:
+    # Their help offered npz and csv; asked for, they said to give --output, then that
+    # they had no steps.
+    for fmt in ("npz", "csv"):
+        if fmt in formats:
+            continue
+        result = runner.invoke(app, [*args, "--format", fmt])
+        assert result.exit_code == 2
+        assert f"--format must be one of {formats}, not '{fmt}'" in result.stderr
+    help_text = runner.invoke(app, [args[0], "--help"], env={"COLUMNS": "200"}).stdout
+    assert ("npz" in help_text) == ("npz" in formats) and "csv (one step" not in help_text

@@ -112,6 +112,18 @@ FormatOpt = Annotated[
         "- for stdout) or csv (one step: select it with `step --stage PATH`).",
     ),
 ]
+NO_CSV = ("table", "json", "npz")  # several steps, and no --stage to choose one
+NpzOpt = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="table, json or npz (every step under its path, for numpy.load; needs --output, "
+        "- for stdout).",
+    ),
+]
+REPORTS = ("table", "json")  # no traced steps to write
+ReportFormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
+_FORMAT_OPTS = {FORMATS: FormatOpt, NO_CSV: NpzOpt, REPORTS: ReportFormatOpt}
 DtypeOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -214,13 +226,22 @@ _COMMON_OPTIONS = {
 }
 
 
-def _common(**given: Any) -> Common:
-    """The shared options; those a command does not take keep their defaults."""
+def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
+    """The shared options; those a command does not take keep their defaults.
+    `formats`: the --format values the command can write."""
     kw: dict[str, Any] = {name: default for name, (_, default) in _COMMON_OPTIONS.items()}
     kw.update({k: v for k, v in given.items() if k in _COMMON_OPTIONS})
     fmt = kw["fmt"]
-    if fmt not in FORMATS:
-        _fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt not in formats:
+        why = {"npz": "traced steps", "csv": "one traced step"}.get(fmt)
+        _fail(
+            f"--format must be one of {', '.join(formats)}, not {fmt!r}"
+            + (
+                f" ({fmt} writes {why}, and this command has {'none' if formats == REPORTS else 'several'})"
+                if why
+                else ""
+            )
+        )
     if fmt == "npz" and kw.get("output") is None:
         _fail("--format npz writes a binary file: give it with --output FILE")
     if kw.get("dtype") not in (None, "float64", "float32"):
@@ -228,24 +249,32 @@ def _common(**given: Any) -> Common:
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
 
 
-def running(fn: Callable[..., None]) -> Callable[..., None]:
+def running(
+    formats: tuple[str, ...] = FORMATS,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A command that runs the model: it takes the common options (SPEC section 4),
-    receives them as `c: Common`, and has its errors turned into exit codes."""
-    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
-    common = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
-        for name, (ann, default) in _COMMON_OPTIONS.items()
-    ]
+    with --format offering `formats`, receives them as `c: Common`, and has its errors
+    turned into exit codes."""
 
-    @functools.wraps(fn)
-    def command(**kw: Any) -> None:
-        with guarded(kw["debug"]):
-            c = _common(**{name: kw.pop(name) for name in _COMMON_OPTIONS})
-            fn(c, **kw)
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
+        options = {**_COMMON_OPTIONS, "fmt": (_FORMAT_OPTS[formats], "table")}
+        common = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=d)
+            for name, (ann, d) in options.items()
+        ]
 
-    command.__signature__ = inspect.Signature([*own, *common])  # type: ignore[attr-defined]
-    del command.__wrapped__  # typer must read the signature above, not fn's
-    return command
+        @functools.wraps(fn)
+        def command(**kw: Any) -> None:
+            with guarded(kw["debug"]):
+                c = _common(formats, **{name: kw.pop(name) for name in _COMMON_OPTIONS})
+                fn(c, **kw)
+
+        command.__signature__ = inspect.Signature([*own, *common])  # type: ignore[attr-defined]
+        del command.__wrapped__  # typer must read the signature above, not fn's
+        return command
+
+    return wrap
 
 
 def _fail(message: str) -> NoReturn:
@@ -438,11 +467,7 @@ def emit(
     """Print tables, or the JSON object (built only when asked for), to stdout or --output;
     or write the steps: npz every one under its path, csv the one selected."""
     if c.fmt in ("npz", "csv"):
-        if steps is None:
-            _fail(
-                f"--format {c.fmt} writes traced steps; this command has none (use table or json)"
-            )
-        assert steps is not None
+        assert steps is not None, "a command without steps offers table and json only"
         _write_steps(c, steps)
         return
     with _sink(c) as fh:
@@ -550,21 +575,21 @@ def _trace_command(command: str, config: str | None, c: Common) -> None:
 
 
 @app.command()
-@running
+@running()
 def encode(c: Common, config: ConfigArg = None) -> None:
     """Run the encoder on `source` and show every step in order."""
     _trace_command("encode", config, c)
 
 
 @app.command()
-@running
+@running()
 def decode(c: Common, config: ConfigArg = None) -> None:
     """Encoder + decoder on `source` and `target` (teacher forcing) through logits and probs."""
     _trace_command("decode", config, c)
 
 
 @app.command()
-@running
+@running()
 def step(
     c: Common,
     config: ConfigArg = None,
@@ -614,7 +639,7 @@ def check(
         ),
     ] = None,
     sets: SetOpt = None,
-    fmt: FormatOpt = "table",
+    fmt: ReportFormatOpt = "table",
     output: OutputOpt = None,
     force: ForceOpt = False,
     precision: PrecisionOpt = 4,
@@ -629,6 +654,7 @@ def check(
         from trace_tf.runner import check as run_check
 
         c = _common(
+            REPORTS,
             sets=sets,
             fmt=fmt,
             output=output,
@@ -707,7 +733,7 @@ def examples(debug: DebugOpt = False) -> None:
 
 
 @app.command()
-@running
+@running()
 def generate(
     c: Common,
     config: ConfigArg = None,
@@ -805,6 +831,8 @@ def generate(
     )
     if (stage is not None or layer is not None or head is not None) and not trace:
         _fail("--stage, --layer and --head select traced steps: add --trace")
+    if c.fmt in ("npz", "csv") and not trace:
+        _fail(f"--format {c.fmt} writes traced steps: add --trace")
     cfg = require_model(_load(config, c), "generate")
     # --trace records what it is asked for; without, only NaN and overflow are watched
     tr = Tracer(keep=lambda path: matches(path, stage, layer, head)) if trace else CheckingTracer()
@@ -829,7 +857,7 @@ def generate(
         conventions=dict(header_rows),
         warnings=tr.trace.warnings,
     )
-    traced = steps if trace else None  # what --format npz / csv write
+    traced = steps if trace else None  # what --format npz / csv write (with --trace only)
     if c.fmt != "table":
         emit(c, [], data, traced)
         return
@@ -919,7 +947,7 @@ def _run_op(cfg: "OpConfig", c: Common) -> None:
 
 
 @app.command()
-@running
+@running(NO_CSV)
 def attend(
     c: Common,
     file: Annotated[
@@ -975,7 +1003,7 @@ def attend(
 
 
 @app.command()
-@running
+@running(NO_CSV)
 def norm(
     c: Common,
     file: Annotated[
@@ -1024,7 +1052,7 @@ def norm(
 
 
 @app.command()
-@running
+@running()
 def pe(
     c: Common,
     file: Annotated[
@@ -1065,7 +1093,7 @@ def pe(
 
 
 @app.command()
-@running
+@running(REPORTS)
 def diff(
     c: Common,
     config_a: Annotated[
@@ -1175,7 +1203,7 @@ def diff(
 
 
 @app.command()
-@running
+@running(REPORTS)
 def explain(
     c: Common,
     step_name: Annotated[
@@ -1217,7 +1245,7 @@ def explain(
 
 
 @app.command()
-def stages(fmt: FormatOpt = "table", debug: DebugOpt = False) -> None:
+def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
     """Every stage the engine records: its paths, formula, shape and meaning; and the groups."""
     with guarded(debug):
         from rich.table import Table
@@ -1225,7 +1253,7 @@ def stages(fmt: FormatOpt = "table", debug: DebugOpt = False) -> None:
 
         from trace_tf.stages import GROUP_MEANINGS, STAGES
 
-        c = _common(fmt=fmt, debug=debug)
+        c = _common(REPORTS, fmt=fmt, debug=debug)
         table = Table(
             title="stages (select with --stage NAME): formula, meaning, and the paths recorded",
             title_justify="left",
@@ -1268,7 +1296,7 @@ def stages(fmt: FormatOpt = "table", debug: DebugOpt = False) -> None:
 
 
 @app.command()
-@running
+@running(REPORTS)
 def cost(
     c: Common,
     config: ConfigArg = None,
