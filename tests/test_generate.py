@@ -612,6 +612,21 @@ def test_configs_generate_cannot_serve_exit_2(tmp_yaml, text: str, message: str)
     assert code == 2 and message in err and path in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "args, advice",
+    [
+        (["--beam", "100000", "--max-tokens", "2"], "fewer --max-tokens, a narrower --beam or a"),
+        (["--trace", "--max-elements", "100000"], "fewer --max-tokens, a --stage to keep or a"),
+    ],
+)
+def test_over_the_limit_advises_only_what_the_command_line_can_change(
+    args: list[str], advice: str
+) -> None:
+    # without --trace, --stage is itself an error; it was advised all the same
+    code, _, err = invoke("generate", *args)
+    assert code == 2 and f"expected {advice} higher --max-elements" in err
+
+
 def test_a_vanishing_temperature_samples_the_argmax() -> None:
     # softmax(logits / T) tends to the argmax as T -> 0; logits / 1e-320 alone would
     # overflow to inf - inf = NaN (it did, and was refused).

@@ -401,10 +401,14 @@ def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> Non
     in reasonable time (memory alone does not bound it: each beam's pass is small)."""
     total = size(cfg, s, traced)
     if total > max_elements:
+        ways = ["fewer --max-tokens"]  # what the user can change
+        ways += ["a --stage to keep"] if traced else []
+        ways += ["a narrower --beam"] if s.width > 1 else []
+        ways += ["a higher --max-elements"]
         raise InputError(
             f"{'the trace of ' if traced else ''}{s.max_tokens} iteration(s) would hold about "
             f"{total:,} numbers, over the limit of {max_elements:,}",
-            expected="fewer --max-tokens, a --stage to keep, or a higher --max-elements",
+            expected=", ".join(ways[:-1]) + " or " + ways[-1],
         )
     if s.strategy == "beam" and beam_passes(s, len(cfg.vocab)) > MAX_BEAM_PASSES:
         raise InputError(
