@@ -565,6 +565,21 @@ def test_config_dash_is_read_from_stdin() -> None:
     assert result.stderr.startswith("trace-tf: error: <stdin>:1: model.d_model: ")
 
 
+@pytest.mark.parametrize("args", [["check", "-", "-"], ["diff", "-", "-"]])
+def test_stdin_given_twice_is_refused_not_read_as_empty(args: list[str]) -> None:
+    # the second - found stdin at its end and said "the config is empty"
+    config = (FIXTURES / "hello.yaml").read_text()
+    result = runner.invoke(app, args, input=config)
+    assert result.exit_code == 2
+    assert result.stderr == "trace-tf: error: <stdin>: standard input is read once; give - once\n"
+
+
+def test_an_empty_config_name_is_not_the_current_directory() -> None:
+    code, out, err = invoke("encode", "")
+    assert (code, out) == (2, "")
+    assert err.startswith("trace-tf: error: an empty config name;") and "found ''" in err
+
+
 @pytest.mark.parametrize("columns", [60, 80, 100, 160])
 def test_check_keeps_every_verdict_and_error_in_view_at_any_width(
     monkeypatch: pytest.MonkeyPatch, columns: int

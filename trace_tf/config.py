@@ -339,6 +339,12 @@ def resolve(name: str | None) -> Path:
     """A config path, or the packaged example of that name (default: hello)."""
     if name is None:
         return examples_dir() / "hello.yaml"
+    if not name.strip():  # Path("") is ".", the current directory
+        raise InputError(
+            "an empty config name",
+            expected="a config file path, a packaged example's name, or - for stdin",
+            found=repr(name),
+        )
     path = Path(name)
     if path.exists() or any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
         return path
@@ -359,7 +365,10 @@ STDIN = "-"  # the config name that reads the config from standard input
 def read_document(name: str | None) -> Document:
     if name == STDIN:
         file = "<stdin>"
+        if sys.stdin.closed:  # `check - -`: the first - read it to its end
+            raise InputError("standard input is read once; give - once", file=file)
         text = read_stream(sys.stdin.buffer, file)
+        sys.stdin.close()
     else:
         path = resolve(name)
         file = str(path) if name is not None else "hello (packaged example)"
