@@ -121,3 +121,58 @@ def test_repeat_is_bounded() -> None:
     # a mistyped --repeat 1000000 would time the runs for hours
     result = runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "101"])
     assert result.exit_code == 2 and "1<=x<=100" in result.stderr
+
+
+# The audit's c03 (/tmp/numaudit/cfg/c03_rope_deconly.yaml): decoder-only, pre-norm,
+# RoPE; d_model 8, 2 heads of d_k = d_v = 4, d_ff 32, 2 layers, 6 target tokens, V 7.
+ROPE_DECODER_ONLY: dict[str, Any] = {
+    "model": {
+        "d_model": 8,
+        "n_heads": 2,
+        "decoder_layers": 2,
+        "encoder_layers": 0,
+        "positional": "rope",
+        "pe_base": 50,
+        "norm_position": "pre",
+        "seed": 11,
+    },
+    "vocab": ["p", "q", "r", "s", "PAD", "BOS", "EOS"],
+    "tokens": {"bos": "BOS", "eos": "EOS", "pad": "PAD"},
+    "target": ["BOS", "p", "q", "PAD", "r", "s"],
+}
+
+
+def test_rope_rotation_is_elementwise_and_the_projections_are_q_raw_k_raw_by_hand() -> None:
+    cfg = config_from(ROPE_DECODER_ONLY)
+    assert isinstance(cfg, Config)
+    by_path = {c.path: c for c in cost.ledger(cfg)}
+    L, d, dk, dff, V = 6, 8, 4, 32, 7
+    for name in ("q_raw", "k_raw", "v"):
+        c = by_path[f"decoder.1.self_attn.h1.{name}"]
+        assert (c.kind, c.terms, c.macs) == ("projection", (L, d, dk), 6 * 8 * 4)
+    for name in ("q", "k"):  # RoPE(q_raw): a 2 x 2 rotation of each column pair
+        c = by_path[f"decoder.0.self_attn.h0.{name}"]
+        assert (c.kind, c.macs, c.shape) == ("elementwise", 0, (L, dk))
+    t = cost.totals(cost.ledger(cfg))
+    per_layer_projection = 2 * 3 * (L * d * dk) + L * (2 * dk) * d  # q_raw, k_raw, v; wo
+    assert per_layer_projection == 1536
+    assert t.by_kind == {
+        "projection": 2 * per_layer_projection,  # 3072
+        "attention": 2 * 2 * 2 * (L * dk * L),  # scores and context, 2 heads, 2 layers
+        "ffn": 2 * 2 * (L * d * dff),
+        "output": L * d * V,
+    }
+    assert t.total == 3072 + 1152 + 6144 + 336 == 10704
+    assert "q" not in t.by_stage and "k" not in t.by_stage
+
+
+def test_rope_costs_what_the_same_model_with_sinusoidal_positions_costs() -> None:
+    """The rotation adds no product: every kind's count equals the unrotated model's,
+    decoder-only and encoder-decoder (whose cross-attention is never rotated)."""
+    enc_dec = {**SMALL, "model": {**SMALL["model"], "positional": "rope"}}
+    for data in (ROPE_DECODER_ONLY, enc_dec):
+        rope, plain = (
+            cost.totals(cost.ledger(config_from(d)))  # type: ignore[arg-type]
+            for d in (data, {**data, "model": {**data["model"], "positional": "sinusoidal"}})
+        )
+        assert rope.by_kind == plain.by_kind and rope.total == plain.total

@@ -88,7 +88,9 @@ def ledger(cfg: Config) -> list[Cost]:
     out = []
     for path, shape, inputs in tr.shapes:
         stage = path.rsplit(".", 1)[-1]
-        if stage in MATMULS and len(shape) == 2 and inputs:
+        # A product has two operands; RoPE's rotated q and k are made from one (q_raw,
+        # k_raw): an elementwise rotation of each column pair, no product.
+        if stage in MATMULS and len(shape) == 2 and len(inputs) >= 2:
             kind, formula = MATMULS[stage]
             terms = (shape[0], inputs[0][-1], shape[1])  # rows · inner · columns
             out.append(Cost(path, stage, kind, shape, formula, terms, math.prod(terms)))
