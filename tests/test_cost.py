@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
+import pytest
 import yaml
 from conftest import config_from
 from typer.testing import CliRunner
 
-from trace_tf import cost
+from trace_tf import cost, model
 from trace_tf.cli import app
 from trace_tf.config import Config
+from trace_tf.runner import run
+from trace_tf.stages import STAGES, stage_of
 
 runner = CliRunner()
 
@@ -176,3 +181,271 @@ def test_rope_costs_what_the_same_model_with_sinusoidal_positions_costs() -> Non
             for d in (data, {**data, "model": {**data["model"], "positional": "sinusoidal"}})
         )
         assert rope.by_kind == plain.by_kind and rope.total == plain.total
+
+
+# ---------------------------------------------------------------------------
+# Every stage classified: the score functions' own products, labels, coverage
+# ---------------------------------------------------------------------------
+
+# The audit's c06 (/tmp/numaudit/cfg/c06_score_*.yaml): d_model 4, 2 heads of
+# d_k = d_v = 3, d_a 5, d_ff 16, one encoder and one decoder layer, a 4-token
+# source, a 3-token target, V 6.
+SCORED: dict[str, Any] = {
+    "model": {
+        "d_model": 4,
+        "n_heads": 2,
+        "d_k": 3,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "score": "additive",
+        "d_a": 5,
+        "seed": 13,
+    },
+    "vocab": ["a", "b", "c", "PAD", "BOS", "EOS"],
+    "tokens": {"bos": "BOS", "eos": "EOS", "pad": "PAD"},
+    "source": ["a", "PAD", "b", "c"],
+    "target": ["BOS", "a", "PAD"],
+}
+
+
+def scored(score: str, **model: Any) -> Config:
+    data = {**SCORED, "model": {**SCORED["model"], "score": score, **model}}
+    if score != "additive":
+        data["model"].pop("d_a")
+    cfg = config_from(data)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def test_additive_score_counts_q_a_k_a_and_v_a_by_hand() -> None:
+    ledger = cost.ledger(scored("additive"))
+    by_path = {c.path: c for c in ledger}
+    # cross-attention: 3 queries, 4 keys; Q W_a_q is 3 x 3 times 3 x 5, K W_a_k 4 x 3 times 3 x 5
+    q_a, k_a = by_path["decoder.0.cross_attn.h1.q_a"], by_path["decoder.0.cross_attn.h1.k_a"]
+    assert (q_a.kind, q_a.formula, q_a.terms, q_a.macs) == (
+        "projection",
+        "L_q·d_k·d_a",
+        (3, 3, 5),
+        45,
+    )
+    assert (k_a.kind, k_a.formula, k_a.terms, k_a.macs) == (
+        "projection",
+        "L_k·d_k·d_a",
+        (4, 3, 5),
+        60,
+    )
+    # v_aᵀ tanh(…): d_a = 5 multiply-adds for each of the 3 x 4 query-key pairs
+    s = by_path["decoder.0.cross_attn.h1.scores"]
+    assert (s.formula, s.terms, s.macs) == ("L_q·d_a·L_k", (3, 5, 4), 60)
+    assert by_path["decoder.0.cross_attn.h1.tanh"].macs == 0
+    t = cost.totals(ledger)
+    # per attention: H x (q, k, v) + wo;  H x (q_a + k_a);  H x (scores + context)
+    enc = 2 * (3 * 4 * 4 * 3) + 4 * 6 * 4, 2 * (4 * 3 * 5 + 4 * 3 * 5), 2 * (4 * 5 * 4 + 4 * 4 * 3)
+    dec = 2 * (3 * 3 * 4 * 3) + 3 * 6 * 4, 2 * (3 * 3 * 5 + 3 * 3 * 5), 2 * (3 * 5 * 3 + 3 * 3 * 3)
+    cross = (
+        2 * (3 * 4 * 3 + 2 * 4 * 4 * 3) + 3 * 6 * 4,
+        2 * (3 * 3 * 5 + 4 * 3 * 5),
+        2 * (3 * 5 * 4 + 3 * 4 * 3),
+    )
+    assert (enc[1], dec[1], cross[1]) == (240, 180, 210)  # the audit's 630 missing
+    ffn, output = 2 * 4 * 4 * 16 + 2 * 3 * 4 * 16, 3 * 4 * 6
+    assert t.by_kind == {
+        "projection": sum(x[0] + x[1] for x in (enc, dec, cross)),
+        "attention": sum(x[2] for x in (enc, dec, cross)),
+        "ffn": ffn,
+        "output": output,
+    }
+    assert t.total == 3198
+
+
+def test_bilinear_score_counts_q_b_by_hand() -> None:
+    ledger = cost.ledger(scored("bilinear"))
+    q_b = next(c for c in ledger if c.path == "encoder.0.self_attn.h0.q_b")
+    assert (q_b.kind, q_b.formula, q_b.terms, q_b.macs) == (
+        "projection",
+        "L_q·d_k·d_k",
+        (4, 3, 3),
+        36,
+    )
+    t = cost.totals(ledger)
+    assert t.by_stage["q_b"] == 2 * (4 * 3 * 3) + 2 * (3 * 3 * 3) + 2 * (3 * 3 * 3) == 180
+    assert t.total == 2420 + 180 == 2600  # the dot score's total, plus Q W_b
+
+
+def test_gaussian_and_dot_scores_cost_q_kt() -> None:
+    for score in ("gaussian", "dot", "scaled_dot"):
+        ledger = cost.ledger(scored(score))
+        s = next(c for c in ledger if c.path == "decoder.0.cross_attn.h0.scores")
+        assert (s.formula, s.terms) == ("L_q·d_k·L_k", (3, 3, 4)), score
+        assert cost.totals(ledger).total == 2420, score
+
+
+# Configs over every option: each score function, every positional kind, pads in
+# source and target, encoder-only, decoder-only and encoder-decoder, pre- and
+# post-norm, LayerNorm and RMSNorm, a final norm, tied output weights, d_k and d_v
+# not d_model / H, and a gaussian width per feature.
+def _every_option() -> dict[str, Config]:
+    from test_explain import MODEL_CASES
+
+    cases: dict[str, Any] = {
+        **MODEL_CASES,
+        "small": SMALL,
+        "rope_decoder_only": ROPE_DECODER_ONLY,
+        "rope_enc_dec_additive": {
+            **SCORED,
+            "model": {**SCORED["model"], "positional": "rope", "norm": "rms", "d_v": 2},
+        },
+        "none_bilinear_pre": {
+            **SCORED,
+            "model": {**SCORED["model"], "score": "bilinear", "positional": "none",
+                      "norm_position": "pre", "d_a": None},
+        },
+        "learned_gaussian_widths": {
+            **SCORED,
+            "model": {**SCORED["model"], "score": "gaussian", "positional": "learned",
+                      "d_a": None, "n_heads": 1, "d_k": 2},
+            "weights": {"encoder": [{"self_attn": {"heads": [{"w": [1.0, 0.5]}]}}]},
+        },
+        "encoder_only_vocab": {
+            **{k: v for k, v in SMALL.items() if k != "target"},
+            "model": {**SMALL["model"], "decoder_layers": 0},
+        },
+    }  # fmt: skip
+    out = {}
+    for name, data in cases.items():
+        model_keys = {k: v for k, v in data["model"].items() if v is not None}
+        cfg = config_from({**data, "model": model_keys})
+        assert isinstance(cfg, Config)
+        out[name] = cfg
+    return out
+
+
+EVERY_OPTION = _every_option()
+
+
+def _symbols(cfg: Config, path: str) -> dict[str, int]:
+    """Each symbol of the ledger's formulas for the step at `path`, from the config."""
+    m = cfg.model
+    L_src = len(cfg.source) if cfg.source is not None and m.encoder_layers else 0
+    L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
+    if ".cross_attn." in path:
+        L_q, L_k = L_tgt, L_src
+    elif path.startswith("encoder.") or not m.decoder_layers:
+        L_q = L_k = L_src
+    else:
+        L_q = L_k = L_tgt
+    return {
+        "L_q": L_q, "L_k": L_k, "L": L_q, "H": m.n_heads, "d_model": m.d_model, "d_k": m.d_k,
+        "d_v": m.d_v, "d_a": m.d_a or m.d_k, "d_ff": m.d_ff, "V": len(cfg.vocab),
+    }  # fmt: skip
+
+
+def _expected_by_kind(cfg: Config) -> dict[str, int]:
+    """Multiply-adds per kind from the model's sizes alone, as lecture 000 counts them."""
+    m = cfg.model
+    d, H, dk, dv, dff, V = m.d_model, m.n_heads, m.d_k, m.d_v, m.d_ff, len(cfg.vocab)
+    da = m.d_a or dk
+    kinds = dict.fromkeys(("projection", "attention", "ffn", "output"), 0)
+
+    def attention(Lq: int, Lk: int) -> None:
+        score_products = {"additive": Lq * dk * da + Lk * dk * da, "bilinear": Lq * dk * dk}
+        kinds["projection"] += H * (Lq * d * dk + Lk * d * dk + Lk * d * dv)  # Q, K, V
+        kinds["projection"] += H * score_products.get(m.score, 0) + Lq * (H * dv) * d  # W_o
+        inner = da if m.score == "additive" else dk
+        kinds["attention"] += H * (Lq * inner * Lk + Lq * Lk * dv)  # scores, A V
+
+    def ffn(L: int) -> None:
+        kinds["ffn"] += 2 * L * d * dff
+
+    L_src = len(cfg.source) if m.encoder_layers and cfg.source is not None else 0
+    L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
+    for _ in range(m.encoder_layers):
+        attention(L_src, L_src)
+        ffn(L_src)
+    for _ in range(m.decoder_layers):
+        attention(L_tgt, L_tgt)
+        if m.encoder_layers:
+            attention(L_tgt, L_src)
+        ffn(L_tgt)
+    kinds["output"] = (L_tgt or L_src) * d * V
+    return kinds
+
+
+def test_totals_match_a_count_from_the_model_sizes_for_every_option() -> None:
+    for name, cfg in EVERY_OPTION.items():
+        t = cost.totals(cost.ledger(cfg))
+        assert t.by_kind == _expected_by_kind(cfg), name
+        assert t.total == sum(t.by_kind.values())
+
+
+def test_every_formula_names_the_sizes_its_numbers_are() -> None:
+    """Each factor of a product's formula, evaluated with the model's sizes, is the
+    term beside it (rows · inner · columns)."""
+    for name, cfg in EVERY_OPTION.items():
+        for c in cost.ledger(cfg):
+            if c.kind == "elementwise":
+                assert c.macs == 0 and c.formula.startswith("—") and c.terms == ()
+                continue
+            values = _symbols(cfg, c.path)
+            factors = re.split(r"·(?![^(]*\))", c.formula)  # not inside (H·d_v)
+            evaluated = tuple(
+                math.prod(values[s] for s in f.strip("()").split("·")) for f in factors
+            )
+            assert evaluated == c.terms, (name, c.path, c.formula, c.terms)
+            assert c.macs == math.prod(c.terms) > 0
+
+
+def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
+    """An independent route: run the model with the full tracer and, for each product
+    (the stages below, but not RoPE's rotation of q and k in self-attention), count
+    the product of its output's shape and the inner size, the last axis of the first
+    array it was computed from; every other step counts 0."""
+    products = {"q", "q_raw", "k", "k_raw", "v", "q_a", "k_a", "q_b", "scores", "context",
+                "wo", "hidden", "out", "logits"}  # fmt: skip
+    for name, cfg in EVERY_OPTION.items():
+        trace = run(cfg)
+        ledger = cost.ledger(cfg)
+        assert [c.path for c in ledger] == [s.path for s in trace], name
+        for c, step in zip(ledger, trace, strict=True):
+            rotated = (
+                cfg.model.positional == "rope"
+                and ".self_attn." in step.path
+                and step.stage in ("q", "k")
+            )
+            want = 0
+            if step.stage in products and not rotated:
+                first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
+                want = math.prod(step.shape) * first.shape[-1]
+            assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)
+
+
+def test_every_stage_a_model_records_has_its_ways_listed_and_each_is_used() -> None:
+    calculator_only = {"centered", "norm_out", "pe_table"}  # trace-tf norm / pe
+    registry = {s.key for s in STAGES}
+    assert set(cost.COSTS) | calculator_only == registry
+    assert not set(cost.COSTS) & calculator_only
+    tracer = cost.ShapeTracer()
+    for cfg in EVERY_OPTION.values():
+        model.run_full(cfg, tracer)
+    used = set()
+    for path, shape, inputs in tracer.shapes:
+        entry = stage_of(path)
+        assert entry is not None and entry.key in cost.COSTS, path
+        way, _ = cost.classify(path, shape, inputs)  # exactly one way fits
+        used.add((entry.key, cost.COSTS[entry.key].index(way)))
+    listed = {(key, i) for key, ways in cost.COSTS.items() for i in range(len(ways))}
+    assert used == listed  # every stage and every way of it is exercised above
+
+
+def test_a_step_no_listed_way_fits_stops_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(LookupError, match="q_b"):
+        monkeypatch.delitem(cost.COSTS, "q_b")
+        cost.ledger(scored("bilinear"))
+    monkeypatch.undo()
+    # a q made from one array of another shape is neither X W_q nor a rotation
+    with pytest.raises(LookupError, match="fits 0 of the 2 ways"):
+        cost.classify("encoder.0.self_attn.h0.q", (2, 3), [(2, 4)])
+    with pytest.raises(LookupError):
+        cost.classify("encoder.0.nonsense", (2, 3), [(2, 4), (4, 3)])
+    result = runner.invoke(app, ["cost", "--set", "model.score=bilinear"])
+    assert result.exit_code == 0 and "L_q·d_k·d_k" in result.stdout

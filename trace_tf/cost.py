@@ -3,15 +3,18 @@
 Lecture 000, section 5.4: the projections cost O(L D^2) and attention O(L^2 D),
 so attention dominates once the sequence is longer than the model is wide. The
 ledger is read off the engine itself: a tracer that keeps only shapes runs the
-model, and every matrix product's multiply-adds are rows x inner x columns of the
-step it makes. Nothing about the model's structure is written twice here.
+model; each step is looked up by its stage in the registry (stages.py), COSTS says
+how that stage is computed, and a product's multiply-adds, rows x inner x columns,
+are read off the shapes of the operands it was recorded with. Nothing about the
+model's structure (which layers, heads and sublayers run, where RoPE applies) is
+written twice here.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,22 +23,129 @@ import numpy as np
 from trace_tf import model
 from trace_tf.config import Config, Document, build, overridden
 from trace_tf.errors import InputError
+from trace_tf.stages import stage_of
 from trace_tf.trace import Labels, Tracer
 
-# Stages made by a matrix product: their kind and multiply-adds in symbols, in the
-# order rows · inner · columns of the product.
-MATMULS: dict[str, tuple[str, str]] = {
-    "q": ("projection", "L_q·d_model·d_k"),
-    "q_raw": ("projection", "L_q·d_model·d_k"),
-    "k": ("projection", "L_k·d_model·d_k"),
-    "k_raw": ("projection", "L_k·d_model·d_k"),
-    "v": ("projection", "L_k·d_model·d_v"),
-    "wo": ("projection", "L·(H·d_v)·d_model"),
-    "scores": ("attention", "L_q·d_k·L_k"),
-    "context": ("attention", "L_q·L_k·d_v"),
-    "hidden": ("ffn", "L·d_model·d_ff"),
-    "out": ("ffn", "L·d_ff·d_model"),
-    "logits": ("output", "L·d_model·V"),
+Shape = tuple[int, ...]
+Terms = tuple[int, int, int]  # rows, inner, columns
+
+
+# How a product's operands are laid out, as recorded (`tr.rec(name, value, formula,
+# *inputs)`): each reads rows · inner · columns off the operands' shapes, or gives
+# None when the inputs are not of that layout (so a changed engine is caught, not
+# silently miscounted). `shape` is the product's own.
+
+
+def x_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """X W: X is m × n, W is n × p, the product m × p."""
+    if len(inputs) == 2 and len(inputs[0]) == len(inputs[1]) == 2:
+        (m, n), (n_w, p) = inputs
+        if n == n_w and shape == (m, p):
+            return m, n, p
+    return None
+
+
+def q_kt(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """Q Kᵀ: Q is m × n, K is p × n, the scores m × p (dot, scaled_dot; bilinear's Q W_b)."""
+    if len(inputs) == 2 and len(inputs[0]) == len(inputs[1]) == 2:
+        (m, n), (p, n_k) = inputs
+        if n == n_k and shape == (m, p):
+            return m, n, p
+    return None
+
+
+def pairs_v(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """tanh(…) v_a: the features are m × p × n (one row per query-key pair), v_a is n."""
+    if len(inputs) == 2 and len(inputs[0]) == 3 and len(inputs[1]) == 1:
+        (m, p, n), (n_v,) = inputs
+        if n == n_v and shape == (m, p):
+            return m, n, p
+    return None
+
+
+def pairs_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """Σ_f ((q_f − k_f) w_f)²: Q is m × n, K is p × n, w a number or n widths; one
+    multiply-add per feature of each query-key pair, like Q Kᵀ."""
+    if len(inputs) == 3 and inputs[2] in ((), (1,), inputs[0][-1:]):
+        return q_kt(shape, inputs[:2])
+    return None
+
+
+@dataclass(frozen=True)
+class Product:
+    """A step made by a matrix product: its kind, its multiply-adds in symbols (rows ·
+    inner · columns) and how its operands are laid out."""
+
+    kind: str
+    formula: str
+    layout: Callable[[Shape, Sequence[Shape]], Terms | None]
+
+    def fit(self, shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+        return self.layout(shape, inputs)
+
+
+@dataclass(frozen=True)
+class Free:
+    """A step with no multiply-adds: elementwise (scaling, masks, softmax, residuals,
+    norms, activations), a lookup or a copy. `of`: made from that one array of the
+    step's own shape (RoPE's rotation of q_raw or k_raw), and only so."""
+
+    of: str | None = None
+
+    @property
+    def formula(self) -> str:
+        return "—" if self.of is None else f"— (rotates {self.of}, elementwise)"
+
+    def fit(self, shape: Shape, inputs: Sequence[Shape]) -> tuple[()] | None:
+        if self.of is None or (len(inputs) == 1 and inputs[0] == shape):
+            return ()
+        return None
+
+
+FREE = Free()
+
+# Every stage a model records (the keys of stages.STAGES), each with the ways it is
+# computed: exactly one must fit each recorded step, or `ledger` stops. A stage the
+# engine records that is missing here stops it too; tests/test_cost.py checks that
+# runs over every option record every stage and way listed, and nothing else.
+COSTS: dict[str, tuple[Product | Free, ...]] = {
+    "embed": (FREE,),  # a lookup
+    "pe": (FREE,),
+    "input": (FREE,),
+    "mask": (FREE,),
+    "cross_mask": (FREE,),
+    "q_raw": (Product("projection", "L_q·d_model·d_k", x_w),),
+    "k_raw": (Product("projection", "L_k·d_model·d_k", x_w),),
+    "q": (Product("projection", "L_q·d_model·d_k", x_w), Free("q_raw")),
+    "k": (Product("projection", "L_k·d_model·d_k", x_w), Free("k_raw")),
+    "v": (Product("projection", "L_k·d_model·d_v", x_w),),
+    "q_a": (Product("projection", "L_q·d_k·d_a", x_w),),
+    "k_a": (Product("projection", "L_k·d_k·d_a", x_w),),
+    "tanh": (FREE,),
+    "q_b": (Product("projection", "L_q·d_k·d_k", x_w),),
+    "scores": (
+        Product("attention", "L_q·d_k·L_k", q_kt),  # dot, scaled_dot, bilinear
+        Product("attention", "L_q·d_a·L_k", pairs_v),  # additive
+        Product("attention", "L_q·d_k·L_k", pairs_w),  # gaussian
+    ),
+    "scaled": (FREE,),
+    "masked": (FREE,),
+    "softmax": (FREE,),
+    "context": (Product("attention", "L_q·L_k·d_v", x_w),),
+    "concat": (FREE,),
+    "wo": (Product("projection", "L·(H·d_v)·d_model", x_w),),
+    "residual": (FREE,),
+    "norm": (FREE,),
+    "mean": (FREE,),
+    "var": (FREE,),
+    "rms": (FREE,),
+    "hidden": (Product("ffn", "L·d_model·d_ff", x_w),),
+    "act": (FREE,),
+    "out": (Product("ffn", "L·d_ff·d_model", x_w),),
+    "final_norm": (FREE,),
+    "output": (FREE,),
+    "logits": (Product("output", "L·d_model·V", x_w),),
+    "probs": (FREE,),
 }
 KINDS = ("projection", "attention", "ffn", "output")
 GROWTH = {
@@ -55,7 +165,7 @@ class Cost:
     stage: str
     kind: str  # projection | attention | ffn | output | elementwise
     shape: tuple[int, ...]
-    formula: str  # the multiply-adds in symbols ("—" for elementwise steps)
+    formula: str  # the multiply-adds in symbols ("—", perhaps with why, for none)
     terms: tuple[int, ...]  # the same in numbers: rows, inner, columns
     macs: int
 
@@ -85,18 +195,30 @@ def ledger(cfg: Config) -> list[Cost]:
     """Every step the model computes, in order, with its multiply-adds."""
     tr = ShapeTracer()
     model.run_full(cfg, tr)
-    out = []
-    for path, shape, inputs in tr.shapes:
-        stage = path.rsplit(".", 1)[-1]
-        # A product has two operands; RoPE's rotated q and k are made from one (q_raw,
-        # k_raw): an elementwise rotation of each column pair, no product.
-        if stage in MATMULS and len(shape) == 2 and len(inputs) >= 2:
-            kind, formula = MATMULS[stage]
-            terms = (shape[0], inputs[0][-1], shape[1])  # rows · inner · columns
-            out.append(Cost(path, stage, kind, shape, formula, terms, math.prod(terms)))
-        else:
-            out.append(Cost(path, stage, "elementwise", shape, "—", (), 0))
-    return out
+    return [cost_of(path, shape, inputs) for path, shape, inputs in tr.shapes]
+
+
+def classify(
+    path: str, shape: Shape, inputs: Sequence[Shape]
+) -> tuple[Product | Free, tuple[int, ...]]:
+    """How a recorded step is computed (its entry in COSTS) and its terms; an error
+    (a bug, not bad input) when no way, or more than one, fits."""
+    entry = stage_of(path)
+    ways = COSTS.get(entry.key, ()) if entry is not None else ()
+    fits = [(way, terms) for way in ways if (terms := way.fit(shape, inputs)) is not None]
+    if len(fits) != 1:
+        raise LookupError(
+            f"cost: step {path} (stage {entry.key if entry else '?'}, shape {shape}, inputs "
+            f"{list(inputs)}) fits {len(fits)} of the {len(ways)} ways cost.COSTS lists for it"
+        )
+    return fits[0]
+
+
+def cost_of(path: str, shape: Shape, inputs: Sequence[Shape]) -> Cost:
+    way, terms = classify(path, shape, inputs)
+    stage = path.rsplit(".", 1)[-1]
+    kind = way.kind if isinstance(way, Product) else "elementwise"
+    return Cost(path, stage, kind, shape, way.formula, terms, math.prod(terms) if terms else 0)
 
 
 @dataclass(frozen=True)
