@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -255,6 +256,97 @@ def test_top_k_and_top_p_keep_exactly_the_documented_sets() -> None:
     got = probs_of(raw, top_k=2, top_p=0.9)  # top-k kept 0.65 < 0.9: top-p keeps both
     assert math.isclose(got["a"], 0.4 / 0.65) and math.isclose(got["b"], 0.25 / 0.65)
     assert probs_of(raw, top_p=1.0) == pytest.approx(FIXED_P, rel=1e-12)
+
+
+# The audit's g06 (/tmp/numaudit/cfg/g06_topp1.yaml): logits through the output bias,
+# one token of probability 3.7e-19, where the running total from the largest down
+# reaches 1.0 in float64 before the last tokens.
+TINY_TAIL_LOGITS = [-2.5838310270420326, -7.741978238913314, -24.218330148597808,
+                    -11.945084417055867, 4.756529388744398, 15.570779556716277,
+                    18.13580171323687, 0.9675174368870821]  # fmt: skip
+
+
+def test_top_p_1_keeps_every_token_of_nonzero_probability() -> None:
+    vocab = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "E"]
+    raw = {
+        "model": {"d_model": 2, "n_heads": 1, "encoder_layers": 0, "decoder_layers": 1, "seed": 1},
+        "vocab": vocab,
+        "tokens": {"bos": "t0", "eos": "E"},
+        "weights": {"output": {"W": [[0.0] * 8] * 2, "b": TINY_TAIL_LOGITS}},
+    }
+    got = probs_of(raw, top_p=1.0)
+    # softmax(b) by hand: e^(b_i - max) / sum_j e^(b_j - max)
+    top = max(TINY_TAIL_LOGITS)
+    e = [math.exp(b - top) for b in TINY_TAIL_LOGITS]
+    want = [x / math.fsum(e) for x in e]
+    assert want[2] == pytest.approx(3.7467e-19, rel=1e-4)
+    for token, x in zip(vocab, want, strict=True):
+        assert got[token] == pytest.approx(x, rel=1e-12), token  # t2 included, not 0
+    # By hand: 0.5, 0.5 - 2^-54 and 2^-54 total exactly 1, but 0.5 + (0.5 - 2^-54)
+    # rounds to 1.0 in float64: every prefix "reaches" 1 after two tokens.
+    p = np.array([2.0**-54, 0.5, 0.5 - 2.0**-54])
+    assert float(np.cumsum([0.5, 0.5 - 2.0**-54])[-1]) == 1.0
+    assert gen.top_p_filter(p, 1.0).tolist() == p.tolist()
+    assert gen.top_p_filter(p, 0.75).tolist() == [0, 0.5, 0.5 - 2.0**-54]
+
+
+def nucleus_check(p: np.ndarray, top_p: float, top_k: int | None, kept: set[int]) -> bool:
+    """Whether `kept` is SPEC section 4's set, in exact rational arithmetic on the float
+    probabilities `p`: sorted by probability (ties in vocabulary order), the top-k kept
+    as they are, then the smallest prefix whose total reaches top_p (of p's total, 1 up
+    to rounding), the crossing token in; all of top-k's when their total stays below.
+    Tokens of probability 0 aside. True: exactly that set. False: a near tie (top_p < 1
+    only), a prefix one token longer or shorter whose total lies within rounding of the
+    goal, so rounding decides the rule itself; anything else fails the assertions."""
+    order = sorted(range(len(p)), key=lambda i: (-p[i], i))[: top_k or len(p)]
+    exact = [Fraction(float(x)) for x in p]
+    total = sum(exact)
+    goal = Fraction(top_p) * total
+    prefixes = list(itertools.accumulate((exact[i] for i in order), initial=Fraction(0)))
+    n = next((m for m in range(1, len(order) + 1) if prefixes[m] >= goal), len(order))
+    if kept == {i for i in order[:n] if p[i] > 0}:
+        return True
+    assert top_p < 1, "p = 1 keeps every token of non-zero probability"
+    got = len(kept)
+    assert kept == set(order[:got]), "a prefix of the ranking"
+
+    def near(m: int) -> bool:
+        return abs(prefixes[m] - goal) <= total * Fraction(2e-16) + (
+            total - prefixes[m]
+        ) * Fraction(1e-13)
+
+    assert (got == n + 1 and near(n)) or (got == n - 1 and near(got)), (got, n)
+    return False
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p_in_exact_arithmetic() -> None:
+    """Random distributions, some with probabilities down to 1e-300, and p = 1, p just
+    below 1, random p and p at a prefix's own float total, with and without top-k: the
+    kept set is the exact rule's (p = 1: every token of non-zero probability), or at a
+    near tie of a p below 1 the prefix one token longer or shorter."""
+    rng = np.random.default_rng(2024)
+    near_ties = [0, 0, 0, 0]
+    for trial in range(4000):
+        V = int(rng.integers(2, 13))
+        logits = rng.standard_normal(V) * [0.5, 3, 12, 30, 400][trial % 5]
+        tempered = gen.sampling_steps(logits, gen.settings(sample=True))[0][1]
+        choice = trial % 4
+        if choice == 0:
+            top_p = 1.0
+        elif choice == 1:
+            top_p = 1 - 10.0 ** -int(rng.integers(1, 17))
+        elif choice == 2:
+            top_p = float(rng.uniform(0.01, 1))
+        else:  # a prefix's own float total: the tie the rule's "reaches" decides
+            top_p = min(1.0, float(np.cumsum(np.sort(tempered)[::-1])[rng.integers(V)]))
+        top_k = int(rng.integers(1, V + 1)) if rng.random() < 0.3 else None
+        s = gen.settings(sample=True, top_p=top_p, top_k=top_k)
+        final = gen.sampling_steps(logits, s)[-1][1]
+        kept = {int(i) for i in np.flatnonzero(final)}
+        if not nucleus_check(tempered, top_p, top_k, kept):
+            near_ties[choice] += 1
+        assert math.isclose(final.sum(), 1.0, rel_tol=1e-12)
+    assert near_ties[0] == 0 and near_ties[1] + near_ties[2] < 20, near_ties
 
 
 def test_ties_go_to_the_earlier_vocabulary_entry() -> None:
@@ -683,7 +775,8 @@ def test_helpers_by_hand() -> None:
     assert gen.top_k_filter(p, 2).tolist() == [0, 0.4, 0, 0.3]
     assert gen.top_p_filter(p, 0.7).tolist() == [0, 0.4, 0, 0.3]
     assert gen.top_p_filter(p, 0.71).tolist() == [0, 0.4, 0.2, 0.3]
-    assert gen.top_p_filter(np.array([0, 0.4, 0, 0.3]), 0.8).tolist() == [0, 0.4, 0, 0.3]
+    # 0.5 + 0.25 = 0.75 exactly reaches 0.75; of the tied 0.25s the earlier one is in
+    assert gen.top_p_filter(np.array([0.25, 0.5, 0.25]), 0.75).tolist() == [0.25, 0.5, 0]
     assert [gen.draw(p, u) for u in (0.0, 0.0999, 0.1, 0.49, 0.5, 0.7, 0.9999999)] == [
         0,
         0,

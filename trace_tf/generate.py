@@ -217,11 +217,17 @@ def top_k_filter(p: Array, k: int) -> Array:
 
 def top_p_filter(p: Array, top_p: float) -> Array:
     """Nucleus (Holtzman et al. 2020): sorted by probability, the smallest prefix whose
-    total reaches top_p (the crossing token included) kept as it is, the rest 0; all of
-    `p` when its total stays below top_p. [V] -> [V]"""
+    total reaches top_p (the crossing token included) kept as it is, the rest 0. [V] -> [V]
+
+    `p` is a distribution (its total is 1 up to rounding). A prefix reaches top_p when
+    what it leaves, summed from the smallest up, is at most (1 - top_p) of the total:
+    small probabilities summed first lose nothing to rounding, where a running total
+    from the largest down reaches 1.0 before the last tokens of tiny probability and
+    would cut them. So with top_p = 1 every token of non-zero probability stays."""
     order = ranking(p)
-    total = np.cumsum(p[order])
-    n = min(int(np.searchsorted(total, top_p, side="left")) + 1, len(p))
+    tail = np.cumsum(p[order][::-1])[::-1]  # tail[i]: the total of all but the i largest
+    left = np.append(tail[1:], 0.0)  # left[n - 1]: what the first n leave out
+    n = int(np.argmax(left <= (1.0 - top_p) * tail[0])) + 1  # left[-1] = 0 always fits
     keep = order[:n]
     out = np.zeros_like(p)
     out[keep] = p[keep]
@@ -233,14 +239,20 @@ def sampling_steps(logits: Array, s: Settings) -> list[tuple[str, Array]]:
 
     The filters keep probabilities as they are, so top-p measures what top-k left
     without renormalising it first, and the one renormalisation comes last (SPEC 4).
-    Each stage is shown renormalised: the distribution a draw after it would use. [V]"""
-    p = ops.softmax(logits, s.temperature)
+    Top-k keeps a prefix of the ranking top-p sorts by, and a prefix of what it left
+    has the total of the same prefix of the tempered distribution: so top-p's prefix
+    is found on the tempered distribution (a whole one, as top_p_filter needs) and
+    the shorter of the two prefixes is kept (all of top-k's when what it left stays
+    below p). Each stage is shown renormalised: the distribution a draw after it
+    would use. [V]"""
+    tempered = ops.softmax(logits, s.temperature)
+    p = tempered
     steps = [("tempered", p)]
     if s.top_k is not None:
         p = top_k_filter(p, s.top_k)
         steps.append(("top_k", p / p.sum()))
     if s.top_p is not None:
-        p = top_p_filter(p, s.top_p)
+        p = np.where(top_p_filter(tempered, s.top_p) > 0, p, 0.0)
         steps.append(("top_p", p / p.sum()))
     return steps
 
