@@ -956,7 +956,7 @@ SIZES_ = [
             1,
             "too large",
             "the model's arrays would be over the limit (raise it with --max-elements)",
-            "expected at most 268,435,456 numbers, found about ",
+            "expected at most 268,435,456 numbers, found up to about ",
         )
         for name, key, value in (
             ("d_model", "d_model", "1000000000000"),
@@ -971,7 +971,7 @@ SIZES_ = [
         "model",
         1,
         "too large",
-        "expected at most 268,435,456 numbers, found about 4,000,0",  # + objects
+        "expected at most 268,435,456 numbers, found up to about 4,000,0",  # + objects
     ),
     case(
         "below-a-lowered-limit",
@@ -979,8 +979,17 @@ SIZES_ = [
         "model",
         1,
         "arrays would be over the limit",
-        "expected at most 100 numbers, found about ",
+        "expected at most 100 numbers, found up to about ",
         args=("encode", "{file}", "--max-elements", "100"),
+    ),
+    case(
+        "too-long-a-sequence-names-the-sizes",
+        BASE,
+        "model",
+        1,
+        "(an upper bound) for d_model 4, 2 head(s), d_ff 16, 1 + 0 layer(s), 3 token(s) of "
+        "vocab and sequences of up to 8000 tokens",
+        args=("encode", "{file}", "--set", "source=[" + ", ".join(["a"] * 8000) + "]"),
     ),
     case(
         "scale-zero",

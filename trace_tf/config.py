@@ -1284,7 +1284,9 @@ class _Validator:
                 "too large: the model's arrays would be over the limit "
                 "(raise it with --max-elements)",
                 expected=f"at most {self.max_elements:,} numbers",
-                found_text=f"about {total:,}",
+                found_text=f"up to about {total:,} (an upper bound) for d_model {d}, "
+                f"{H} head(s), d_ff {dff}, {enc} + {dec} layer(s), {V} token(s) of vocab "
+                f"and sequences of up to {max(lengths, default=1)} tokens",
             )
 
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
