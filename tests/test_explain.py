@@ -306,3 +306,71 @@ def test_a_long_formula_is_shown_whole_on_a_narrow_terminal() -> None:
     assert "LayerNorm(x) = (x − mean) / √(var + ε) · γ + β, ε = 1e-05, biased var" in " ".join(
         text.split()
     )
+
+
+# ---------------------------------------------------------------------------
+# Non-finite arithmetic: written out as the engine's numpy computes it (IEEE 754)
+# ---------------------------------------------------------------------------
+
+
+def ieee(fn: Any) -> float:
+    """The value numpy gives for an expression of float64 scalars, warnings silenced."""
+    with np.errstate(all="ignore"):
+        return float(fn())
+
+
+def same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+f64 = np.float64
+
+
+TINY = f64(1e-200)  # its square underflows to 0: the rms of [tiny, -tiny] is 0 with eps 0
+
+
+@pytest.mark.parametrize(
+    ("norm", "cell", "want"),
+    [
+        # eps 0 and a constant row (layer) or column (batch): 0 / √0
+        ({"kind": "layer", "x": [[1, 1]], "eps": 0}, (0, 1), lambda: f64(0) / np.sqrt(f64(0))),
+        ({"kind": "batch", "x": [[1, 2], [1, 3]], "eps": 0}, (1, 0), lambda: f64(0) / np.sqrt(f64(0))),
+        ({"kind": "batch", "x": [[1, 2], [1, 3]], "eps": 0}, (1, 1), lambda: f64(0.5) / np.sqrt(f64(0.25))),
+        ({"kind": "rms", "x": [[0, 0]], "eps": 0}, (0, 0), lambda: f64(0) / np.sqrt(f64(0))),
+        # a nonzero x over a zero rms: ±inf
+        ({"kind": "rms", "x": [[1e-200, -1e-200]], "eps": 0}, (0, 0), lambda: TINY / np.sqrt((TINY * TINY + TINY * TINY) / 2)),
+        ({"kind": "rms", "x": [[1e-200, -1e-200]], "eps": 0}, (0, 1), lambda: -TINY / np.sqrt((TINY * TINY + TINY * TINY) / 2)),
+    ],
+)  # fmt: skip
+def test_a_norm_over_a_zero_root_is_nan_or_inf_as_in_the_engine(
+    norm: dict[str, Any], cell: tuple[int, int], want: Any
+) -> None:
+    """It was a ZeroDivisionError (exit 3): Python's `/` refuses what IEEE 754 defines."""
+    e = explained(config_from({"norm": norm}), "norm.out", cell)
+    expected = ieee(want)
+    assert same_float(e.result, expected) and same_float(e.value, expected)
+    assert e.agrees and e.chain[-1] == ("nan" if math.isnan(expected) else f"{expected:g}")
+
+
+EPS0_MODEL = {
+    "model": {"d_model": 2, "norm_eps": 0, "positional": "none"},
+    "source": [[1, 1]],
+    "weights": {"encoder": [{"self_attn": {"W_o": [[0, 0], [0, 0]]}}]},
+}
+
+
+@pytest.mark.parametrize(("norm", "source"), [("layer", [[1, 1]]), ("rms", [[0, 0]])])
+def test_a_model_norm_with_eps_0_on_a_constant_row_is_nan(norm: str, source: Any) -> None:
+    data = {**EPS0_MODEL, "model": {**EPS0_MODEL["model"], "norm": norm}, "source": source}
+    e = explained(config_from(data), "encoder.0.self_attn.norm", (0, 1))
+    # W_o = 0: the residual is the source row, constant, so var = 0 (layer) or rms = 0
+    assert math.isnan(e.result) and math.isnan(e.value) and e.agrees
+    assert e.chain[-2] in ("(1 − 1) / √(0 + 0) × 1 + 0", "0 / 0 × 1 + 0")
+
+
+def test_explain_command_on_a_zero_variance_exits_0_with_the_nan(tmp_yaml: Any) -> None:
+    path = tmp_yaml("norm: {kind: batch, x: [[1, 2], [1, 3]], eps: 0}\n")
+    code, out, err = invoke("explain", "norm.out", path)
+    assert code == 0, err
+    assert "0 / √(0 + 0) × 1 + 0 = nan" in out and "recorded value nan" in out
+    assert "NaN first appears in step norm.out" in err

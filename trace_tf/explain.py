@@ -151,6 +151,25 @@ def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float]:
     return _elide(terms), math.fsum(float(x) * float(y) for x, y in zip(a, b, strict=True))
 
 
+# ---------------------------------------------------------------------------
+# Arithmetic as the engine's numpy does it (IEEE 754), where Python's math refuses
+# ---------------------------------------------------------------------------
+
+
+def _div(a: float, b: float) -> float:
+    """a / b; by zero as IEEE 754 divides: ±inf, and NaN for 0 / 0 (Python raises)."""
+    if b != 0 or math.isnan(b):
+        return a / b
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _sqrt(x: float) -> float:
+    """√x; NaN for a negative x, as numpy.sqrt gives (math.sqrt raises)."""
+    return math.nan if x < 0 else math.sqrt(x)
+
+
 def _idx(cell: Sequence[int]) -> str:
     return "[" + ",".join(str(i) for i in cell) + "]"
 
@@ -528,7 +547,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     where = [f"x = {x_name}", f"γ = {g_name}, β = {b_name}"]
     if ctx.cfg.model.norm == "rms":
         r = float(ctx.get(f"{step.path}.rms")[i, 0])
-        total = x / r * g + b
+        total = _div(x, r) * g + b
         where.insert(1, f"rms{i} = {step.path}.rms[{i},0] (√(mean(x²) + ε), ε = {eps:g})")
         return _Parts(
             [
@@ -542,7 +561,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         )
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
-    total = (x - mean) / math.sqrt(var + eps) * g + b
+    total = _div(x - mean, _sqrt(var + eps)) * g + b
     where.insert(1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {eps:g})")
     return _Parts(
         [
@@ -658,7 +677,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         + (" (defaults)" if gamma is None and beta is None else "")
     ]
     if ctx.param("kind") == "rms":
-        total = a / s * g + b
+        total = _div(a, s) * g + b
         return _Parts(
             [
                 f"x{_idx(cell)} / rms{_idx(si)} × γ[{c}] + β[{c}]",
@@ -670,7 +689,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             {"x": [a], "rms": [s], "γ": [g], "β": [b]},
         )
     eps = _eps(ctx)
-    total = a / math.sqrt(s + eps) * g + b
+    total = _div(a, _sqrt(s + eps)) * g + b
     return _Parts(
         [
             f"centered{_idx(cell)} / √(var{_idx(si)} + ε) × γ[{c}] + β[{c}]",
