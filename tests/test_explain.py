@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -374,3 +375,184 @@ def test_explain_command_on_a_zero_variance_exits_0_with_the_nan(tmp_yaml: Any) 
     assert code == 0, err
     assert "0 / √(0 + 0) × 1 + 0 = nan" in out and "recorded value nan" in out
     assert "NaN first appears in step norm.out" in err
+
+
+OVERFLOW_MODEL = {  # cfg/overflow.yaml of the user audit
+    "model": {"d_model": 2, "positional": "none"},
+    "source": [[1e200, -1e200], [1e200, 1e200]],
+    "weights": {"encoder": [{"self_attn": {"heads": [
+        {"W_q": [[1e200, 1], [1e200, 1]], "W_k": [[1e200, 1], [-1e200, 1]]},
+    ]}}]},
+}  # fmt: skip
+
+
+def test_a_product_that_overflows_is_written_out_as_the_engine_computed_it() -> None:
+    """It was `ValueError: -inf + inf in fsum` (exit 3). q[0,0] = 1e200×1e200 + (−1e200)×1e200:
+    added one rounded product at a time (IEEE, numpy without fusing) inf + (−inf) = nan;
+    with fused multiply-adds (the second product kept exact, −1e400, when added to the
+    first's inf) inf. The engine's BLAS decides; the explanation must agree with it."""
+    cfg = config_from(OVERFLOW_MODEL)
+    e = explained(cfg, "encoder.0.self_attn.h0.q", (0, 0))
+    one_by_one = ieee(lambda: f64(1e200) * f64(1e200) + f64(-1e200) * f64(1e200))
+    assert math.isnan(one_by_one)
+    assert e.agrees and (math.isnan(e.value) or e.value == math.inf)
+    assert e.chain[-2] == "1.000e+200×1.000e+200 + (-1.000e+200)×1.000e+200"
+    assert len(e.remarks) == 1 and "nan" in e.remarks[0] and "inf" in e.remarks[0]
+    # both products +1e400: +inf whichever way; x1 = [1e200, 1e200], column 0 of W_q
+    inf = explained(cfg, "encoder.0.self_attn.h0.q", (1, 0))
+    assert inf.result == inf.value == ieee(lambda: f64(1e200) * f64(1e200) * 2) == math.inf
+    assert inf.remarks == ()
+    # finite products whose sum overflows (fsum raised "intermediate overflow")
+    big = {**OVERFLOW_MODEL, "source": [[1e308, 1e308]]}
+    big["weights"] = {"encoder": [{"self_attn": {"heads": [{"W_q": [[1, 0], [1, 0]]}]}}]}
+    e = explained(config_from(big), "encoder.0.self_attn.h0.q", (0, 0))
+    assert e.result == e.value == ieee(lambda: f64(1e308) + f64(1e308)) == math.inf
+
+
+def test_scores_of_infinite_rows_are_nan_and_the_command_exits_0(tmp_yaml: Any) -> None:
+    """The audit's `--set model.init_std=1e200`: drawn weights overflow q and k to ±inf."""
+    path = tmp_yaml("model: {d_model: 4, n_heads: 2}\nvocab: [a, b, c]\nsource: [a, b, c]\n")
+    code, out, err = invoke(
+        "explain", "encoder.0.self_attn.h0.scores", path, "--cell", "0,1",
+        "--set", "model.init_std=1e200", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "overflow: an infinity first appears" in err
+    data = json.loads(out)
+    q0, k1 = data["operands"]["q0"], data["operands"]["k1"]
+    want = ieee(lambda: np.dot(np.array(q0, dtype=float), np.array(k1, dtype=float)))
+    assert not math.isfinite(want) and data["agrees"] is True
+    assert data["result"] == data["value"] == ("nan" if math.isnan(want) else str(want))
+
+
+X_HUGE = np.array([[1e200, -1e200]])
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "cell", "want"),
+    [
+        pytest.param({"norm": {"kind": "layer", "x": [[1e308, 1e308]]}}, "norm.mean", (0, 0),
+                     lambda: np.mean(np.array([1e308, 1e308])), id="mean-fsum-overflow"),
+        pytest.param({"norm": {"kind": "layer", "x": X_HUGE.tolist()}}, "norm.var", (0, 0),
+                     lambda: np.var(X_HUGE), id="var-square-overflow"),
+        pytest.param({"norm": {"kind": "rms", "x": [[1e200, 1]], "eps": 0}}, "norm.rms", (0, 0),
+                     lambda: np.sqrt(np.mean(np.array([1e200, 1.0]) ** 2)), id="rms-square-overflow"),
+        pytest.param({"attention": {"score": "gaussian", "Q": [[1e200]], "K": [[-1e200]], "V": [[1]]}},
+                     "attn.scores", (0, 0), lambda: -0.5 * (f64(2e200) * 1) ** 2, id="gaussian-square-overflow"),
+        pytest.param({"attention": {"score": "gaussian", "Q": [[1e154, 1e154]], "K": [[0, 0]], "V": [[1]]}},
+                     "attn.scores", (0, 0), lambda: -0.5 * (f64(1e154) ** 2 + f64(1e154) ** 2),
+                     id="gaussian-fsum-overflow"),
+        pytest.param({"attention": {"score": "additive", "Q": [[1]], "K": [[1]], "V": [[1]],
+                                    "W_a_q": [[1, 1]], "W_a_k": [[1, 1]], "v_a": [1e308, 1e308]}},
+                     "attn.scores", (0, 0), lambda: f64(1e308) * np.tanh(2) + f64(1e308) * np.tanh(2),
+                     id="additive-fsum-overflow"),
+    ],
+)  # fmt: skip
+def test_sums_and_squares_that_overflow_in_other_steps_follow_numpy(
+    data: dict[str, Any], path: str, cell: tuple[int, ...], want: Any
+) -> None:
+    """Each raised before: math.fsum's "intermediate overflow", or ** beyond float64."""
+    e = explained(config_from(data), path, cell)
+    assert not math.isfinite(ieee(want))
+    assert same_float(e.result, ieee(want)) and e.agrees, (e.result, ieee(want))
+
+
+def test_a_nan_in_a_softmax_row_is_its_max_as_in_numpy() -> None:
+    """Python's max([1e200, nan]) is 1e200 (the NaN never compares greater); numpy's is NaN,
+    and so is the engine's stable softmax of that row."""
+    data = {"attention": {"Q": [[1e200]], "K": [[1], [1e200]], "V": [[1], [2]], "scale": 1,
+                          "mask": [[0, -math.inf]]}}  # fmt: skip
+    cfg = config_from(data)
+    # masked = [1e200 + 0, 1e200·1e200 + (−inf)] = [1e200, inf − inf] = [1e200, nan]
+    with np.errstate(all="ignore"):
+        row = np.array([1e200, 1e200 * 1e200]) + np.array([0, -np.inf])
+    masked = explained(cfg, "attn.masked", (0, 1))
+    assert math.isnan(masked.result) and masked.agrees
+    e = explained(cfg, "attn.softmax", (0, 0))
+    assert math.isnan(np.max(row)) and math.isnan(e.operands["m"][0])
+    assert math.isnan(e.result) and e.agrees
+
+
+def test_an_activation_of_nan_is_nan_and_gelu_tanh_of_a_huge_number_follows_numpy() -> None:
+    # eps 0 on a constant row: the attention's norm is NaN, and so is the FFN's hidden layer
+    act = explained(config_from(EPS0_MODEL), "encoder.0.ffn.act", (0, 3))
+    assert math.isnan(ieee(lambda: np.maximum(f64(np.nan), 0.0)))
+    assert math.isnan(act.result) and act.agrees  # was max(0.0, nan) = 0.0, not the engine's
+    data = {
+        "model": {"d_model": 2, "d_ff": 2, "positional": "none", "activation": "gelu_tanh"},
+        "source": [[1, 2]],
+        "weights": {"encoder": [{"self_attn": {"W_o": [[0, 0], [0, 0]]},
+                                 "ffn": {"W_1": [[1e200, -1e200], [0, 0]]}}]},
+    }  # fmt: skip
+    cfg = config_from(data)
+    trace = run(cfg)
+    for j in (0, 1):
+        h = f64(trace.value("encoder.0.ffn.hidden")[0, j])
+        assert abs(h) > 1e199  # h³ is beyond float64: ** raised OverflowError
+        want = ieee(lambda h=h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))))
+        e = explain(cfg, trace, trace["encoder.0.ffn.act"], (0, j))
+        assert same_float(e.result, want) and e.agrees
+
+
+@pytest.mark.parametrize(
+    ("pe", "cell", "want"),
+    [
+        # a tiny base makes base^(2i/d) subnormal: the angle 1 / base^0.98 is inf, sin(inf) nan
+        ({"length": 2, "d_model": 100, "base": 5e-324}, (1, 98),
+         lambda: np.sin(1 / np.power(5e-324, 98 / 100))),
+        # and RoPE's pos · base^(−2i/d): base^(−0.98) is beyond float64 (** raised)
+        ({"length": 2, "d_model": 100, "base": 5e-324, "kind": "rope"}, (1, 49),
+         lambda: 1 * np.power(5e-324, -98 / 100)),
+    ],
+)  # fmt: skip
+def test_positions_with_an_angle_beyond_float64_follow_numpy(
+    pe: dict[str, Any], cell: tuple[int, int], want: Any
+) -> None:
+    e = explained(config_from({"pe": pe}), "pe", cell)
+    assert not math.isfinite(ieee(want)) and same_float(e.result, ieee(want)) and e.agrees
+
+
+def test_rope_with_an_angle_beyond_float64_is_nan_as_in_numpy() -> None:
+    data = {
+        "model": {"d_model": 100, "positional": "rope", "pe_base": 5e-324},
+        "source": [[1.0] * 100, [2.0] * 100],
+    }
+    cfg = config_from(data)
+    trace = run(cfg)
+    raw = trace.value("encoder.0.self_attn.h0.q_raw")
+    for pos in (0, 1):  # θ = 0 · inf = nan at position 0, inf at 1: cos and sin are nan
+        with np.errstate(all="ignore"):
+            theta = pos * np.power(5e-324, -98 / 100)
+            want = raw[pos, 98] * np.cos(theta) - raw[pos, 99] * np.sin(theta)
+        e = explain(cfg, trace, trace["encoder.0.self_attn.h0.q"], (pos, 98))
+        assert math.isnan(want) and math.isnan(e.result) and e.agrees
+
+
+def test_the_ieee_helpers_give_numpys_values() -> None:
+    """Every place explain's plain-Python arithmetic could raise, against numpy."""
+    from trace_tf import explain as ex
+
+    checks = [
+        (ex._div(1.0, 0.0), lambda: f64(1) / f64(0)),
+        (ex._div(-1.0, 0.0), lambda: f64(-1) / f64(0)),
+        (ex._div(1.0, -0.0), lambda: f64(1) / f64(-0.0)),
+        (ex._div(0.0, 0.0), lambda: f64(0) / f64(0)),
+        (ex._sqrt(-1.0), lambda: np.sqrt(f64(-1))),
+        (ex._exp(1000.0), lambda: np.exp(f64(1000))),
+        (ex._exp(math.nan), lambda: np.exp(f64(np.nan))),
+        (ex._pow(5e-324, -0.98), lambda: np.power(f64(5e-324), -0.98)),
+        (ex._pow(-1e200, 3), lambda: np.power(f64(-1e200), 3)),
+        (ex._sin(math.inf), lambda: np.sin(f64(np.inf))),
+        (ex._cos(-math.inf), lambda: np.cos(f64(-np.inf))),
+        (ex._fsum([math.inf, -math.inf]), lambda: np.sum([np.inf, -np.inf])),
+        (ex._fsum([1e308, 1e308, -1e308]), lambda: np.sum([1e308, 1e308, -1e308])),
+        (ex._fsum([1e308, 1e308, -math.inf]), lambda: np.sum([1e308, 1e308, -np.inf])),
+        (ex._max([1.0, math.nan]), lambda: np.max([1.0, np.nan])),
+    ]
+    for got, want in checks:
+        assert same_float(got, ieee(want)), (got, ieee(want))
+    # a fused multiply-add keeps the product exact: 1e200 × 1e200 − 1e308 is 1e400 − 1e308
+    assert (
+        ex._fma(1e200, 1e200, -1e308) == math.inf and ex._fma(1e200, -1e200, math.inf) == math.inf
+    )
+    assert ex._fma(1e154, 1e154, -1e308) == float(Fraction(1e154) ** 2 - Fraction(1e308))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ class Explanation:
     where: tuple[str, ...]  # what each symbol is, with its numbers
     operands: dict[str, list[float]]  # the numbers substituted, by symbol (full precision)
     inputs: tuple[str, ...]
+    remarks: tuple[str, ...] = ()  # what the arithmetic depends on, beyond the numbers
 
     @property
     def lhs(self) -> str:
@@ -58,12 +60,7 @@ class Explanation:
 
     @property
     def agrees(self) -> bool:
-        a, b = self.value, self.result
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        if math.isinf(a) or math.isinf(b):
-            return a == b
-        return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+        return _same(self.value, self.result)
 
     def lines(self) -> list[str]:
         """`lhs = a = b = c` on one line when it is short, else one `= …` per line."""
@@ -87,7 +84,17 @@ class Explanation:
             "where": list(self.where),
             "operands": {k: json_value(v) for k, v in self.operands.items()},
             "inputs": list(self.inputs),
+            "remarks": list(self.remarks),
         }
+
+
+def _same(a: float, b: float) -> bool:
+    """Equal to rounding (1e-9 relative); NaN only with NaN, an infinity only with itself."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a))
 
 
 @dataclass
@@ -98,6 +105,9 @@ class _Parts:
     result: float
     where: list[str] = field(default_factory=list)
     operands: dict[str, list[float]] = field(default_factory=dict)
+    # A sum of products that overflows float64 has no one value: the result, added one
+    # product at a time as written, and `fused`, with fused multiply-adds (as BLAS does).
+    fused: float | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -145,12 +155,6 @@ def _sum(f: _Fmt, values: Sequence[float]) -> str:
     return _elide([f.num(float(v)) if k == 0 else f.fac(float(v)) for k, v in enumerate(values)])
 
 
-def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float]:
-    """a · b written out term by term, and its value from those terms."""
-    terms = [f"{f.fac(float(x))}×{f.fac(float(y))}" for x, y in zip(a, b, strict=True)]
-    return _elide(terms), math.fsum(float(x) * float(y) for x, y in zip(a, b, strict=True))
-
-
 # ---------------------------------------------------------------------------
 # Arithmetic as the engine's numpy does it (IEEE 754), where Python's math refuses
 # ---------------------------------------------------------------------------
@@ -168,6 +172,88 @@ def _div(a: float, b: float) -> float:
 def _sqrt(x: float) -> float:
     """√x; NaN for a negative x, as numpy.sqrt gives (math.sqrt raises)."""
     return math.nan if x < 0 else math.sqrt(x)
+
+
+def _fsum(values: Iterable[float]) -> float:
+    """The sum, correctly rounded (math.fsum). Where fsum refuses, term by term in the
+    written order as numpy adds: inf − inf is NaN, and a sum beyond float64 is ±inf."""
+    terms = list(values)
+    try:
+        return math.fsum(terms)
+    except (OverflowError, ValueError):  # "intermediate overflow", "-inf + inf"
+        total = 0.0
+        for t in terms:
+            total += t
+        return total
+
+
+def _exp(x: float) -> float:
+    """e^x; inf beyond float64, as numpy.exp gives (math.exp raises)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _pow(x: float, y: float) -> float:
+    """x^y for x > 0 or a whole y; ±inf beyond float64, as numpy.power gives (** raises)."""
+    try:
+        return float(x**y)
+    except OverflowError:
+        return -math.inf if x < 0 and y % 2 == 1 else math.inf
+
+
+def _cos(x: float) -> float:
+    """cos x; NaN for x = ±inf, as numpy.cos gives (math.cos raises)."""
+    return math.nan if math.isinf(x) else math.cos(x)
+
+
+def _sin(x: float) -> float:
+    """sin x; NaN for x = ±inf, as numpy.sin gives (math.sin raises)."""
+    return math.nan if math.isinf(x) else math.sin(x)
+
+
+def _max(values: Sequence[float]) -> float:
+    """The largest value, NaN when any is NaN, as numpy.max (Python's max depends on
+    where the NaN stands)."""
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def _fma(x: float, y: float, acc: float) -> float:
+    """x × y + acc rounded once (a fused multiply-add): a product beyond float64 is
+    still exact when it is added."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return x * y + acc
+    if not math.isfinite(acc):
+        return acc  # ±inf or NaN plus a finite product
+    exact = Fraction(x) * Fraction(y) + Fraction(acc)
+    try:
+        return float(exact)
+    except OverflowError:
+        return math.inf if exact > 0 else -math.inf
+
+
+def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float, float | None]:
+    """a · b written out term by term; its value from those terms; and, when finite
+    numbers overflow on the way, its value with fused multiply-adds (see _Parts.fused)."""
+    xs, ys = [float(x) for x in a], [float(y) for y in b]
+    terms = [f"{f.fac(x)}×{f.fac(y)}" for x, y in zip(xs, ys, strict=True)]
+    total = _fsum(x * y for x, y in zip(xs, ys, strict=True))
+    fused = None
+    if not math.isfinite(total) and all(map(math.isfinite, [*xs, *ys])):
+        fused = 0.0
+        for x, y in zip(xs, ys, strict=True):
+            fused = _fma(x, y, fused)
+    return _elide(terms), total, fused
+
+
+def _overflow_remark(f: _Fmt, written: float, fused: float) -> str:
+    return (
+        "the products overflow float64 (beyond ±1.8e308), so the sum depends on how it is "
+        f"done: added one product at a time, as written, {f.num(written)}; with fused "
+        "multiply-adds (each product added exactly, as BLAS matrix products do on most "
+        f"machines), {f.num(fused)}"
+    )
 
 
 def _idx(cell: Sequence[int]) -> str:
@@ -241,7 +327,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x_name, w_name = step.inputs[0], step.inputs[1]
     x, W = ctx.get(x_name), ctx.get(w_name)
     xs, ws = _symbol(x_name), _symbol(w_name)
-    text, total = _dot(ctx.f, x[i], W[:, j])
+    text, total, fused = _dot(ctx.f, x[i], W[:, j])
     chain = [f"{xs}{i} · {ws}[:,{j}]"]
     where = [
         f"{xs}{i} = {ctx.row_of(x_name, i)} = {ctx.f.vec(x[i])}",
@@ -255,9 +341,10 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         chain[0] += f" + {bs}[{j}]"
         text += f" + {ctx.f.fac(float(b[j]))}"
         total = total + float(b[j])
+        fused = None if fused is None else fused + float(b[j])
         where.append(f"{bs} = {b_name}")
         operands[f"{bs}[{j}]"] = [float(b[j])]
-    return _Parts([*chain, text, ctx.f.num(total)], total, where, operands)
+    return _Parts([*chain, text, ctx.f.num(total)], total, where, operands, fused)
 
 
 def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -284,9 +371,9 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             {f"{r}[{i},{j}]": [v]},
         )
     p, base = j // 2, ctx.cfg.model.pe_base
-    theta = i * base ** (-2 * p / d)
+    theta = i * _pow(base, -2 * p / d)
     a, b = float(raw[i, 2 * p]), float(raw[i, 2 * p + 1])
-    c, s = math.cos(theta), math.sin(theta)
+    c, s = _cos(theta), _sin(theta)
     lhs = f"{r}[{i},{2 * p}]", f"{r}[{i},{2 * p + 1}]"
     if j % 2 == 0:
         sym = f"{lhs[0]} cos θ − {lhs[1]} sin θ"
@@ -329,7 +416,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         ]
         tanhs = [math.tanh(float(a) + float(b)) for a, b in zip(qa, ka, strict=True)]
         val_terms = [f"{f.fac(float(v))}×{f.fac(t)}" for v, t in zip(v_a, tanhs, strict=True)]
-        total = math.fsum(float(v) * t for v, t in zip(v_a, tanhs, strict=True))
+        total = _fsum(float(v) * t for v, t in zip(v_a, tanhs, strict=True))
         return _Parts(
             [
                 f"v_a · tanh(q_a{i} + k_a{j})",
@@ -353,8 +440,9 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"(({f.num(float(a))} − {f.fac(float(b))})×{f.fac(float(c))})²"
             for a, b, c in zip(q, k, w, strict=True)
         ]
-        squares = [((float(a) - float(b)) * float(c)) ** 2 for a, b, c in zip(q, k, w, strict=True)]
-        total = -0.5 * math.fsum(squares)
+        diffs = [(float(a) - float(b)) * float(c) for a, b, c in zip(q, k, w, strict=True)]
+        squares = [d * d for d in diffs]  # d·d as the engine squares (** raises on overflow)
+        total = -0.5 * _fsum(squares)
         chain = [
             f"−½ Σ_f ((q{i}f − k{j}f) w_f)²",
             f"−½ × ({_elide(terms)})",
@@ -375,7 +463,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     q, k = ctx.get(q_name)[i], ctx.get(k_name)[j]
     qs = "(q W_b)" if score == "bilinear" else _symbol(q_name)
     ks = _symbol(k_name)
-    text, total = _dot(f, q, k)
+    text, total, fused = _dot(f, q, k)
     return _Parts(
         [f"{qs}{i} · {ks}{j}", text, f.num(total)],
         total,
@@ -384,6 +472,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"{ks}{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
         ],
         {f"{qs}{i}": q.tolist(), f"{ks}{j}": k.tolist()},
+        fused,
     )
 
 
@@ -458,11 +547,10 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     T = _temperature(ctx, step)
     row = [float(x) for x in ctx.get(src)[i]]
     z = [x / T for x in row]
-    m = max(z)
-    with np.errstate(invalid="ignore"):
-        exps = [math.exp(x - m) if not math.isnan(x - m) else math.nan for x in z]
-    total_sum = math.fsum(exps) if not any(math.isnan(e) for e in exps) else math.nan
-    result = exps[j] / total_sum if total_sum else math.nan
+    m = _max(z)
+    exps = [_exp(x - m) for x in z]  # a fully masked row: e^(−inf − (−inf)) = e^nan
+    total_sum = _fsum(exps)
+    result = _div(exps[j], total_sum)
     s = _symbol(src)
     zs = f"{s}/T" if T != 1 else s
     terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in z]
@@ -487,7 +575,7 @@ def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     a_name, v_name = step.inputs
     A, V = ctx.get(a_name), ctx.get(v_name)
-    text, total = _dot(ctx.f, A[i], V[:, j])
+    text, total, fused = _dot(ctx.f, A[i], V[:, j])
     return _Parts(
         [f"A{i} · V[:,{j}]", text, ctx.f.num(total)],
         total,
@@ -496,6 +584,7 @@ def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"V[:,{j}] = column {j} of {v_name} = {ctx.f.vec(V[:, j])}",
         ],
         {f"A{i}": A[i].tolist(), f"V[:,{j}]": V[:, j].tolist()},
+        fused,
     )
 
 
@@ -598,7 +687,7 @@ def _eps(ctx: _Ctx) -> float:
 def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n = len(xs)
-    total = math.fsum(float(v) for v in xs) / n
+    total = _fsum(float(v) for v in xs) / n
     return _Parts(
         [
             f"Σ {sel} / {n}",
@@ -614,9 +703,9 @@ def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 def _var(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n = len(xs)
-    mean = math.fsum(float(v) for v in xs) / n
+    mean = _fsum(float(v) for v in xs) / n
     terms = [f"({ctx.f.num(float(v))} − {ctx.f.fac(mean)})²" for v in xs]
-    total = math.fsum((float(v) - mean) ** 2 for v in xs) / n
+    total = _fsum((float(v) - mean) * (float(v) - mean) for v in xs) / n
     return _Parts(
         [f"Σ ({sel} − mean)² / {n}", f"({_elide(terms)}) / {n}", ctx.f.num(total)],
         total,
@@ -629,7 +718,7 @@ def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n, eps = len(xs), _eps(ctx)
     terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
-    total = math.sqrt(math.fsum(float(v) ** 2 for v in xs) / n + eps)
+    total = _sqrt(_fsum(float(v) * float(v) for v in xs) / n + eps)
     return _Parts(
         [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {eps:g})", ctx.f.num(total)],
         total,
@@ -709,7 +798,7 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     kind = ctx.cfg.model.activation
     hn = f.num(h)
     if kind == "relu":
-        total = max(0.0, h)
+        total = h if h > 0 or math.isnan(h) else 0.0  # numpy.maximum keeps a NaN
         chain = [f"max(0, H{_idx(cell)})", f"max(0, {hn})"]
     elif kind == "gelu":
         total = 0.5 * h * (1.0 + math.erf(h / math.sqrt(2.0)))
@@ -719,7 +808,7 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         ]
     else:
         c = math.sqrt(2.0 / math.pi)
-        total = 0.5 * h * (1.0 + math.tanh(c * (h + 0.044715 * h**3)))
+        total = 0.5 * h * (1.0 + math.tanh(c * (h + 0.044715 * _pow(h, 3))))
         chain = [
             "½ H (1 + tanh(√(2/π) (H + 0.044715 H³)))",
             f"0.5 × {f.fac(h)} × (1 + tanh(0.79788 × ({hn} + 0.044715 × {f.fac(h)}³)))",
@@ -757,8 +846,8 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 def _sinusoid(ctx: _Ctx, i: int, j: int, d: int, base: float) -> _Parts:
     p = j // 2
-    angle = i / base ** (2 * p / d)
-    fn, total = ("sin", math.sin(angle)) if j % 2 == 0 else ("cos", math.cos(angle))
+    angle = i / _pow(base, 2 * p / d)
+    fn, total = ("sin", _sin(angle)) if j % 2 == 0 else ("cos", _cos(angle))
     return _Parts(
         [f"{fn}({i} / {base:g}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})", ctx.f.num(total)],
         total,
@@ -786,7 +875,7 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     d, base = int(ctx.param("d_model")), float(ctx.param("base"))
     if ctx.param("kind") == "rope":
-        total = i * base ** (-2 * j / d)
+        total = i * _pow(base, -2 * j / d)
         return _Parts(
             [f"{i} · {base:g}^(−{2 * j}/{d})", ctx.f.num(total)],
             total,
@@ -970,20 +1059,28 @@ def explain(
     stage: Stage | None = stage_of(step.path)
     if stage is None or stage.key not in EXPLAINERS:
         raise InputError(f"no explanation is known for step {step.path}")
-    ctx = _Ctx(cfg, trace, named_arrays(cfg), _Fmt(precision))
+    f = _Fmt(precision)
+    ctx = _Ctx(cfg, trace, named_arrays(cfg), f)
     parts = EXPLAINERS[stage.key](ctx, step, cell)
+    value, result, remarks = float(step.value[cell]), float(parts.result), []
+    if parts.fused is not None and not _same(parts.fused, result):
+        remarks.append(_overflow_remark(f, result, parts.fused))
+        if _same(parts.fused, value) and not _same(result, value):  # the engine fused them
+            result = parts.fused
+            parts.chain[-1] = f.num(result)
     chain = [c for k, c in enumerate(parts.chain) if k == 0 or c != parts.chain[k - 1]]
     return Explanation(
         path=step.path,
         cell=cell,
         stage=stage.key,
         formula=step.formula,
-        value=float(step.value[cell]),
-        result=float(parts.result),
+        value=value,
+        result=result,
         chain=tuple(chain),
         where=tuple(_tidy(w) for w in parts.where if _tidy(w)),
         operands=parts.operands,
         inputs=step.inputs,
+        remarks=tuple(remarks),
     )
 
 
@@ -995,6 +1092,7 @@ def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
     if e.where:
         body.append(Text("where", style="dim"))
         body.extend(Text(f"  {w}") for w in e.where)
+    body.extend(Text(f"note: {r}", style="yellow") for r in e.remarks)
     if e.agrees:
         check = Text(f"recorded value {f.num(e.value)}: the arithmetic above agrees", style="green")
     else:
