@@ -556,3 +556,54 @@ def test_the_ieee_helpers_give_numpys_values() -> None:
         ex._fma(1e200, 1e200, -1e308) == math.inf and ex._fma(1e200, -1e200, math.inf) == math.inf
     )
     assert ex._fma(1e154, 1e154, -1e308) == float(Fraction(1e154) ** 2 - Fraction(1e308))
+
+
+# ---------------------------------------------------------------------------
+# The written arithmetic holds at the precision shown
+# ---------------------------------------------------------------------------
+
+
+def _evaluate(numbers: str) -> float:
+    """A written line of arithmetic (`68 / 1.73`, `8×6.85 + 3×(-9.5)`, `(1 − 2)² / √(4 + 1e-05)`,
+    `max(0, -1.5)`), evaluated."""
+    expr = numbers.replace("×", "*").replace("−", "-").replace("²", "**2").replace("√", "sqrt")
+    assert set(expr.replace("sqrt", "").replace("max", "")) <= set("0123456789.e+-*/(), "), numbers
+    return float(eval(expr, {"__builtins__": {}, "sqrt": math.sqrt, "max": max}))
+
+
+@pytest.mark.parametrize("precision", [0, 1, 2, 4, 6])
+def test_the_written_numbers_give_the_result_as_written(precision: int) -> None:
+    """`--precision 0` wrote `scaled[0,0] = 68 / 2 = 39` (68 / 1.7321 = 39.26, rounded),
+    and said the arithmetic agreed. Now a reader who does the written arithmetic gets
+    the written result, to its last digit, in every cell of these steps."""
+    cfg = load(None)
+    trace = run(cfg)
+    stages = ("q", "k", "v", "scores", "scaled", "softmax", "context", "wo", "residual", "mean",
+              "var", "norm", "hidden", "act", "logits", "probs")  # fmt: skip
+    checked = 0
+    for step in trace:
+        if step.stage not in stages:
+            continue
+        for cell in np.ndindex(*step.shape):
+            e = explain(cfg, trace, step, cell, precision)
+            written, result = _evaluate(e.chain[-2]), float(e.chain[-1])
+            unit = 10.0**-precision
+            assert abs(written - result) <= 0.5 * unit * (1 + 1e-9), (e.lines(), written)
+            assert e.agrees and abs(result - e.value) <= 0.5 * unit * (1 + 1e-9)
+            checked += 1
+    assert checked > 100
+
+
+def test_precision_0_writes_the_scale_with_the_digits_it_needs() -> None:
+    e = explained_at(load(None), "encoder.0.self_attn.h0.scaled", (0, 0), 0)
+    assert round(68 / math.sqrt(3)) == 39 and round(68 / 2) == 34 and round(68 / 1.7) == 40
+    assert e.chain[-2:] == ("68 / 1.73", "39")  # 68 / 1.73 = 39.31, the fewest digits that hold
+    code, out, _ = invoke("explain", "encoder.0.self_attn.h0.scaled", "--precision", "0")
+    assert code == 0 and "= 68 / 1.73 = 39" in out and "68 / 2 " not in out
+    # the check against the recorded value is at full precision, as before
+    assert e.result == pytest.approx(68 / math.sqrt(3), rel=1e-15)
+
+
+def explained_at(cfg: Config | OpConfig, path: str, cell: tuple[int, ...], p: int) -> Explanation:
+    trace = run(cfg)
+    return explain(cfg, trace, trace[path], cell, p)

@@ -4,9 +4,10 @@ by hand: `scores[0,1] = q0 · k1 = 8×6.84 + 3×9.99 + 3×6.84 = 105.21`.
 Each explainer reads the step's recorded inputs (`Step.inputs` names them: earlier
 steps, or weights by their key path) and the conventions of the config (scale,
 temperature, eps, base), writes the arithmetic out, and computes the entry again
-from exactly the numbers it wrote, in plain Python floats, so that the written-out
-value can be compared with the recorded one. Pure functions: text and renderables,
-no printing.
+from exactly the numbers it wrote, in plain Python floats. It is run once with every
+number in full, which gives the value compared with the recorded one, and then with
+the numbers as `--precision` writes them, one more decimal at a time until they give
+the result as written (`explain`). Pure functions: text and renderables, no printing.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Explanation:
     stage: str  # the registry key (stages.STAGES)
     formula: str  # the step's formula
     value: float  # the recorded value at the cell
-    result: float  # the same entry recomputed here from the numbers written out
+    result: float  # the same entry recomputed here, from its numbers in full
     chain: tuple[str, ...]  # "q0 · k1", "8×6.84 + …": the right-hand sides, in order
     where: tuple[str, ...]  # what each symbol is, with its numbers
     operands: dict[str, list[float]]  # the numbers substituted, by symbol (full precision)
@@ -99,7 +100,8 @@ def _same(a: float, b: float) -> bool:
 
 @dataclass
 class _Parts:
-    """What an explainer returns: the right-hand sides, the result, and the symbols."""
+    """What an explainer returns: the right-hand sides up to the result (which `explain`
+    writes), the result computed from the numbers written, and the symbols."""
 
     chain: list[str]
     result: float
@@ -108,6 +110,7 @@ class _Parts:
     # A sum of products that overflows float64 has no one value: the result, added one
     # product at a time as written, and `fused`, with fused multiply-adds (as BLAS does).
     fused: float | None = None
+    note: str = ""  # said after the result: why a mask entry is 0 or −inf
 
 
 # ---------------------------------------------------------------------------
@@ -117,20 +120,53 @@ class _Parts:
 
 @dataclass(frozen=True)
 class _Fmt:
-    precision: int
+    """How numbers are written: with `precision` decimals, or (None) in full."""
+
+    precision: int | None
 
     def num(self, x: float) -> str:
-        """A number with at most `precision` decimals, trailing zeros dropped (6.84, 8)."""
+        """A number with at most `precision` decimals, trailing zeros dropped (6.84, 8);
+        one that would show as 0, or a large one, in scientific notation (1.235e-07).
+        Precision None: the shortest text that reads back as the same float64."""
         if math.isnan(x):
             return "nan"
         if math.isinf(x):
             return "-inf" if x < 0 else "inf"
-        if x != 0 and (abs(x) < 0.5 * 10.0**-self.precision or abs(x) >= 1e8):
-            return f"{x:.{max(self.precision - 1, 1)}e}"
-        text = f"{x:.{self.precision}f}"
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
+        if self.precision is None:
+            text = repr(float(x)).removesuffix(".0")
+        else:
+            text = f"{x:.{self.precision}f}"
+            if x != 0 and (abs(x) <= self.tiny or abs(float(text)) >= 1e8):
+                return f"{x:.{max(self.precision - 1, 1)}e}"
+            if "." in text:
+                text = text.rstrip("0").rstrip(".")
         return "0" if text == "-0" else text
+
+    @property
+    def tiny(self) -> float:
+        """Up to this magnitude a number is written in scientific notation (5e-5 for 4
+        decimals): it would round to 0. Read back from the text, so that a number
+        rounded as written is written the same way again."""
+        return float(f"5e-{(self.precision or 0) + 1}")
+
+    def shown(self, x: float) -> float:
+        """x as written: the number a reader computes with."""
+        if self.precision is None or not math.isfinite(x):
+            return x
+        return float(self.num(x))
+
+    def shown_array(self, a: np.ndarray) -> np.ndarray:
+        """Every entry as written (`shown`), in bulk: np.round (whose numbers read back
+        from their own text at this precision), and `shown` for the scientific ones."""
+        if self.precision is None:
+            return a
+        x = np.asarray(a, dtype=np.float64)
+        with np.errstate(all="ignore"):
+            out = np.round(x, self.precision)
+            sci = np.isfinite(x) & (x != 0) & ((np.abs(x) <= self.tiny) | (np.abs(out) >= 1e8))
+        for index in np.argwhere(sci):
+            out[tuple(index)] = self.shown(float(x[tuple(index)]))
+        return out
 
     def fac(self, x: float) -> str:
         """A number inside a product or after an operator: negatives in parentheses."""
@@ -270,14 +306,20 @@ class _Ctx:
     cfg: Config | OpConfig
     trace: Trace
     arrays: dict[str, np.ndarray]
-    f: _Fmt
+    f: _Fmt  # how the numbers are written; an explainer computes with them as written
+    _shown: dict[str, np.ndarray] = field(default_factory=dict)
 
     def get(self, name: str) -> np.ndarray:
-        if name in self.trace:
-            return self.trace.value(name)
-        if name in self.arrays:
-            return self.arrays[name]
-        raise InputError(f"cannot explain: the input {name!r} of this step is not known")
+        """An input step or weight, its numbers as written (`_Fmt.shown`)."""
+        if name not in self._shown:
+            if name in self.trace:
+                value = self.trace.value(name)
+            elif name in self.arrays:
+                value = self.arrays[name]
+            else:
+                raise InputError(f"cannot explain: the input {name!r} of this step is not known")
+            self._shown[name] = self.f.shown_array(value)
+        return self._shown[name]
 
     def param(self, key: str) -> Any:
         assert isinstance(self.cfg, OpConfig)
@@ -311,7 +353,7 @@ def _bias_of(ctx: _Ctx, weight: str) -> tuple[str, np.ndarray] | None:
         if not last.startswith("W"):
             return None
         name = f"{head}.{'b' + last[1:]}" if head else "b" + last[1:]
-    return (name, ctx.arrays[name]) if name in ctx.arrays else None
+    return (name, ctx.get(name)) if name in ctx.arrays else None
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +386,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         fused = None if fused is None else fused + float(b[j])
         where.append(f"{bs} = {b_name}")
         operands[f"{bs}[{j}]"] = [float(b[j])]
-    return _Parts([*chain, text, ctx.f.num(total)], total, where, operands, fused)
+    return _Parts([*chain, text], total, where, operands, fused)
 
 
 def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -365,15 +407,15 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if j == d - 1 and d % 2:  # the odd last column is not rotated
         v = float(raw[i, j])
         return _Parts(
-            [f"{r}[{i},{j}]  (odd d_k: the last column is not rotated)", ctx.f.num(v)],
+            [f"{r}[{i},{j}]  (odd d_k: the last column is not rotated)"],
             v,
             [f"{r} = {raw_name}"],
             {f"{r}[{i},{j}]": [v]},
         )
     p, base = j // 2, ctx.cfg.model.pe_base
-    theta = i * _pow(base, -2 * p / d)
+    theta = ctx.f.shown(i * _pow(base, -2 * p / d))  # (written, like cos θ and sin θ)
     a, b = float(raw[i, 2 * p]), float(raw[i, 2 * p + 1])
-    c, s = _cos(theta), _sin(theta)
+    c, s = ctx.f.shown(_cos(theta)), ctx.f.shown(_sin(theta))
     lhs = f"{r}[{i},{2 * p}]", f"{r}[{i},{2 * p + 1}]"
     if j % 2 == 0:
         sym = f"{lhs[0]} cos θ − {lhs[1]} sin θ"
@@ -384,7 +426,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(s)} + {ctx.f.fac(b)}×{ctx.f.fac(c)}"
         total = a * s + b * c
     return _Parts(
-        [sym, nums, ctx.f.num(total)],
+        [sym, nums],
         total,
         [
             f"θ = pos · base^(−2p/d_k) = {i} · {base:g}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
@@ -414,7 +456,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"{f.fac(float(v))}×tanh({f.num(float(a))} + {f.fac(float(b))})"
             for v, a, b in zip(v_a, qa, ka, strict=True)
         ]
-        tanhs = [math.tanh(float(a) + float(b)) for a, b in zip(qa, ka, strict=True)]
+        tanhs = [f.shown(math.tanh(float(a) + float(b))) for a, b in zip(qa, ka, strict=True)]
         val_terms = [f"{f.fac(float(v))}×{f.fac(t)}" for v, t in zip(v_a, tanhs, strict=True)]
         total = _fsum(float(v) * t for v, t in zip(v_a, tanhs, strict=True))
         return _Parts(
@@ -422,7 +464,6 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
                 f"v_a · tanh(q_a{i} + k_a{j})",
                 _elide(sym_terms),
                 _elide(val_terms),
-                f.num(total),
             ],
             total,
             [
@@ -442,15 +483,16 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         ]
         diffs = [(float(a) - float(b)) * float(c) for a, b, c in zip(q, k, w, strict=True)]
         squares = [d * d for d in diffs]  # d·d as the engine squares (** raises on overflow)
-        total = -0.5 * _fsum(squares)
         chain = [
             f"−½ Σ_f ((q{i}f − k{j}f) w_f)²",
             f"−½ × ({_elide(terms)})",
         ]
-        if len(squares) > 1:
+        if len(squares) > 1:  # the squares are written too
+            squares = [f.shown(sq) for sq in squares]
             chain.append(f"−½ × ({_sum(f, squares)})")
+        total = -0.5 * _fsum(squares)
         return _Parts(
-            [*chain, f.num(total)],
+            chain,
             total,
             [
                 f"q{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
@@ -465,7 +507,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     ks = _symbol(k_name)
     text, total, fused = _dot(f, q, k)
     return _Parts(
-        [f"{qs}{i} · {ks}{j}", text, f.num(total)],
+        [f"{qs}{i} · {ks}{j}", text],
         total,
         [
             f"{qs}{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
@@ -485,7 +527,6 @@ def _tanh(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"tanh(q_a[{i},{a}] + k_a[{j},{a}])",
             f"tanh({ctx.f.num(x)} + {ctx.f.fac(y)})",
-            ctx.f.num(total),
         ],
         total,
         [f"q_a = {qa_name}", f"k_a = {ka_name}"],
@@ -501,13 +542,13 @@ def _scale_of(ctx: _Ctx) -> tuple[float, str]:
 
 def _scaled(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     scale, text = _scale_of(ctx)
+    scale = ctx.f.shown(scale)
     s = float(ctx.get(step.inputs[0])[cell])
     total = s / scale
     return _Parts(
         [
             f"scores{_idx(cell)} / scale",
             f"{ctx.f.num(s)} / {ctx.f.num(scale)}",
-            ctx.f.num(total),
         ],
         total,
         [f"scores = {step.inputs[0]}", f"scale = {text}"],
@@ -523,7 +564,6 @@ def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"scaled{_idx(cell)} + M{_idx(cell)}",
             f"{ctx.f.num(s)} + {ctx.f.fac(m)}",
-            ctx.f.num(total),
         ],
         total,
         [f"scaled = {s_name}", f"M = {m_name}"],
@@ -546,11 +586,11 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     src = step.inputs[0]
     T = _temperature(ctx, step)
     row = [float(x) for x in ctx.get(src)[i]]
-    z = [x / T for x in row]
+    z = [f.shown(x / T) for x in row]  # (written, as are the exponentials and their sum)
     m = _max(z)
     exps = [_exp(x - m) for x in z]  # a fully masked row: e^(−inf − (−inf)) = e^nan
     total_sum = _fsum(exps)
-    result = _div(exps[j], total_sum)
+    result = _div(f.shown(exps[j]), f.shown(total_sum))
     s = _symbol(src)
     zs = f"{s}/T" if T != 1 else s
     terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in z]
@@ -563,7 +603,6 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"e^({zs}[{i},{j}] − m) / Σ_k e^({zs}[{i},k] − m)",
             f"{terms[j]} / ({_elide(terms)})",
             f"{f.num(exps[j])} / {f.num(total_sum)}",
-            f.num(result),
         ],
         result,
         where,
@@ -577,7 +616,7 @@ def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     A, V = ctx.get(a_name), ctx.get(v_name)
     text, total, fused = _dot(ctx.f, A[i], V[:, j])
     return _Parts(
-        [f"A{i} · V[:,{j}]", text, ctx.f.num(total)],
+        [f"A{i} · V[:,{j}]", text],
         total,
         [
             f"A{i} = {ctx.row_of(a_name, i)} = {ctx.f.vec(A[i])}",
@@ -597,7 +636,7 @@ def _concat(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             c = j - start
             v = float(ctx.get(name)[i, c])
             return _Parts(
-                [f"head {h}'s context[{i},{c}]", ctx.f.num(v)],
+                [f"head {h}'s context[{i},{c}]"],
                 v,
                 [
                     f"column {j} = head {h} (columns {start}..{start + width - 1}), its column {c}",
@@ -617,7 +656,6 @@ def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"x{_idx(cell)} + sublayer(x){_idx(cell)}",
             f"{ctx.f.num(x)} + {ctx.f.fac(y)}",
-            ctx.f.num(total),
         ],
         total,
         [f"x = {x_name} (the sublayer's input)", f"sublayer(x) = {y_name}"],
@@ -642,7 +680,6 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             [
                 f"x[{i},{j}] / rms{i} × γ[{j}] + β[{j}]",
                 f"{f.num(x)} / {f.num(r)} × {f.fac(g)} + {f.fac(b)}",
-                f.num(total),
             ],
             total,
             where,
@@ -656,7 +693,6 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"(x[{i},{j}] − mean{i}) / √(var{i} + ε) × γ[{j}] + β[{j}]",
             f"({f.num(x)} − {f.fac(mean)}) / √({f.num(var)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
-            f.num(total),
         ],
         total,
         where,
@@ -692,7 +728,6 @@ def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"Σ {sel} / {n}",
             f"({_sum(ctx.f, xs.tolist())}) / {n}",
-            ctx.f.num(total),
         ],
         total,
         [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
@@ -703,11 +738,11 @@ def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 def _var(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n = len(xs)
-    mean = _fsum(float(v) for v in xs) / n
+    mean = ctx.f.shown(_fsum(float(v) for v in xs) / n)  # (written below)
     terms = [f"({ctx.f.num(float(v))} − {ctx.f.fac(mean)})²" for v in xs]
     total = _fsum((float(v) - mean) * (float(v) - mean) for v in xs) / n
     return _Parts(
-        [f"Σ ({sel} − mean)² / {n}", f"({_elide(terms)}) / {n}", ctx.f.num(total)],
+        [f"Σ ({sel} − mean)² / {n}", f"({_elide(terms)}) / {n}"],
         total,
         [f"{sel} = {ctx.f.vec(xs)} of {x_name}", f"mean = {ctx.f.num(mean)} (biased: ÷ {n})"],
         {sel: xs.tolist(), "mean": [mean]},
@@ -720,7 +755,7 @@ def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
     total = _sqrt(_fsum(float(v) * float(v) for v in xs) / n + eps)
     return _Parts(
-        [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {eps:g})", ctx.f.num(total)],
+        [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {eps:g})"],
         total,
         [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
         {sel: xs.tolist(), "ε": [eps]},
@@ -742,7 +777,6 @@ def _centered(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"x{_idx(cell)} − mean{_idx(mi)}",
             f"{ctx.f.num(x)} − {ctx.f.fac(m)}",
-            ctx.f.num(total),
         ],
         total,
         [f"x = {x_name}", f"mean = {m_name}"],
@@ -759,8 +793,8 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     a, s = float(ctx.get(a_name)[cell]), float(stat_all[si])
     c = cell[1]
     gamma, beta = ctx.param("gamma"), ctx.param("beta")
-    g = 1.0 if gamma is None else float(gamma[c])
-    b = 0.0 if beta is None else float(beta[c])
+    g = 1.0 if gamma is None else f.shown(float(gamma[c]))
+    b = 0.0 if beta is None else f.shown(float(beta[c]))
     where = [
         f"γ[{c}] = {f.num(g)}, β[{c}] = {f.num(b)}"
         + (" (defaults)" if gamma is None and beta is None else "")
@@ -771,7 +805,6 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             [
                 f"x{_idx(cell)} / rms{_idx(si)} × γ[{c}] + β[{c}]",
                 f"{f.num(a)} / {f.num(s)} × {f.fac(g)} + {f.fac(b)}",
-                f.num(total),
             ],
             total,
             [f"x = {a_name}", f"rms = {s_name}", *where],
@@ -783,7 +816,6 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [
             f"centered{_idx(cell)} / √(var{_idx(si)} + ε) × γ[{c}] + β[{c}]",
             f"{f.num(a)} / √({f.num(s)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
-            f.num(total),
         ],
         total,
         [f"centered = {a_name}", f"var = {s_name}", *where],
@@ -801,19 +833,20 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total = h if h > 0 or math.isnan(h) else 0.0  # numpy.maximum keeps a NaN
         chain = [f"max(0, H{_idx(cell)})", f"max(0, {hn})"]
     elif kind == "gelu":
-        total = 0.5 * h * (1.0 + math.erf(h / math.sqrt(2.0)))
+        r2 = f.shown(math.sqrt(2.0))
+        total = 0.5 * h * (1.0 + math.erf(h / r2))
         chain = [
             f"½ H{_idx(cell)} (1 + erf(H{_idx(cell)} / √2))",
-            f"0.5 × {f.fac(h)} × (1 + erf({hn} / 1.4142))",
+            f"0.5 × {f.fac(h)} × (1 + erf({hn} / {f.num(r2)}))",
         ]
     else:
-        c = math.sqrt(2.0 / math.pi)
+        c = f.shown(math.sqrt(2.0 / math.pi))
         total = 0.5 * h * (1.0 + math.tanh(c * (h + 0.044715 * _pow(h, 3))))
         chain = [
             "½ H (1 + tanh(√(2/π) (H + 0.044715 H³)))",
-            f"0.5 × {f.fac(h)} × (1 + tanh(0.79788 × ({hn} + 0.044715 × {f.fac(h)}³)))",
+            f"0.5 × {f.fac(h)} × (1 + tanh({f.num(c)} × ({hn} + 0.044715 × {f.fac(h)}³)))",
         ]
-    return _Parts([*chain, f.num(total)], total, [f"H = {step.inputs[0]}"], {"H": [h]})
+    return _Parts(chain, total, [f"H = {step.inputs[0]}"], {"H": [h]})
 
 
 def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -827,7 +860,7 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         v = float(seq.matrix[i, j])
         name = "source" if stack == "encoder" else "target"
         return _Parts(
-            [f"{name}[{i},{j}]  (the given matrix)", ctx.f.num(v)],
+            [f"{name}[{i},{j}]  (the given matrix)"],
             v,
             [f"{name} is given as numbers: they are the embeddings"],
             {name: [v]},
@@ -835,7 +868,7 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     token = step.rows[i] if step.rows is not None else "?"
     v = float(ctx.cfg.embeddings[token][j])
     return _Parts(
-        [f"embedding['{token}'][{j}]", ctx.f.num(v)],
+        [f"embedding['{token}'][{j}]"],
         v,
         [
             f"row {i} is the token '{token}'; embedding['{token}'] = {ctx.f.vec(ctx.cfg.embeddings[token])}"
@@ -846,10 +879,10 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 def _sinusoid(ctx: _Ctx, i: int, j: int, d: int, base: float) -> _Parts:
     p = j // 2
-    angle = i / _pow(base, 2 * p / d)
+    angle = ctx.f.shown(i / _pow(base, 2 * p / d))  # (written)
     fn, total = ("sin", _sin(angle)) if j % 2 == 0 else ("cos", _cos(angle))
     return _Parts(
-        [f"{fn}({i} / {base:g}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})", ctx.f.num(total)],
+        [f"{fn}({i} / {base:g}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})"],
         total,
         [f"position {i}, column {j}: pair {p} ({'even: sine' if j % 2 == 0 else 'odd: cosine'})"],
         {"angle": [angle]},
@@ -863,7 +896,7 @@ def _pe(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if m.positional == "learned":
         v = float(ctx.get(step.inputs[0])[i, j])
         return _Parts(
-            [f"positional[{i},{j}]  (learned)", ctx.f.num(v)],
+            [f"positional[{i},{j}]  (learned)"],
             v,
             [f"positional = {step.inputs[0]}"],
             {"positional": [v]},
@@ -877,7 +910,7 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if ctx.param("kind") == "rope":
         total = i * _pow(base, -2 * j / d)
         return _Parts(
-            [f"{i} · {base:g}^(−{2 * j}/{d})", ctx.f.num(total)],
+            [f"{i} · {base:g}^(−{2 * j}/{d})"],
             total,
             [f"position {i} turns the pair (columns {2 * j}, {2 * j + 1}) by this angle (radians)"],
             {"pos": [float(i)]},
@@ -892,7 +925,7 @@ def _input(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     total, sym, nums = e, f"E{_idx(cell)}", ctx.f.num(e)
     operands = {"E": [e]}
     if m.embed_scale != 1.0:
-        total = e * m.embed_scale
+        total = e * ctx.f.shown(m.embed_scale)
         sym += " × embed_scale"
         nums += f" × {ctx.f.num(m.embed_scale)}"
         operands["embed_scale"] = [m.embed_scale]
@@ -904,7 +937,7 @@ def _input(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         nums += f" + {ctx.f.fac(pe)}"
         operands["PE"] = [pe]
         where.append(f"PE = {step.inputs[1]}")
-    return _Parts([sym, nums, ctx.f.num(total)], total, where, operands)
+    return _Parts([sym, nums], total, where, operands)
 
 
 def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -923,7 +956,7 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     why = " and ".join(reasons) or (
         f"query {i} may look at key {j}" + (" (j ≤ i, not a pad)" if causal else " (not a pad)")
     )
-    return _Parts([f"{ctx.f.num(total)}  ({why})"], total, [], {})
+    return _Parts([], total, note=why)
 
 
 def _output(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -931,7 +964,7 @@ def _output(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     prev = next(s for s in ctx.trace if s.value is step.value and s.path != step.path)
     v = float(prev.value[cell])
     return _Parts(
-        [f"{prev.path}{_idx(cell)}", ctx.f.num(v)],
+        [f"{prev.path}{_idx(cell)}"],
         v,
         [f"the stack's output is {prev.path}, passed on unchanged"],
         {prev.path: [v]},
@@ -1059,16 +1092,27 @@ def explain(
     stage: Stage | None = stage_of(step.path)
     if stage is None or stage.key not in EXPLAINERS:
         raise InputError(f"no explanation is known for step {step.path}")
+    arrays = named_arrays(cfg)
+
+    def written(f: _Fmt) -> _Parts:
+        return EXPLAINERS[stage.key](_Ctx(cfg, trace, arrays, f), step, cell)
+
+    exact = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
-    ctx = _Ctx(cfg, trace, named_arrays(cfg), f)
-    parts = EXPLAINERS[stage.key](ctx, step, cell)
-    value, result, remarks = float(step.value[cell]), float(parts.result), []
-    if parts.fused is not None and not _same(parts.fused, result):
-        remarks.append(_overflow_remark(f, result, parts.fused))
-        if _same(parts.fused, value) and not _same(result, value):  # the engine fused them
-            result = parts.fused
-            parts.chain[-1] = f.num(result)
-    chain = [c for k, c in enumerate(parts.chain) if k == 0 or c != parts.chain[k - 1]]
+    value, result, fused, remarks = float(step.value[cell]), exact.result, False, []
+    if exact.fused is not None and not _same(exact.fused, result):
+        remarks.append(_overflow_remark(f, result, exact.fused))
+        if _same(exact.fused, value) and not _same(result, value):  # the engine fused them
+            result, fused = exact.fused, True
+    # The result is written at `precision`; the numbers it comes from with as many more
+    # decimals as it takes for them to give that result (68 / 1.73 = 39, not 68 / 2 = 39).
+    for digits in [*range(precision, 18), None]:
+        parts = written(_Fmt(digits))
+        got = parts.fused if fused and parts.fused is not None else parts.result
+        if f.num(got) == f.num(result):
+            break
+    chain = [*parts.chain, f.num(result) + (f"  ({parts.note})" if parts.note else "")]
+    chain = [c for k, c in enumerate(chain) if k == 0 or c != chain[k - 1]]
     return Explanation(
         path=step.path,
         cell=cell,
@@ -1078,7 +1122,7 @@ def explain(
         result=result,
         chain=tuple(chain),
         where=tuple(_tidy(w) for w in parts.where if _tidy(w)),
-        operands=parts.operands,
+        operands=exact.operands,
         inputs=step.inputs,
         remarks=tuple(remarks),
     )
