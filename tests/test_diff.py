@@ -82,6 +82,20 @@ def test_exit_code_option_and_tolerance() -> None:
     assert invoke(*args, "--exit-code", "--atol", "1e-3")[0] == 0
 
 
+@pytest.mark.parametrize("atol", ["nan", "inf", "-inf", "1e400", "-1"])
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_a_tolerance_that_is_not_a_finite_number_is_refused(atol: str, fmt: str) -> None:
+    """--atol nan said "identical" (every |B − A| > nan is false) and exited 0 even with
+    --exit-code; --atol inf in JSON was exit 3 (JSON has no infinity)."""
+    code, out, err = invoke(
+        "diff", "hello", "--set-b", "model.scale=30", "--atol", atol, "--exit-code",
+        "--brief", "--format", fmt,
+    )  # fmt: skip
+    found = f"{float(atol):g}"
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--atol must be" in err and f"expected a finite number >= 0, found {found}" in err
+
+
 def test_set_applies_to_both_sides() -> None:
     data = diff_json("hello", "--set", "model.scale=30", "--set-b", "model.scale=30")
     assert data["identical"] is True

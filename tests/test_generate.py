@@ -639,6 +639,23 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
         (["--sample", "--temperature", "0"], "--temperature must be positive"),
         (["--sample", "--temperature", "-1"], "--temperature must be positive"),
+        # "found inf" under "must be positive" told the user nothing: inf is positive
+        (
+            ["--sample", "--temperature", "inf"],
+            "--temperature must be a finite number; expected a finite number > 0, found inf",
+        ),
+        (
+            ["--sample", "--temperature", "nan"],
+            "--temperature must be a finite number; expected a finite number > 0, found nan",
+        ),
+        (
+            ["--beam", "2", "--length-penalty", "nan"],
+            "--length-penalty must be a finite number; expected a finite number, found nan",
+        ),
+        (
+            ["--sample", "--top-p", "nan"],
+            "--top-p must lie in (0, 1]; expected 0 < p <= 1, found nan",
+        ),
         (["--sample", "--top-p", "0"], "--top-p must lie in (0, 1]"),
         (["--sample", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
         (["--sample", "--top-k", "0"], "--top-k must be at least 1"),

@@ -1119,7 +1119,7 @@ def diff(
         typer.Option("--variant-b", help="Run B on this variant (instead of --variant)."),
     ] = None,
     atol: Annotated[
-        float, typer.Option("--atol", min=0.0, help="Cells closer than this count as equal.")
+        float, typer.Option("--atol", help="Cells closer than this count as equal (>= 0).")
     ] = 1e-12,
     stage: Annotated[
         Optional[str],  # noqa: UP045
@@ -1144,11 +1144,12 @@ def diff(
     the variant for B.
     """
     from trace_tf import render
-    from trace_tf.config import build, parse_set, read_document
+    from trace_tf.config import build, option_number, parse_set, read_document
     from trace_tf.diff import DIFFERS, SAME, compare, first_difference, verdict
     from trace_tf.runner import run
     from trace_tf.trace import check_stage, matches
 
+    atol = option_number(atol, "--atol", minimum=0)
     if config_b is None and not set_b and variant_b is None:
         _fail(
             "diff needs something to compare A with: a second config B, "

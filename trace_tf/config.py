@@ -418,6 +418,24 @@ def parse_matrix(text: str, option: str, *, allow_inf: bool = False) -> list[Any
     return blocks
 
 
+def option_number(
+    value: float, option: str, *, positive: bool = False, minimum: float | None = None
+) -> float:
+    """A number given to a command-line option, checked: typer reads 'nan', 'inf' and
+    '1e400' as floats, and a NaN passes every range check (`nan < 0` is false)."""
+    bound = " > 0" if positive else f" >= {minimum:g}" if minimum is not None else ""
+    expected = "a finite number" + bound
+    if not math.isfinite(value):
+        raise InputError(f"{option} must be a finite number", expected=expected, found=f"{value:g}")
+    if positive and value <= 0:
+        raise InputError(f"{option} must be positive", expected=expected, found=f"{value:g}")
+    if minimum is not None and value < minimum:
+        raise InputError(
+            f"{option} must be at least {minimum:g}", expected=expected, found=f"{value:g}"
+        )
+    return value
+
+
 _NUMBER_SEPARATOR = re.compile(r"\s*,\s*|\s+")  # one comma (spaces around it allowed), or spaces
 
 

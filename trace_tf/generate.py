@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trace_tf import model, ops
-from trace_tf.config import Config, Sequence_, trace_size
+from trace_tf.config import Config, Sequence_, option_number, trace_size
 from trace_tf.errors import InputError
 from trace_tf.model import KVCache
 from trace_tf.trace import NULL_TRACER, Tracer
@@ -114,10 +114,8 @@ def settings(
                 f"{option} applies to --{needs} only, and the strategy is {strategy}",
                 expected=f"--{needs}" + (" N" if needs == "beam" else ""),
             )
-    if temperature is not None and not (temperature > 0 and np.isfinite(temperature)):
-        raise InputError(
-            "--temperature must be positive", expected="a number > 0", found=f"{temperature:g}"
-        )
+    if temperature is not None:
+        option_number(temperature, "--temperature", positive=True)
     if seed is not None and seed < 0:  # numpy's generators take no negative seed
         raise InputError("--seed must be at least 0", expected="an integer >= 0", found=str(seed))
     if top_k is not None and top_k < 1:
@@ -128,8 +126,8 @@ def settings(
         raise InputError(
             "--beam width must be at least 1", expected="an integer >= 1", found=str(beam)
         )
-    if length_penalty is not None and not np.isfinite(length_penalty):
-        raise InputError("--length-penalty must be a finite number", found=f"{length_penalty:g}")
+    if length_penalty is not None:
+        option_number(length_penalty, "--length-penalty")
     if length_penalty:  # ((5 + n) / 6)^alpha must stay a positive float for every n
         with np.errstate(over="ignore", under="ignore"):
             ends = np.float64((5 + max_tokens) / 6) ** np.array([length_penalty, -length_penalty])
