@@ -190,3 +190,44 @@ def test_the_summary_fits_the_terminal_and_keeps_its_numbers(columns: int) -> No
         assert s["path"].endswith(cells[0].lstrip("…")) and cells[1] == DIFFERS
         assert cells[2] == f"{s['max_abs_diff']:.3g}"
     assert ("A → B there" in result.stdout) == (columns >= 100)
+
+
+def _decimals(text: str) -> int:
+    mantissa = text.split("e")[0]
+    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+def test_values_that_differ_are_never_written_the_same() -> None:
+    """float32 against float64: cells 3e-8 apart were written `0.5403 → 0.5403`. Now with
+    the digits that tell them apart, each still a faithful rounding of its value."""
+    args = ("hello", "--set-b", "model.dtype=float32")
+    data = diff_json(*args)
+    exact = {s["path"]: (float(s["a_at"]), float(s["b_at"])) for s in data["steps"] if "a_at" in s}
+    result = runner.invoke(app, ["diff", *args, "--brief"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if " → " in line]
+    pairs = {r[0]: (r[-3], r[-1]) for r in rows if r[0] in exact and r[-2] == "→"}
+    assert len(pairs) == len(exact) > 50
+    widened = 0
+    for path, (a_text, b_text) in pairs.items():
+        a, b = exact[path]
+        assert a != b and a_text != b_text, (path, a_text, b_text)
+        for text, value in ((a_text, a), (b_text, b)):
+            if "e" in text:  # scientific: half a unit of the mantissa's last digit
+                unit = 10.0 ** (int(text.split("e")[1]) - _decimals(text))
+            else:
+                unit = 10.0 ** -_decimals(text)
+            assert abs(float(text) - value) <= 0.5 * unit * (1 + 1e-9), (path, text, value)
+        widened += _decimals(a_text) > 4
+        if f"{a:.4f}" != f"{b:.4f}":  # apart at the display precision: written as before
+            assert (a_text, b_text) == (f"{a:.4f}", f"{b:.4f}")
+    assert widened > 10  # most float32 differences are below the 4th decimal
+
+
+@pytest.mark.parametrize("a", [1e-10, 0.5403023058681398, 1e20, -7.25])
+def test_neighbouring_floats_are_written_apart(a: float) -> None:
+    b = float(np.nextafter(a, math.inf))  # the next float64: the closest two values can be
+    ta, tb = render._apart(a, b, 4)
+    assert ta != tb
+    # each text is a rounding of its own value, closer to it than to the other
+    assert abs(float(ta) - a) < abs(float(ta) - b) and abs(float(tb) - b) < abs(float(tb) - a)

@@ -991,6 +991,19 @@ def _cell(where: Sequence[int] | None) -> str:
     return "" if where is None else "[" + ",".join(str(i) for i in where) + "]"
 
 
+def _apart(a: float, b: float, precision: int) -> tuple[str, str]:
+    """Two values as `_p` writes them, with as many more digits as it takes to tell
+    them apart when they differ but would be written the same (0.5403 → 0.5403 for
+    0.54030231 and 0.54030228); in full (repr) when even 17 decimals cannot."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return _p(a, precision), _p(b, precision)
+    for digits in range(precision, 18):
+        texts = _p(a, digits), _p(b, digits)
+        if texts[0] != texts[1]:
+            return texts
+    return repr(a), repr(b)
+
+
 def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     """One row per step: its status, the largest |B − A|, where, the two values there,
     and how many cells differ. On a narrow terminal the values there are left out
@@ -1005,10 +1018,8 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
             status = f"shape {shape_text(d.a.shape)} → {shape_text(d.b.shape)}"
         change = ""
         if d.where is not None and d.a is not None and d.b is not None:
-            change = (
-                f"{_p(float(d.a.value[d.where]), view.precision)} → "
-                f"{_p(float(d.b.value[d.where]), view.precision)}"
-            )
+            a, b = _apart(float(d.a.value[d.where]), float(d.b.value[d.where]), view.precision)
+            change = f"{a} → {b}"
         changes.append(change)
         rows.append(
             [
