@@ -160,8 +160,10 @@ def test_softmax_writes_out_the_exponentials() -> None:
         load(str(FIXTURES / "002_database_query.yaml"), [], "cold"), "attn.softmax", (0, 0)
     )
     assert cold.operands["T"] == [0.01] and any(
-        "z = scaled / T = [100, 100, 0, 100]" in w for w in cold.where
+        "z = (scaled − m) / T = [0, 0, -100, 0]" in w
+        for w in cold.where  # m = 1
     )
+    assert cold.result == pytest.approx(1 / (3 + math.exp(-100)), abs=1e-15)
 
 
 def test_layer_norm_statistics_are_the_rows_own() -> None:

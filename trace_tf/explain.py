@@ -580,30 +580,32 @@ def _temperature(ctx: _Ctx, step: Step) -> float:
 
 
 def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """e^(z_j − m) / Σ_k e^(z_k − m), z = the row / T, m = max z (the stable softmax)."""
+    """e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m = the row's max (the stable softmax, as
+    ops.softmax computes it: the max subtracted before T divides)."""
     i, j = cell
     f = ctx.f
     src = step.inputs[0]
     T = _temperature(ctx, step)
     row = [float(x) for x in ctx.get(src)[i]]
-    z = [f.shown(x / T) for x in row]  # (written, as are the exponentials and their sum)
-    m = _max(z)
-    exps = [_exp(x - m) for x in z]  # a fully masked row: e^(−inf − (−inf)) = e^nan
+    s = _symbol(src)
+    shown = [f.shown(x) for x in row]  # (written, as are the exponentials and their sum)
+    m = _max(shown)
+    where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
+    where.append(f"m = the row's largest {s} = {f.num(m)} (subtracted for stability; it cancels)")
+    if T == 1:
+        z = [x - m for x in shown]  # a fully masked row: −inf − (−inf) = nan
+        terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in shown]
+        formula = f"e^({s}[{i},{j}] − m) / Σ_k e^({s}[{i},k] − m)"
+    else:
+        z = [f.shown(_div(x - m, T)) for x in shown]
+        terms = [f"e^({f.num(x)})" for x in z]
+        formula = f"e^(({s}[{i},{j}] − m)/T) / Σ_k e^(({s}[{i},k] − m)/T)"
+        where.append(f"T = {T:g}: z = ({s} − m) / T = {f.vec(z)}")
+    exps = [_exp(x) for x in z]
     total_sum = _fsum(exps)
     result = _div(f.shown(exps[j]), f.shown(total_sum))
-    s = _symbol(src)
-    zs = f"{s}/T" if T != 1 else s
-    terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in z]
-    where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
-    if T != 1:
-        where.append(f"T = {T:g}: z = {s} / T = {f.vec(z)}")
-    where.append(f"m = the row's largest {zs} = {f.num(m)} (subtracted for stability; it cancels)")
     return _Parts(
-        [
-            f"e^({zs}[{i},{j}] − m) / Σ_k e^({zs}[{i},k] − m)",
-            f"{terms[j]} / ({_elide(terms)})",
-            f"{f.num(exps[j])} / {f.num(total_sum)}",
-        ],
+        [formula, f"{terms[j]} / ({_elide(terms)})", f"{f.num(exps[j])} / {f.num(total_sum)}"],
         result,
         where,
         {f"{s}{i}": row, "m": [m], "T": [T]},
