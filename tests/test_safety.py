@@ -233,27 +233,34 @@ def test_output_through_a_symbolic_link_writes_its_target(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
 
 
+class FailingConsole:
+    """Stands in for cli.console: writes half a table, then raises its `error`."""
+
+    error: Exception = RuntimeError("renderer bug")
+
+    def __init__(self, file: Any, width: int) -> None:
+        self.file = file
+        self.width = width
+
+    def print(self, *args: object, **kw: object) -> None:
+        self.file.write("half a table")
+        raise self.error
+
+
+def failing(error: Exception) -> type[FailingConsole]:
+    return type("Failing", (FailingConsole,), {"error": error})
+
+
 def test_a_failure_while_writing_leaves_the_existing_output_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import trace_tf.cli
 
-    class Broken:
-        """A console that fails halfway through printing."""
-
-        def __init__(self, file: Any, width: int) -> None:
-            self.file = file
-            self.width = width
-
-        def print(self, *args: object) -> None:
-            self.file.write("half a table")
-            raise RuntimeError("renderer bug")
-
-    monkeypatch.setattr(trace_tf.cli, "console", Broken)
+    monkeypatch.setattr(trace_tf.cli, "console", failing(RuntimeError("renderer bug")))
     out = tmp_path / "trace.txt"
     out.write_text("precious\n")
     result = runner.invoke(app, ["encode", "--output", str(out), "--force"])
-    assert result.exit_code == 3
+    assert result.exit_code == 3 and "(RuntimeError: renderer bug)" in result.stderr
     assert out.read_text() == "precious\n"
     new = tmp_path / "new.txt"
     assert runner.invoke(app, ["encode", "--output", str(new)]).exit_code == 3
@@ -267,17 +274,8 @@ def test_a_full_disk_is_one_line_exit_2_and_leaves_no_file(
 
     import trace_tf.cli
 
-    class Full:
-        """A console whose writes fail as on a full disk."""
-
-        def __init__(self, file: Any, width: int) -> None:
-            self.file = file
-            self.width = width
-
-        def print(self, *args: object, **kw: object) -> None:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(trace_tf.cli, "console", Full)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(trace_tf.cli, "console", failing(full))
     out = tmp_path / "trace.txt"
     out.write_text("precious\n")
     for args in (["--output", str(out), "--force"], ["--output", str(tmp_path / "new.txt")]):

@@ -47,10 +47,8 @@ def x_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
 
 def q_kt(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
     """Q Kᵀ: Q is m × n, K is p × n, the scores m × p (dot, scaled_dot; bilinear's Q W_b)."""
-    if len(inputs) == 2 and len(inputs[0]) == len(inputs[1]) == 2:
-        (m, n), (p, n_k) = inputs
-        if n == n_k and shape == (m, p):
-            return m, n, p
+    if len(inputs) == 2 and len(inputs[1]) == 2:
+        return x_w(shape, [inputs[0], inputs[1][::-1]])  # Kᵀ is n × p
     return None
 
 
