@@ -1123,6 +1123,17 @@ STRUCTURE = [
         args=("generate", "{file}"),
     ),
     case(
+        "step-on-a-decoder-without-a-vocab-names-no-other-command",
+        DEC_ONLY.replace("vocab: [a, b]", "vocab: []").replace(
+            "target: [a]", "target: [[1, 2, 3, 4]]"
+        ),
+        "vocab",
+        None,
+        "vocab: a decoder needs a vocab: its logits are one score per vocabulary token",
+        "found no tokens",
+        args=("step", "{file}", "--stage", "softmax"),
+    ),
+    case(
         "generate-without-eos",
         ENC_DEC,
         "tokens.eos",

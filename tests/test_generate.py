@@ -698,7 +698,7 @@ def test_bad_options_exit_2(args: list[str], message: str) -> None:
         ),
         (
             "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: []\n",
-            "generate needs a vocab",
+            "a decoder needs a vocab",
         ),
         (
             "model: {d_model: 2}\nvocab: [a, E]\ntokens: {bos: a, eos: E}\nsource: [a]\n",

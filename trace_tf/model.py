@@ -621,11 +621,12 @@ def require_decoder(cfg: Config, command: str) -> None:
             found="decoder_layers: 0",
         )
     if not cfg.vocab:
-        raise InputError(
-            f"{command} needs a vocab for the logits",
+        raise InputError(  # (any command that runs the decoder: decode, step, cost, ...)
+            "a decoder needs a vocab: its logits are one score per vocabulary token",
             file=cfg.file,
             path="vocab",
             expected="a non-empty vocab list",
+            found="no tokens",
         )
 
 
