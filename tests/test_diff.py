@@ -231,3 +231,16 @@ def test_neighbouring_floats_are_written_apart(a: float) -> None:
     assert ta != tb
     # each text is a rounding of its own value, closer to it than to the other
     assert abs(float(ta) - a) < abs(float(ta) - b) and abs(float(tb) - b) < abs(float(tb) - a)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--set-b", "model.d_model=8"], "embeddings.hello: wrong shape (in run B); expected"),
+        (["--set-b", "model.scale=-1"], "must be positive (set by --set-b model.scale) (in run B)"),
+        (["--set", "model.scale=-1"], "must be positive (set by --set model.scale) (in run A)"),
+    ],
+)
+def test_a_config_bad_for_one_run_says_which(args: list[str], says: str) -> None:
+    result = runner.invoke(app, ["diff", "hello", *args, "--set-b", "model.seed=1"])
+    assert result.exit_code == 2 and says in result.stderr and result.stderr.count("\n") == 1

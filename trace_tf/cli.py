@@ -1146,6 +1146,7 @@ def diff(
     from trace_tf import render
     from trace_tf.config import build, option_number, parse_set, read_document
     from trace_tf.diff import DIFFERS, SAME, compare, first_difference, verdict
+    from trace_tf.errors import InputError
     from trace_tf.runner import run
     from trace_tf.trace import check_stage, matches
 
@@ -1160,8 +1161,15 @@ def diff(
     doc_a = read_document(config_a)
     doc_b = read_document(config_b) if config_b is not None else doc_a
     var_b = variant_b if variant_b is not None else c.variant
-    trace_a = run(build(doc_a, both, c.variant, c.max_elements))
-    trace_b = run(build(doc_b, both + only_b, var_b, c.max_elements))
+    runs = [(doc_a, c.variant, []), (doc_b, var_b, [(k, v, "--set-b") for k, v in only_b])]
+    built = []
+    for name, (doc, variant, own) in zip("AB", runs, strict=True):
+        try:
+            built.append(build(doc, both, variant, c.max_elements, options=own))
+        except InputError as exc:  # which of the two runs the config is bad for
+            exc.message += f" (in run {name})"
+            raise
+    trace_a, trace_b = run(built[0]), run(built[1])
     warn(c, trace_a, doc_a.file)
     warn(c, trace_b, doc_b.file)
     keep = None

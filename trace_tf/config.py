@@ -682,8 +682,10 @@ class _Ctx:
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
             written = origin.pads or key  # the key as the user wrote it
-            by = f"--set {written}" if origin.by == "--set" else origin.by
-            if origin.at is not None and written != path and origin.by != "--set":
+            by = origin.by
+            if by in ("--set", "--set-b"):  # KEY=VALUE options: the key given
+                by += f" {written}"
+            elif origin.at is not None and written != path:  # a variant's key, above path
                 by += f", at {written}"
             if origin.pads:
                 by += f", which added {key} empty before it"
