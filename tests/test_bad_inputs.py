@@ -1421,6 +1421,14 @@ SETS = [
         args=("encode", "{file}", "--variant", "v"),
     ),
     case(
+        "set-of-a-model-key-on-a-single-operation-names-the-set",
+        "attention: {Q: [[1]], K: [[1]], V: [[1]]}\n",
+        "model.scale",
+        None,
+        "a model config cannot also hold a single operation (set by --set model.scale)",
+        args=("check", "{file}", "--set", "model.scale=30"),
+    ),
+    case(
         "set-after-variant-names-the-set",
         BASE + "variants:\n  neg: {model.scale: -1}\n",
         "model.scale",

@@ -988,8 +988,9 @@ class _Validator:
                 variant=variant,
             )
         if ops:
+            added = [k for k in self.ctx.overridden if k == "model" or k.startswith("model.")]
             raise self.ctx.err(
-                ops[0],
+                added[0] if added else ops[0],  # a --set model.x on such a file: name it
                 "a model config cannot also hold a single operation",
                 expected="either a 'model:' section or one of " + ", ".join(OP_KINDS),
                 found_text=f"'model:' and '{ops[0]}:'",
