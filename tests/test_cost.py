@@ -449,3 +449,21 @@ def test_a_step_no_listed_way_fits_stops_the_ledger(monkeypatch: pytest.MonkeyPa
         cost.classify("encoder.0.nonsense", (2, 3), [(2, 4), (4, 3)])
     result = runner.invoke(app, ["cost", "--set", "model.score=bilinear"])
     assert result.exit_code == 0 and "L_q·d_k·d_k" in result.stdout
+
+
+def test_vary_d_lets_the_additive_width_follow_too() -> None:
+    # d_a defaults to d_k; kept at the file's 5, attention grew as D^0.36
+    from trace_tf.config import Document
+    from trace_tf.loader import Lines
+
+    doc = Document("t.yaml", SCORED, Lines())
+    base = config_from(SCORED)
+    assert isinstance(base, Config)
+    for D in (8, 32):
+        cfg = cost.resized(doc, base, "D", D, (), None, 2**28, None)
+        assert (cfg.model.d_model, cfg.model.d_k, cfg.model.d_a, cfg.model.d_ff) == (
+            D,
+            D // 2,
+            D // 2,
+            4 * D,
+        )

@@ -309,7 +309,7 @@ def resized(
             )
         m = d.data["model"]
         m["d_model"] = value
-        for key in ("d_k", "d_v", "d_ff"):
+        for key in ("d_k", "d_v", "d_ff", "d_a"):  # each follows d_model by its default
             m.pop(key, None)
         for key in ("embeddings", "weights"):
             d.data.pop(key, None)
