@@ -82,7 +82,7 @@ def test_the_python_composer_reads_numbers_as_libyaml_does(
 
 def test_the_merge_key_is_still_named() -> None:
     err = _refused("a: &x {b: 1}\nc: {<<: *x}\n")
-    assert "merge keys" in str(err)
+    assert "merge keys" in str(err) and err.found == "<<" and err.line == 2
 
 
 @pytest.mark.parametrize("opener, closer", [("[", "]"), ("{a: ", "}")])
@@ -165,6 +165,7 @@ def test_explicit_scalar_tags_that_do_not_parse_are_refused(text: str, kind: str
 def test_every_non_plain_tag_is_refused(text: str) -> None:
     err = _refused(text)
     assert "tag" in str(err) and err.path == "a" and err.line == 1
+    assert err.expected is not None and err.found is not None and "tag" in err.found
 
 
 def test_read_text_stops_one_byte_past_the_limit(

@@ -192,11 +192,11 @@ class _Builder:
         try:
             if isinstance(node, yaml.SequenceNode):
                 if node.tag != _SEQ:
-                    raise self.fail(node, path, f"YAML tag {node.tag} is not allowed")
+                    raise self._tagged(node, path)
                 return [self.build(child, join(path, i)) for i, child in enumerate(node.value)]
             if isinstance(node, yaml.MappingNode):
                 if node.tag != _MAP:
-                    raise self.fail(node, path, f"YAML tag {node.tag} is not allowed")
+                    raise self._tagged(node, path)
                 return self._mapping(node, path)
         finally:
             self._active.discard(id(node))
@@ -220,7 +220,7 @@ class _Builder:
                 return float(special.lower().replace(".", "")) if special else float(text)
         if tag in (_NULL, _BOOL, _FLOAT):
             raise self._invalid(node, path)
-        raise self.fail(node, path, f"YAML tag {tag} is not allowed (only plain data is read)")
+        raise self._tagged(node, path)
 
     def _int(self, node: yaml.ScalarNode, path: str) -> int:
         """An integer (decimal, 0o octal, 0x hex), refused when beyond float64 (every
@@ -243,6 +243,16 @@ class _Builder:
             )
         return -value if sign == "-" else value
 
+    def _tagged(self, node: yaml.Node, path: str) -> InputError:
+        """`!!python/object:...`, `!!binary`, `!custom`: refused, never constructed."""
+        return self.fail(
+            node,
+            path,
+            f"YAML tag {node.tag} is not allowed (only plain data is read)",
+            expected="plain YAML: numbers, text, true/false, null, lists and mappings",
+            found=f"the tag {node.tag}",
+        )
+
     def _invalid(self, node: yaml.ScalarNode, path: str) -> InputError:
         """`!!int abc` and the like."""
         kind = node.tag.rsplit(":", 1)[-1]
@@ -255,7 +265,13 @@ class _Builder:
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE:
-                raise self.fail(key_node, path, "YAML merge keys (<<) are not supported")
+                raise self.fail(
+                    key_node,
+                    path,
+                    "YAML merge keys (<<) are not supported",
+                    expected="the merged keys written out",
+                    found="<<",
+                )
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, path, "a mapping key must be a plain scalar")
             key = self._scalar(key_node, path)

@@ -589,6 +589,7 @@ def target_of(cfg: Config) -> Sequence_:
             file=cfg.file,
             path="target",
             expected="a target sequence or tokens.bos",
+            found="neither",
         )
     return Sequence_(tokens=(cfg.tokens.bos,))
 
