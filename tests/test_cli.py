@@ -508,6 +508,15 @@ def test_a_closed_pipe_ends_the_command_by_sigpipe_not_exit_1(tmp_yaml, command:
     assert err == b""
 
 
+def test_help_usage_names_the_config_as_the_readme_does() -> None:
+    # typer named the argument by its parameter, "[config]"; the README and SPEC say
+    # CONFIG, as for every other metavar.
+    for name in ("encode", "decode", "step", "generate", "check", "cost", "explain"):
+        usage = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+        assert "[CONFIG" in usage.splitlines()[1], name
+        assert "[config" not in usage
+
+
 @pytest.mark.parametrize("name", ["generate", "diff"])
 def test_help_paragraphs_wrap_to_the_terminal_not_to_the_source(name: str) -> None:
     # Typer keeps the line breaks of a docstring's paragraphs; on a wide terminal a

@@ -86,6 +86,7 @@ ConfigArg = Annotated[
     Optional[str],  # noqa: UP045 (typer needs Optional on Python 3.10)
     typer.Argument(
         help="Config file, the name of a packaged example (default: hello), or - for stdin.",
+        metavar="CONFIG",
         show_default=False,
     ),
 ]
@@ -635,7 +636,9 @@ def check(
     configs: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Config files with `expect` entries (default: hello).", show_default=False
+            help="Config files with `expect` entries (default: hello).",
+            metavar="CONFIG...",
+            show_default=False,
         ),
     ] = None,
     sets: SetOpt = None,
