@@ -757,6 +757,33 @@ def test_generate_beam_summary_never_cuts_a_log_probability(
             assert f"{h['logprob']:.4f}" in summary and f"{h['score']:.4f}" in summary
 
 
+def test_generate_beam_rows_that_wrap_are_set_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 50 columns each token list wrapped one token a line, and the continuation
+    # lines read as more hypotheses; a blank line now separates the hypotheses.
+    args = ("generate", "--beam", "3", "--max-tokens", "4")
+    data = _json_of(monkeypatch, *args)
+    hypotheses = data["finished"] + data["unfinished"]
+    assert len(hypotheses) == 3
+
+    def rows(columns: int) -> list[str]:
+        out, _ = _cells_at(monkeypatch, columns, *args)
+        table = out[out.index("hypotheses (") :].splitlines()[2:]  # below the header
+        return [
+            line.strip("│ ") for line in table[: table.index(next(x for x in table if "cut:" in x))]
+        ]
+
+    narrow = rows(50)
+    blocks = "\n".join(narrow).split("\n\n")
+    ended = ["eos"] * len(data["finished"]) + ["cut"] * len(data["unfinished"])
+    for block, h, how in zip(blocks, hypotheses, ended, strict=True):  # one hypothesis each
+        cells = [str(len(h["tokens"])), f"{h['logprob']:.4f}", f"{h['score']:.4f}", how]
+        words = block.split()
+        assert all(c in words for c in cells)
+        assert [w for w in words if w not in {*cells, "◀", "result"}] == h["tokens"]
+    wide = rows(120)
+    assert "" not in wide and len(wide) == len(hypotheses)
+
+
 def test_a_library_that_cannot_be_loaded_is_one_line_not_a_bug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

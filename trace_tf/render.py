@@ -459,6 +459,18 @@ def keep_whole(table: Table) -> Table:
     return table
 
 
+def _measuring_console() -> Console:
+    """A console that measures as printed (every string is text, not markup; see
+    cli.console), wide enough never to wrap."""
+    return Console(width=10**5, file=io.StringIO(), markup=False, emoji=False, highlight=False)
+
+
+def _natural_width(renderable: RenderableType) -> int:
+    """The cells `renderable` takes when nothing has to wrap."""
+    console = _measuring_console()
+    return Measurement.get(console, console.options, renderable).maximum
+
+
 def least_width(renderable: RenderableType) -> int:
     """The fewest terminal cells `renderable` can be printed in without cutting a column
     kept whole (never wrapped, with a min_width: numbers, short codes); 0 when it has
@@ -471,10 +483,7 @@ def least_width(renderable: RenderableType) -> int:
         columns = renderable.columns
         if not any(c.no_wrap and c.min_width is not None for c in columns):
             return 0
-        # (measured as printed: every string is text, not markup; see cli.console)
-        console = Console(
-            width=10**5, file=io.StringIO(), markup=False, emoji=False, highlight=False
-        )
+        console = _measuring_console()
         options = console.options
         widest = [renderable._measure_column(console, options, c).maximum for c in columns]
         pad = [renderable._get_padding_width(c._index) for c in columns]
@@ -862,17 +871,10 @@ def generation_summary(gen: Generation, view: View) -> Panel:
     if s.strategy == "beam":
         rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
         title = f"hypotheses (n produced tokens; score = {rule})"
-        table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
-        # The token lists wrap; the numbers, the ends and the mark are kept whole.
         ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
         words = [printable(t) for h, _ in ended for t in h.tokens]
-        table.add_column(
-            "tokens", overflow="fold", min_width=max(map(cell_len, ["tokens", *words]))
-        )
-        for col in ("n", "logP", "score", "ended", ""):
-            table.add_column(col, justify="right", no_wrap=True, min_width=0)
-        for h, how in ended:
-            table.add_row(
+        rows = [
+            (
                 _tokens(h.tokens),
                 str(len(h.tokens)),
                 f"{h.logprob:.{view.precision}f}",
@@ -880,10 +882,31 @@ def generation_summary(gen: Generation, view: View) -> Panel:
                 how,
                 Text("◀ result", style="bold green") if h is gen.result else "",
             )
-        if gen.unfinished:
-            table.caption = "cut: still live at --max-tokens"
-            table.caption_justify = "left"
-        parts.append(keep_whole(table))
+            for h, how in ended
+        ]
+
+        def hypotheses(spaced: bool) -> Table:
+            table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
+            # The token lists wrap; the numbers, the ends and the mark are kept whole.
+            table.add_column(
+                "tokens", overflow="fold", min_width=max(map(cell_len, ["tokens", *words]))
+            )
+            for col in ("n", "logP", "score", "ended", ""):
+                table.add_column(col, justify="right", no_wrap=True, min_width=0)
+            for i, row in enumerate(rows):
+                if spaced and i:
+                    table.add_row()
+                table.add_row(*row)
+            if gen.unfinished:
+                table.caption = "cut: still live at --max-tokens"
+                table.caption_justify = "left"
+            return keep_whole(table)
+
+        # A row whose tokens wrap would read as several rows: when the panel (with its
+        # borders and padding, 4 cells) is narrower than the table, blank lines set the
+        # rows apart.
+        wraps = view.width is not None and _natural_width(hypotheses(False)) + 4 > view.width
+        parts.append(hypotheses(spaced=wraps))
     return Panel(Group(*parts), title=Text("generated"), title_align="left")
 
 
