@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, shows
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -597,7 +597,7 @@ def test_check_keeps_every_verdict_and_error_in_view_at_any_width(
 
     # 11 of hello's 22 entries fail at scale 3. At 60 and 80 columns the config and
     # tolerance columns had crushed the verdict to nothing; now shared values go in the
-    # title, notes get only the room left, and paths are cut at their start.
+    # title, notes get only the room left, and paths are cut (render._cut).
     monkeypatch.setenv("COLUMNS", str(columns))
     hello = str(FIXTURES / "hello.yaml")
     code, out, _ = invoke("check", hello, "--set", "model.scale=3")
@@ -610,7 +610,7 @@ def test_check_keeps_every_verdict_and_error_in_view_at_any_width(
     rows = lines[2 : 2 + len(results)]  # after the title and the header
     for row, r in zip(rows, results, strict=True):
         cells = row.split()
-        assert cells[0].lstrip("…") and r["step"].endswith(cells[0].lstrip("…"))
+        assert shows(cells[0], r["step"])
         assert ("ok" if r["ok"] else "FAIL") in cells
         assert f"{r['max_abs_error']:.3g}" in cells
     assert ("note" in lines[1].split()) == (columns >= 100)  # given room, the notes

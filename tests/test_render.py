@@ -125,3 +125,16 @@ def test_a_long_token_is_shortened_in_its_middle_so_the_numbers_show() -> None:
     assert labels[1].startswith("你") and labels[2] == "a"
     assert _header(grid)[1].startswith("start") and _row(grid, 0)[1:] == ["1.0000", "1.0000"]
     assert render.shortened("x" * render.LABEL_CELLS) == "x" * render.LABEL_CELLS  # fits: kept
+
+
+def test_a_path_cut_to_fit_keeps_its_end_and_where_there_is_room_its_start() -> None:
+    from trace_tf.render import _cut
+
+    path = "encoder.0.self_attn.h0.softmax"  # 30 characters
+    assert _cut(path, 30) == path
+    assert _cut(path, 24) == "encoder.0.sel…h0.softmax"  # its last two parts whole
+    assert _cut(path, 12) == "e…h0.softmax"
+    assert _cut(path, 9) == "e…softmax"  # its last part whole
+    assert _cut(path, 8) == "…softmax"  # no room for any start: its end
+    assert _cut("encoder.embed", 10) == "enco…embed"
+    assert _cut("document_scale30", 10) == "…t_scale30"  # not a path: its end

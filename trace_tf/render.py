@@ -495,6 +495,20 @@ def least_width(renderable: RenderableType) -> int:
     return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
 
 
+def _cut(text: str, cells: int) -> str:
+    """`text` in `cells` characters, cut in the middle: a step path keeps its last two
+    parts whole ("h0.softmax") and as much of its start as there is room for
+    ("decoder.0.cros…h0.scaled": the side, the layer, the block); where not even its
+    last part fits, only its end ("…softmax")."""
+    if len(text) <= cells:
+        return text
+    parts = text.split(".")
+    for tail in (".".join(parts[-2:]), parts[-1]):
+        if len(tail) < len(text) and len(tail) + 1 < cells:
+            return text[: cells - 1 - len(tail)] + ELLIPSIS + tail
+    return ELLIPSIS + text[len(text) - cells + 1 :]
+
+
 def _fitted(
     names: list[str],
     rows: list[list[str]],
@@ -505,7 +519,8 @@ def _fitted(
     """A plain table (no borders, two spaces between columns) of `rows`, its columns
     as wide as their texts, and the room left of `width` for one more column. When it
     does not fit, the `give_way` columns narrow in turn, each to its least, their
-    texts cut at the start so that a path keeps its end ("…self_attn.h0.softmax");
+    texts cut so that a path keeps its end, and its start where there is room
+    ("encoder.0.self…h0.softmax", "…softmax": see _cut);
     the others (verdicts, numbers) keep their width. Columns of numbers (a name
     with `|`, `atol`, `cells`) are right-aligned."""
     widths = (
@@ -525,8 +540,7 @@ def _fitted(
             widths[i] -= cut
             room += cut
             for row in rows:
-                if len(row[i]) > widths[i]:
-                    row[i] = ELLIPSIS + row[i][len(row[i]) - widths[i] + 1 :]
+                row[i] = _cut(row[i], widths[i])
     out = Table(title_justify="left", box=None, pad_edge=False, **table)
     for name, w in zip(names, widths, strict=True):
         right = "|" in name or name in ("atol", "cells")
