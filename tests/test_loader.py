@@ -110,6 +110,30 @@ def test_a_long_chain_of_aliases_is_refused_by_its_expanded_depth() -> None:
     assert err.found == "2002 levels"
 
 
+def test_expanded_size_counts_as_a_plain_expansion_does() -> None:
+    # Checked against the tree the aliases expand to, walked by plain recursion.
+    import yaml
+
+    from trace_tf.loader import _CLoader12, _DepthLimitedLoader, _expanded_size
+
+    def expanded(node: yaml.Node) -> tuple[int, int]:
+        if isinstance(node, yaml.ScalarNode):
+            return 1, 1
+        pairs = node.value if isinstance(node, yaml.MappingNode) else [(n,) for n in node.value]
+        kids = [expanded(n) for pair in pairs for n in pair]
+        return 1 + sum(k[0] for k in kids), 1 + max((k[1] for k in kids), default=0)
+
+    for text in (
+        "x: 1\n",
+        "a: &s hello\nb: [*s, *s, {*s : *s}]\n",
+        "a: &l [1, [2, [3]]]\nb: [*l, {k: *l}, [[*l]]]\nc: &m {p: *l, q: [*l, *l]}\nd: [*m, *m]\n",
+        "- &e []\n- [*e, *e, {}]\n- {? [1, 2] : *e}\n",
+        "top\n",
+    ):
+        node = yaml.compose(text, Loader=_CLoader12 or _DepthLimitedLoader)
+        assert _expanded_size(node) == expanded(node), text
+
+
 def test_billion_laughs_is_refused_quickly() -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]

@@ -115,8 +115,11 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     """Nodes and nesting depth after alias expansion, in time linear in the graph.
 
     Iterative (no Python recursion), so neither a long chain of aliases nor deep
-    nesting can exhaust the stack before it is measured and refused.
+    nesting can exhaust the stack before it is measured and refused. A scalar counts
+    (1, 1) where it stands; only lists and mappings are visited and remembered.
     """
+    if isinstance(root, yaml.ScalarNode):
+        return 1, 1
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()  # the nodes on the current path: a recursive alias meets one
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -124,15 +127,21 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
         node, done = stack.pop()
         key = id(node)
         if done:
-            kids = [memo.get(id(c), (1, 1)) for c in _children(node)]  # (1, 1): recursive alias
-            size = 1 + sum(k[0] for k in kids)
-            depth = 1 + max((k[1] for k in kids), default=0)
+            size, depth = 1, 1
+            for c in _children(node):
+                if isinstance(c, yaml.ScalarNode):
+                    size += 1
+                    depth = max(depth, 2)
+                else:
+                    k = memo.get(id(c), (1, 1))  # (1, 1): a recursive alias
+                    size += k[0]
+                    depth = max(depth, 1 + k[1])
             memo[key] = (min(size, MAX_NODES + 1), depth)
             active.discard(key)
         elif key not in memo and key not in active:
             active.add(key)
             stack.append((node, True))
-            stack.extend((c, False) for c in _children(node))
+            stack.extend((c, False) for c in _children(node) if not isinstance(c, yaml.ScalarNode))
     return memo[id(root)]
 
 
