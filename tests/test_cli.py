@@ -822,3 +822,49 @@ def test_out_of_memory_outside_a_command_is_still_one_line(
         trace_tf.cli.main()
     assert done.value.code == 2
     assert capsys.readouterr().err == trace_tf.cli.OUT_OF_MEMORY + "\n"
+
+
+def test_constants_the_user_gave_are_written_back_unrounded() -> None:
+    # They were written with :g, six digits: ε = 1.23457e-05, T = 0.123457.
+    from trace_tf.text import exact
+
+    assert [exact(x) for x in (1e-5, 10000.0, 1.23456789e-5, 0.1, 2.5e20, 30)] == [
+        "1e-05",
+        "10000",
+        "1.23456789e-05",
+        "0.1",
+        "2.5e+20",
+        "30",
+    ]
+    for args, shown in (
+        (("encode", "--set", "model.norm_eps=1.23456789e-5"), "ε = 1.23456789e-05"),
+        (("encode", "--set", "model.pe_base=12345.6789"), "base 12345.6789"),
+        (("encode", "--set", "model.scale=2.718281828"), "scores / 2.718281828"),
+        (
+            (
+                "explain",
+                "encoder.0.self_attn.norm",
+                "--cell",
+                "0,0",
+                "--set",
+                "model.norm_eps=1.23456789e-5",
+            ),
+            "+ 1.23456789e-05)",
+        ),
+        (
+            (
+                "generate",
+                "--sample",
+                "--temperature",
+                "0.123456789",
+                "--top-p",
+                "0.912345678",
+                "--max-tokens",
+                "1",
+            ),
+            "T = 0.123456789 top-p 0.912345678",
+        ),
+    ):
+        code, out, err = invoke(*args)
+        assert code == 0, err
+        assert shown in " ".join(out.replace("│", " ").split()), args

@@ -11,6 +11,7 @@ import numpy as np
 from trace_tf import ops
 from trace_tf.config import ALL_SCORE_WEIGHTS, OpConfig, ScoreWeights
 from trace_tf.model import attend
+from trace_tf.text import exact
 from trace_tf.trace import Tracer
 
 # The axes each normalisation reduces over, and what they mean (SPEC section 2).
@@ -89,14 +90,16 @@ def norm_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
     with tr.scope("norm"):
         tr.name_all(op_arrays("norm", p))
         if kind == "rms":
-            r = tr.rec("rms", ops.rms(x, eps), f"√(mean(x²) + ε) of {where}, ε = {eps:g}", x)
+            r = tr.rec("rms", ops.rms(x, eps), f"√(mean(x²) + ε) of {where}, ε = {exact(eps)}", x)
             return tr.rec("out", ops.rms_scale(x, r, gamma, beta), "x / rms · γ + β", x, r)
         mean, var = ops.moments(x, axis)
         mean = tr.rec("mean", mean, f"mean of {where}", x)
         var = tr.rec("var", var, f"biased variance of {where} (÷ n)", x)
         centered = tr.rec("centered", x - mean, "x − mean", x, mean)
         out = ops.standardize(x, mean, var, gamma, beta, eps)
-        return tr.rec("out", out, f"(x − mean) / √(var + ε) · γ + β,  ε = {eps:g}", centered, var)
+        return tr.rec(
+            "out", out, f"(x − mean) / √(var + ε) · γ + β,  ε = {exact(eps)}", centered, var
+        )
 
 
 def pe_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
@@ -106,13 +109,15 @@ def pe_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
         angles = ops.rope_angles(np.arange(length), d, base)
         with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
             return tr.rec(
-                "pe", angles, f"θ[pos, i] = pos · {base:g}^(−2i/d): pair (2i, 2i+1) rotates by θ"
+                "pe",
+                angles,
+                f"θ[pos, i] = pos · {exact(base)}^(−2i/d): pair (2i, 2i+1) rotates by θ",
             )
     with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
         return tr.rec(
             "pe",
             ops.sinusoidal_pe(length, d, base),
-            f"PE[pos,2i] = sin(pos/{base:g}^(2i/d)), PE[pos,2i+1] = cos(pos/{base:g}^(2i/d))",
+            f"PE[pos,2i] = sin(pos/{exact(base)}^(2i/d)), PE[pos,2i+1] = cos(pos/{exact(base)}^(2i/d))",
         )
 
 

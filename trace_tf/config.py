@@ -30,6 +30,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
+from trace_tf.text import exact
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -423,15 +424,17 @@ def option_number(
 ) -> float:
     """A number given to a command-line option, checked: typer reads 'nan', 'inf' and
     '1e400' as floats, and a NaN passes every range check (`nan < 0` is false)."""
-    bound = " > 0" if positive else f" >= {minimum:g}" if minimum is not None else ""
+    bound = " > 0" if positive else f" >= {exact(minimum)}" if minimum is not None else ""
     expected = "a finite number" + bound
     if not math.isfinite(value):
-        raise InputError(f"{option} must be a finite number", expected=expected, found=f"{value:g}")
+        raise InputError(f"{option} must be a finite number", expected=expected, found=exact(value))
     if positive and value <= 0:
-        raise InputError(f"{option} must be positive", expected=expected, found=f"{value:g}")
+        raise InputError(f"{option} must be positive", expected=expected, found=exact(value))
     if minimum is not None and value < minimum:
         raise InputError(
-            f"{option} must be at least {minimum:g}", expected=expected, found=f"{value:g}"
+            f"{option} must be at least {exact(minimum)}",
+            expected=expected,
+            found=exact(value),
         )
     return value
 
@@ -885,7 +888,7 @@ class _Validator:
                 "a positive number or sqrt_dk",
             )
         scale = self.number(raw, path, positive=True)
-        return scale, f"{scale:g}" + (" (not scaled)" if scale == 1 else "")
+        return scale, exact(scale) + (" (not scaled)" if scale == 1 else "")
 
     def score_weights(
         self,
@@ -1244,7 +1247,7 @@ class _Validator:
                     "a number or sqrt_d_model",
                 )
             embed_scale = self.number(embed_scale_raw, p + "embed_scale")
-            embed_text = f"{embed_scale:g}"
+            embed_text = exact(embed_scale)
         score = self.choice(m.get("score", "scaled_dot"), p + "score", SCORES)
         # Only the scaled dot product divides by sqrt(d_k) unless told; the others by 1.
         scale, scale_text = self.scale(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trace_tf.runner import abs_difference
+from trace_tf.text import exact
 from trace_tf.trace import Step, Trace
 
 SAME, DIFFERS, SHAPE, ONLY_A, ONLY_B = "same", "differs", "shape", "only in A", "only in B"
@@ -82,7 +83,7 @@ def verdict(diffs: list[StepDiff], atol: float, listed_same: bool = False) -> st
     """One line: identical, or where the runs part and how many steps are in each state."""
     first = first_difference(diffs)
     if first is None:
-        return f"identical: all {len(diffs)} steps agree within atol {atol:g}"
+        return f"identical: all {len(diffs)} steps agree within atol {exact(atol)}"
     words = {DIFFERS: "differ", SHAPE: "change shape", ONLY_A: "only in A", ONLY_B: "only in B"}
     counts = [(n, words[s]) for s in words if (n := sum(d.status == s for d in diffs))]
     n_same = sum(d.status == SAME for d in diffs)
@@ -90,5 +91,5 @@ def verdict(diffs: list[StepDiff], atol: float, listed_same: bool = False) -> st
     return (
         f"first difference: {first.path} ({first.status}); of {len(diffs)} steps "
         + ", ".join([*(f"{n} {w}" for n, w in counts), same])
-        + f" (atol {atol:g})"
+        + f" (atol {exact(atol)})"
     )

@@ -28,6 +28,7 @@ from trace_tf.calc import NORM_AXES, op_arrays
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError
 from trace_tf.stages import Stage, stage_of
+from trace_tf.text import exact
 from trace_tf.trace import Step, Trace
 
 MAX_TERMS = 6  # longer sums show their first 3 and last 2 terms around "…"
@@ -429,7 +430,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [sym, nums],
         total,
         [
-            f"θ = pos · base^(−2p/d_k) = {i} · {base:g}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
+            f"θ = pos · base^(−2p/d_k) = {i} · {exact(base)}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
             f"(position {i}, pair {p}: columns {2 * p}, {2 * p + 1})",
             f"{r} = {raw_name}",
         ],
@@ -600,7 +601,7 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         z = [f.shown(_div(x - m, T)) for x in shown]
         terms = [f"e^({f.num(x)})" for x in z]
         formula = f"e^(({s}[{i},{j}] − m)/T) / Σ_k e^(({s}[{i},k] − m)/T)"
-        where.append(f"T = {T:g}: z = ({s} − m) / T = {f.vec(z)}")
+        where.append(f"T = {exact(T)}: z = ({s} − m) / T = {f.vec(z)}")
     exps = [_exp(x) for x in z]
     total_sum = _fsum(exps)
     result = _div(f.shown(exps[j]), f.shown(total_sum))
@@ -677,7 +678,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if ctx.cfg.model.norm == "rms":
         r = float(ctx.get(f"{step.path}.rms")[i, 0])
         total = _div(x, r) * g + b
-        where.insert(1, f"rms{i} = {step.path}.rms[{i},0] (√(mean(x²) + ε), ε = {eps:g})")
+        where.insert(1, f"rms{i} = {step.path}.rms[{i},0] (√(mean(x²) + ε), ε = {exact(eps)})")
         return _Parts(
             [
                 f"x[{i},{j}] / rms{i} × γ[{j}] + β[{j}]",
@@ -690,11 +691,13 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
     total = _div(x - mean, _sqrt(var + eps)) * g + b
-    where.insert(1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {eps:g})")
+    where.insert(
+        1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {exact(eps)})"
+    )
     return _Parts(
         [
             f"(x[{i},{j}] − mean{i}) / √(var{i} + ε) × γ[{j}] + β[{j}]",
-            f"({f.num(x)} − {f.fac(mean)}) / √({f.num(var)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
+            f"({f.num(x)} − {f.fac(mean)}) / √({f.num(var)} + {exact(eps)}) × {f.fac(g)} + {f.fac(b)}",
         ],
         total,
         where,
@@ -757,7 +760,7 @@ def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
     total = _sqrt(_fsum(float(v) * float(v) for v in xs) / n + eps)
     return _Parts(
-        [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {eps:g})"],
+        [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {exact(eps)})"],
         total,
         [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
         {sel: xs.tolist(), "ε": [eps]},
@@ -817,7 +820,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     return _Parts(
         [
             f"centered{_idx(cell)} / √(var{_idx(si)} + ε) × γ[{c}] + β[{c}]",
-            f"{f.num(a)} / √({f.num(s)} + {eps:g}) × {f.fac(g)} + {f.fac(b)}",
+            f"{f.num(a)} / √({f.num(s)} + {exact(eps)}) × {f.fac(g)} + {f.fac(b)}",
         ],
         total,
         [f"centered = {a_name}", f"var = {s_name}", *where],
@@ -884,7 +887,7 @@ def _sinusoid(ctx: _Ctx, i: int, j: int, d: int, base: float) -> _Parts:
     angle = ctx.f.shown(i / _pow(base, 2 * p / d))  # (written)
     fn, total = ("sin", _sin(angle)) if j % 2 == 0 else ("cos", _cos(angle))
     return _Parts(
-        [f"{fn}({i} / {base:g}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})"],
+        [f"{fn}({i} / {exact(base)}^({2 * p}/{d}))", f"{fn}({ctx.f.num(angle)})"],
         total,
         [f"position {i}, column {j}: pair {p} ({'even: sine' if j % 2 == 0 else 'odd: cosine'})"],
         {"angle": [angle]},
@@ -912,7 +915,7 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if ctx.param("kind") == "rope":
         total = i * _pow(base, -2 * j / d)
         return _Parts(
-            [f"{i} · {base:g}^(−{2 * j}/{d})"],
+            [f"{i} · {exact(base)}^(−{2 * j}/{d})"],
             total,
             [f"position {i} turns the pair (columns {2 * j}, {2 * j + 1}) by this angle (radians)"],
             {"pos": [float(i)]},

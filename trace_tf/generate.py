@@ -45,6 +45,7 @@ from trace_tf import model, ops
 from trace_tf.config import Config, Sequence_, option_number, trace_size
 from trace_tf.errors import InputError
 from trace_tf.model import KVCache
+from trace_tf.text import exact
 from trace_tf.trace import NULL_TRACER, Tracer
 
 Array = np.ndarray
@@ -121,7 +122,7 @@ def settings(
     if top_k is not None and top_k < 1:
         raise InputError("--top-k must be at least 1", expected="an integer >= 1", found=str(top_k))
     if top_p is not None and not 0 < top_p <= 1:
-        raise InputError("--top-p must lie in (0, 1]", expected="0 < p <= 1", found=f"{top_p:g}")
+        raise InputError("--top-p must lie in (0, 1]", expected="0 < p <= 1", found=exact(top_p))
     if beam is not None and beam < 1:
         raise InputError(
             "--beam width must be at least 1", expected="an integer >= 1", found=str(beam)
@@ -133,10 +134,10 @@ def settings(
             ends = np.float64((5 + max_tokens) / 6) ** np.array([length_penalty, -length_penalty])
         if not (np.isfinite(ends).all() and (ends > 0).all()):
             raise InputError(
-                f"--length-penalty {length_penalty:g} overflows the length penalty "
+                f"--length-penalty {exact(length_penalty)} overflows the length penalty "
                 f"((5 + n) / 6)^alpha for {max_tokens} token(s)",
                 expected="a length penalty alpha of moderate size (GNMT uses 0.6 to 0.7)",
-                found=f"{length_penalty:g}",
+                found=exact(length_penalty),
             )
     return Settings(
         strategy=strategy,
@@ -156,12 +157,12 @@ def describe(s: Settings) -> list[tuple[str, str]]:
     if s.strategy == "greedy":
         rule = "greedy: the most probable token (a tie goes to the earlier vocabulary entry)"
     elif s.strategy == "sample":
-        parts = [f"softmax(logits / {s.temperature:g})"]
+        parts = [f"softmax(logits / {exact(s.temperature)})"]
         if s.top_k is not None:
             parts.append(f"top-k {s.top_k}")
         if s.top_p is not None:
             parts.append(
-                f"top-p {s.top_p:g} (smallest prefix whose total, not yet renormalised, "
+                f"top-p {exact(s.top_p)} (smallest prefix whose total, not yet renormalised, "
                 "reaches p; the crossing token in)"
             )
         rule = (
@@ -172,7 +173,7 @@ def describe(s: Settings) -> list[tuple[str, str]]:
         )
     else:
         penalty = (
-            f"score logP / ((5 + n) / 6)^{s.length_penalty:g} (GNMT)"
+            f"score logP / ((5 + n) / 6)^{exact(s.length_penalty)} (GNMT)"
             if s.length_penalty
             else "score logP (no length penalty)"
         )
@@ -493,7 +494,7 @@ def _single(
                 stages = tuple(sampling_steps(logits, s))
                 with tr.scope("sample", rows=(prefix[-1],)):
                     for name, p in stages:
-                        tr.rec(name, p[None, :], _STAGE_FORMULA[name].format(s=s), cols=vocab)
+                        tr.rec(name, p[None, :], _stage_formula(name, s), cols=vocab)
                 chosen, u = stages[-1][1], float(rng.random())
                 i = draw(chosen, u)  # finite: (logits − max) / T is, for any T > 0
         token = vocab[i]
@@ -505,12 +506,16 @@ def _single(
     return Generation(s, start, prefix[len(start) :], tuple(iterations), stopped)
 
 
-_STAGE_FORMULA = {
-    "tempered": "softmax(logits / T), T = {s.temperature:g}",
-    "top_k": "the {s.top_k} most probable kept, renormalised",
-    "top_p": "smallest sorted prefix with total ≥ {s.top_p:g} kept (the total before any "
-    "renormalisation), renormalised",
-}
+def _stage_formula(name: str, s: Settings) -> str:
+    if name == "tempered":
+        return f"softmax(logits / T), T = {exact(s.temperature)}"
+    if name == "top_k":
+        return f"the {s.top_k} most probable kept, renormalised"
+    assert name == "top_p" and s.top_p is not None
+    return (
+        f"smallest sorted prefix with total ≥ {exact(s.top_p)} kept (the total before any "
+        "renormalisation), renormalised"
+    )
 
 
 def extensions(beams: Sequence[Beam]) -> tuple[Array, Array, Array]:

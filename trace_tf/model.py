@@ -28,6 +28,7 @@ from trace_tf.config import (
     Sequence_,
 )
 from trace_tf.errors import InputError
+from trace_tf.text import exact
 from trace_tf.trace import NULL_TRACER, Tracer
 
 Array = np.ndarray
@@ -44,8 +45,8 @@ def _plus(bias: Array | None, name: str) -> str:
 
 def norm_formula(m: ModelConfig, of: str) -> str:
     if m.norm == "rms":
-        return f"{of} / √(mean({of}²) + ε) · γ + β,  ε = {m.norm_eps:g}"
-    return f"({of} − mean) / √(var + ε) · γ + β,  ε = {m.norm_eps:g}, biased var"
+        return f"{of} / √(mean({of}²) + ε) · γ + β,  ε = {exact(m.norm_eps)}"
+    return f"({of} − mean) / √(var + ε) · γ + β,  ε = {exact(m.norm_eps)}, biased var"
 
 
 # ---------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
         pe = tr.rec(
             "pe",
             ops.sinusoidal_pe(L, m.d_model, m.pe_base, start, m.dtype),
-            f"PE[pos,2i] = sin(pos/{m.pe_base:g}^(2i/d)), PE[pos,2i+1] = cos(…)",
+            f"PE[pos,2i] = sin(pos/{exact(m.pe_base)}^(2i/d)), PE[pos,2i+1] = cos(…)",
         )
     elif m.positional == "learned":
         assert cfg.positional is not None
@@ -293,7 +294,7 @@ def attend(
                 mask,
                 cols="keys",
             )
-    temp = f" / T, T = {temperature:g}" if temperature != 1.0 else ""
+    temp = f" / T, T = {exact(temperature)}" if temperature != 1.0 else ""
     weights = tr.rec(
         "softmax", ops.softmax(scaled, temperature), f"A = softmax(row{temp})", scaled, cols="keys"
     )
@@ -358,7 +359,9 @@ def normalize(
     """LayerNorm or RMSNorm of each row, its statistics recorded under `name`. [L, d] -> [L, d]"""
     with tr.scope(name):
         if m.norm == "rms":
-            r = tr.rec("rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {m.norm_eps:g}", x)
+            r = tr.rec(
+                "rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {exact(m.norm_eps)}", x
+            )
             out = ops.rms_scale(x, r, nw.gamma, nw.beta)
         else:
             mean, var = ops.row_mean_var(x)

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trace_tf import __version__
+from trace_tf.text import exact
 from trace_tf.trace import Step
 
 if TYPE_CHECKING:
@@ -558,7 +559,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     if not results:
         return [Text("trace-tf check: no `expect` entries to check", style="dim")]
     configs = {Path(r.config).name for r in results}
-    atols = {f"{r.atol:g}" for r in results}
+    atols = {exact(r.atol) for r in results}
     title = "trace-tf check"
     title += f"  {next(iter(configs))}" if len(configs) == 1 else ""
     title += f"  (atol {next(iter(atols))})" if len(atols) == 1 else ""
@@ -566,7 +567,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         [Path(r.config).name] * (len(configs) > 1)
         + [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
         + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
-        + [f"{r.atol:g}"] * (len(atols) > 1)
+        + [exact(r.atol)] * (len(atols) > 1)
         for r in results
     ]
     names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
@@ -782,11 +783,11 @@ def iteration_view(
     parts.append(Text.assemble(("prefix ", "bold"), _tokens(it.prefix)))
     if s.strategy == "sample":
         columns = [("model p", it.model_probs)]
-        names = {"tempered": f"T = {s.temperature:g}"}  # and the filters that are on
+        names = {"tempered": f"T = {exact(s.temperature)}"}  # and the filters that are on
         if s.top_k is not None:
             names["top_k"] = f"top-k {s.top_k}"
         if s.top_p is not None:
-            names["top_p"] = f"top-p {s.top_p:g}"
+            names["top_p"] = f"top-p {exact(s.top_p)}"
         columns += [(names[n], p) for n, p in it.stages]
         parts.append(distribution_table(columns, vocab, it.next, show, view))
         parts.append(
@@ -883,7 +884,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         ),
     ]
     if s.strategy == "beam":
-        rule = f"logP / ((5 + n) / 6)^{s.length_penalty:g}" if s.length_penalty else "logP"
+        rule = f"logP / ((5 + n) / 6)^{exact(s.length_penalty)}" if s.length_penalty else "logP"
         title = f"hypotheses (n produced tokens; score = {rule})"
         ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
         words = [printable(t) for h, _ in ended for t in h.tokens]

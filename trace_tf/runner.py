@@ -12,6 +12,7 @@ from trace_tf import model
 from trace_tf.calc import run_op
 from trace_tf.config import Config, Document, OpConfig, build
 from trace_tf.errors import InputError
+from trace_tf.text import exact
 from trace_tf.trace import Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
@@ -65,7 +66,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 ("scale", str(p["scale_text"])),
                 (
                     "temperature",
-                    f"{p['temperature']:g} (divides the scaled scores inside the softmax only)",
+                    f"{exact(p['temperature'])} (divides the scaled scores inside the softmax only)",
                 ),
             ]
         if cfg.kind == "norm":
@@ -74,17 +75,17 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             return [
                 ("operation", f"{p['kind']} norm over {NORM_AXES[str(p['kind'])][1]}"),
                 ("axes", norm_axes_text(str(p["kind"]), p["x"].shape)),
-                ("eps", f"{p['eps']:g}, inside the square root; biased variance"),
+                ("eps", f"{exact(p['eps'])}, inside the square root; biased variance"),
             ]
         if p["kind"] == "rope":
             return [
                 (
                     "operation",
-                    f"RoPE rotation angles θ[pos,i] = pos · {p['base']:g}^(−2i/d) in radians: "
+                    f"RoPE rotation angles θ[pos,i] = pos · {exact(p['base'])}^(−2i/d) in radians: "
                     "pair (2i, 2i+1) of q and k turns by θ",
                 )
             ]
-        return [("operation", f"{p['kind']} positional encoding, base {p['base']:g}")]
+        return [("operation", f"{p['kind']} positional encoding, base {exact(p['base'])}")]
     m = cfg.model
     norm_kind = (
         "LayerNorm (x−mean)/√(var+ε)·γ+β, biased var"
@@ -95,9 +96,9 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     if cfg.tokens.pad:
         masks.append(f"pad token {cfg.tokens.pad!r} masked as a key")
     pos = {
-        "sinusoidal": f"sinusoidal, added to the embeddings, base {m.pe_base:g}",
+        "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({m.max_len} rows), added",
-        "rope": f"RoPE on q and k in self-attention, pairs (2i, 2i+1), base {m.pe_base:g}",
+        "rope": f"RoPE on q and k in self-attention, pairs (2i, 2i+1), base {exact(m.pe_base)}",
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)
@@ -109,14 +110,14 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ),
         (
             "norm",
-            f"{m.norm_position}-norm, {norm_kind}, ε = {m.norm_eps:g}"
+            f"{m.norm_position}-norm, {norm_kind}, ε = {exact(m.norm_eps)}"
             + (", final norm on" if m.final_norm else ""),
         ),
         (
             "attention",
             score_text(m.score, m.d_a)
             + f"; scores / {m.scale_text}"
-            + (f", softmax temperature {m.temperature:g}" if m.temperature != 1 else "")
+            + (f", softmax temperature {exact(m.temperature)}" if m.temperature != 1 else "")
             + "; stable row softmax",
         ),
         ("positions", pos),
@@ -134,7 +135,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ("masks", "; ".join(masks) or "none"),
         (
             "weights",
-            f"drawn with seed {m.seed}, N(0, {m.init_std:g}²): {drawn}"
+            f"drawn with seed {m.seed}, N(0, {exact(m.init_std)}²): {drawn}"
             if cfg.drawn
             else "all given in the file",
         ),
