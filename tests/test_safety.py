@@ -167,6 +167,18 @@ def test_output_to_a_directory_or_a_missing_directory_is_an_error(tmp_path: Path
     assert result.exit_code == 2 and "cannot write --output" in result.stderr
 
 
+@pytest.mark.parametrize("command", [("encode",), ("check",), ("cost",)])
+def test_an_empty_output_is_named_as_given_not_as_the_current_directory(
+    command: tuple[str, ...],
+) -> None:
+    # typer read `--output ""` as Path(""), which is ".": "--output . is a directory".
+    result = runner.invoke(app, [*command, "--output", "", "--force"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "trace-tf: error: --output is empty; expected a file name, or - for stdout\n"
+    )
+
+
 def test_output_dash_is_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["encode", "--format", "json", "--output", "-"])

@@ -137,10 +137,11 @@ DtypeOpt = Annotated[
     ),
 ]
 OutputOpt = Annotated[
-    Optional[Path],  # noqa: UP045
+    Optional[str],  # noqa: UP045 (a str: typer would read an empty one as Path("."))
     typer.Option(
         "--output",
         help="Write to this file instead of stdout (never overwrites without --force; - is stdout).",
+        metavar="FILE",
         show_default=False,
     ),
 ]
@@ -243,6 +244,10 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
                 else ""
             )
         )
+    if kw.get("output") == "":
+        _fail("--output is empty; expected a file name, or - for stdout")
+    if kw.get("output") is not None:
+        kw["output"] = Path(kw["output"])
     if fmt == "npz" and kw.get("output") is None:
         _fail("--format npz writes a binary file: give it with --output FILE")
     if kw.get("dtype") not in (None, "float64", "float32"):
