@@ -467,3 +467,16 @@ def test_vary_d_lets_the_additive_width_follow_too() -> None:
             D // 2,
             4 * D,
         )
+
+
+def test_vary_reads_a_config_from_stdin_once() -> None:
+    # `cost - --vary` read standard input a second time for the variation and was
+    # refused: "standard input is read once; give - once", though - was given once.
+    from conftest import FIXTURES
+
+    config = (FIXTURES / "hello.yaml").read_text()
+    result = runner.invoke(
+        app, ["cost", "-", "--vary", "L=2,3", "--repeat", "1", "--format", "json"], input=config
+    )
+    assert result.exit_code == 0, result.stderr
+    assert [r["value"] for r in json.loads(result.stdout)["vary"]["rows"]] == [2, 3]

@@ -1339,17 +1339,17 @@ def cost(
 
     from trace_tf import cost as costs
     from trace_tf import render
-    from trace_tf.config import parse_set, read_document
+    from trace_tf.config import build, parse_set, read_document
     from trace_tf.runner import require_model
 
     varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
-    cfg = require_model(_load(config, c), "cost")
+    doc = read_document(config)  # once: `-` (stdin) can be read only once
+    pairs = [parse_set(s) for s in c.sets]
+    cfg = require_model(build(doc, pairs, c.variant, c.max_elements, c.dtype), "cost")
     ledger = costs.ledger(cfg)
     totals = costs.totals(ledger)
     rows: list[costs.VaryRow] = []
     if varied is not None:
-        doc = read_document(config)
-        pairs = [parse_set(s) for s in c.sets]
         name, values = varied
         rows = costs.vary(doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat)
     data: dict[str, Any] = {
