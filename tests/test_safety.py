@@ -376,3 +376,30 @@ def test_npz_output_is_written_whole(tmp_path: Path) -> None:
         assert "encoder.output" in steps.files
     result = runner.invoke(app, ["encode", "--format", "npz", "--output", str(out)])
     assert result.exit_code == 2 and "exists" in result.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["examples"], "cannot write standard output: No space left on device"),
+        (["--help"], "cannot write: No space left on device"),
+        (["encode", "--help"], "cannot write: No space left on device"),
+    ],
+)
+def test_a_full_device_outside_the_running_commands_is_exit_2(
+    args: list[str], message: str
+) -> None:
+    # `examples > /dev/full` was exit 3 ("this is a bug"), `--help > /dev/full` a traceback
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "trace_tf", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert (proc.returncode, proc.stderr) == (2, f"trace-tf: error: {message}\n")

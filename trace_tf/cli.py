@@ -12,7 +12,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
@@ -725,6 +725,7 @@ def examples(debug: DebugOpt = False) -> None:
     with guarded(debug):
         from trace_tf.loader import example_names, examples_dir  # no numpy: starts quickly
 
+        lines = []
         for name in example_names():
             title = ""
             text = (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")
@@ -732,7 +733,10 @@ def examples(debug: DebugOpt = False) -> None:
                 if line.startswith("title:"):
                     title = line.partition(":")[2].strip()
                     break
-            typer.echo(f"{name:12s} {title}")
+            lines.append(f"{name:12s} {title}")
+        with _write_errors("standard output"):  # a full disk: one line, exit 2
+            sys.stdout.write("".join(f"{x}\n" for x in lines))
+            sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------
@@ -1447,6 +1451,10 @@ def main() -> None:
         app_for(sys.argv[1:])()
     except MemoryError:  # outside a command's guard: parsing the options, say
         typer.echo(OUT_OF_MEMORY, err=True)
+        sys.exit(2)
+    except OSError as exc:  # outside a command's guard: `--help > /dev/full`, say
+        with suppress(OSError):
+            typer.echo(f"trace-tf: error: cannot write: {exc.strerror or exc}", err=True)
         sys.exit(2)
 
 
