@@ -55,6 +55,7 @@ def test_parse_matrix_rows_columns_and_vectors() -> None:
     [
         ("1 2 3; 4 5", "--k: ragged matrix: row 1 has 2 numbers, row 0 has 3"),
         ("1 two", "--k: row 0: not a number"),
+        ("1 1_000", "--k: row 0: not a number"),  # YAML 1.2 text, as in a file (not 1000)
         ("1 nan", "--k: row 0: not a finite number"),
         ("1 -inf", "--k: row 0: not a finite number"),
         ("1 2;;3 4", "--k: row 1 is empty"),

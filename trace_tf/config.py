@@ -460,7 +460,9 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             )
         row = []
         for c in cells:
-            try:
+            try:  # (Python reads 1_000 as 1000; YAML 1.2, as in the file, as text)
+                if "_" in c:
+                    raise ValueError(c)
                 x = float(c.replace("−", "-"))
             except ValueError:
                 raise InputError(
