@@ -841,3 +841,23 @@ def test_every_strategy_renders_as_tables_and_agrees_with_json(
     assert re.search(r"│ generated +" + r" ".join(map(re.escape, generated)) + r" +│", out)
     if "--beam" not in options:  # one chosen token per iteration, in order
         assert re.findall(r"│ next (\S+) ", out) == generated
+
+
+def test_a_long_token_is_shortened_in_the_distribution_so_its_p_shows(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # 0fca77e shortened long tokens as matrix labels only: in the next-token table a
+    # 300-letter token pushed its probability off the screen ("0…").
+    long = "start" + "x" * 290 + "end"
+    path = tmp_yaml(
+        f"model: {{d_model: 2, encoder_layers: 0, decoder_layers: 1}}\nvocab: [a, {long}, E]\n"
+        "tokens: {bos: a, eos: E}\n"
+    )
+    args = ("generate", path, "--max-tokens", "1")
+    code, out, err = invoke(*args, "--format", "json")
+    assert code == 0, err
+    p = json.loads(out)["iterations"][0]["probs"][long]
+    for strategy in ("--greedy", "--beam"):
+        extra = ("2",) if strategy == "--beam" else ()
+        result = runner.invoke(app, [*args, strategy, *extra], env={"COLUMNS": "120"})
+        assert result.exit_code == 0, result.output
+        rows = [x for x in result.stdout.splitlines() if "start" in x and "…" in x]
+        assert rows and f"{p:.4f}" in rows[0], (strategy, rows)

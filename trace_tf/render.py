@@ -706,7 +706,7 @@ def distribution_table(
         mark = vocab[i] == chosen
         table.add_row(
             str(r + 1),
-            Text(printable(vocab[i]), style="bold green" if mark else ""),
+            Text(shortened(printable(vocab[i])), style="bold green" if mark else ""),
             *[column[r] for column in cells],
             Bar(float(last[i]), 24, CHOSEN if mark else "", len(CHOSEN)),
         )
@@ -852,7 +852,7 @@ def _beams_table(
         table.add_row(
             str(rank),
             str(j),
-            printable(vocab[i]),
+            shortened(printable(vocab[i])),
             _p(p, view.precision),
             *(
                 f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
