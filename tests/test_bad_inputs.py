@@ -1429,6 +1429,14 @@ SETS = [
         args=("check", "{file}", "--set", "model.scale=30"),
     ),
     case(
+        "a-file-with-a-model-and-an-operation-is-blamed-not-a-set-beside-it",
+        BASE + "attention: {Q: [[1]], K: [[1]], V: [[1]]}\n",
+        "attention",
+        "attention:",
+        "a model config cannot also hold a single operation;",
+        args=("encode", "{file}", "--set", "model.scale=30"),
+    ),
+    case(
         "set-after-variant-names-the-set",
         BASE + "variants:\n  neg: {model.scale: -1}\n",
         "model.scale",

@@ -994,6 +994,8 @@ class _Validator:
             )
         if ops:
             added = [k for k in self.ctx.overridden if k == "model" or k.startswith("model.")]
+            if self.ctx.lines.get("model") is not None:  # the file itself holds both
+                added = []
             raise self.ctx.err(
                 added[0] if added else ops[0],  # a --set model.x on such a file: name it
                 "a model config cannot also hold a single operation",
