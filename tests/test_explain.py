@@ -609,3 +609,15 @@ def test_precision_0_writes_the_scale_with_the_digits_it_needs() -> None:
 def explained_at(cfg: Config | OpConfig, path: str, cell: tuple[int, ...], p: int) -> Explanation:
     trace = run(cfg)
     return explain(cfg, trace, trace[path], cell, p)
+
+
+def test_a_scalar_weight_written_in_scientific_notation_is_explained() -> None:
+    # The gaussian score's width w is a 0-d array; at --precision 0 it is written in
+    # scientific notation, and writing it into np.round's result (a scalar for a 0-d
+    # array) raised TypeError: exit 3.
+    cfg = load(None, ["model.score=gaussian"])
+    e = explained_at(cfg, "decoder.0.self_attn.h0.scores", (0, 0), 0)
+    assert e.agrees and e.chain[-1] == "-4.8e-01"
+    code, _, err = invoke("explain", "decoder.0.self_attn.h0.scores", "--set",
+                          "model.score=gaussian", "--precision", "0")  # fmt: skip
+    assert code == 0, err

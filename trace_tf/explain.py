@@ -163,7 +163,7 @@ class _Fmt:
             return a
         x = np.asarray(a, dtype=np.float64)
         with np.errstate(all="ignore"):
-            out = np.round(x, self.precision)
+            out = np.array(np.round(x, self.precision))  # (np.round of a 0-d array: a scalar)
             sci = np.isfinite(x) & (x != 0) & ((np.abs(x) <= self.tiny) | (np.abs(out) >= 1e8))
         for index in np.argwhere(sci):
             out[tuple(index)] = self.shown(float(x[tuple(index)]))
