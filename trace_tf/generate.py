@@ -219,18 +219,27 @@ def top_p_filter(p: Array, top_p: float) -> Array:
     total reaches top_p (the crossing token included) kept as it is, the rest 0. [V] -> [V]
 
     `p` is a distribution (its total is 1 up to rounding). A prefix reaches top_p when
-    what it leaves, summed from the smallest up, is at most (1 - top_p) of the total:
-    small probabilities summed first lose nothing to rounding, where a running total
-    from the largest down reaches 1.0 before the last tokens of tiny probability and
-    would cut them. So with top_p = 1 every token of non-zero probability stays."""
+    what it leaves, summed from the smallest up, is at most (1 - top_p) of the total,
+    give or take rounding (TIE_ULPS units in the last place of the total):
+    - small probabilities summed first lose nothing to rounding, where a running total
+      from the largest down reaches 1.0 before the last tokens of tiny probability and
+      would cut them. So with top_p = 1 (no slack: nothing is left) every token of
+      non-zero probability stays;
+    - a prefix whose total is top_p in decimal arithmetic reaches it, as by hand:
+      0.5, 0.4, 0.1 with top_p 0.9 keep two, though 0.1 as computed may exceed the
+      float 1 - 0.9 by a unit in the last place."""
     order = ranking(p)
     tail = np.cumsum(p[order][::-1])[::-1]  # tail[i]: the total of all but the i largest
     left = np.append(tail[1:], 0.0)  # left[n - 1]: what the first n leave out
-    n = int(np.argmax(left <= (1.0 - top_p) * tail[0])) + 1  # left[-1] = 0 always fits
+    slack = TIE_ULPS * float(np.finfo(p.dtype).eps) * tail[0] if top_p < 1 else 0.0
+    n = int(np.argmax(left <= (1.0 - top_p) * tail[0] + slack)) + 1  # left[-1] = 0 fits
     keep = order[:n]
     out = np.zeros_like(p)
     out[keep] = p[keep]
     return out
+
+
+TIE_ULPS = 4  # top-p: how near 1 - top_p what a prefix leaves out may be and still tie
 
 
 def sampling_steps(logits: Array, s: Settings) -> list[tuple[str, Array]]:
