@@ -868,3 +868,28 @@ def test_constants_the_user_gave_are_written_back_unrounded() -> None:
         code, out, err = invoke(*args)
         assert code == 0, err
         assert shown in " ".join(out.replace("│", " ").split()), args
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_a_long_matrix_shows_its_first_and_last_four_rows_at_any_width(
+    monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    # The rows' elision took the columns' edge, which grows with the width: at 200
+    # columns a 26-row matrix showed 20 rows.
+    source = "[" + ", ".join(["hello", "world"] * 13) + "]"
+    out, _ = _cells_at(
+        monkeypatch, columns, "step", "--stage", "encoder.pe", "--set", f"source={source}"
+    )
+    rows = [line for line in out.splitlines() if line.startswith("│ │")]  # in the panel
+    labels = [row.split("│")[2].strip() for row in rows]
+    assert labels == [
+        "[0] hello",
+        "[1] world",
+        "[2] hello",
+        "[3] world",
+        "…",
+        "[22] hello",
+        "[23] world",
+        "[24] hello",
+        "[25] world",
+    ]

@@ -52,7 +52,7 @@ def _row(grid: render.Grid, k: int) -> list[str]:
 @pytest.mark.parametrize("width", [200, 120, 90, 70, 60])
 def test_columns_are_elided_until_the_grid_fits_the_width(width: int) -> None:
     value = np.arange(40.0).reshape(2, 20) / 7  # 0/7 ... 39/7
-    view = render.View(precision=8, max_cols=10, edge=4, width=width)
+    view = render.View(precision=8, max_cols=10, col_edge=4, width=width)
     grid = render.matrix_table(value, rows=["incomprehensibilities", "a"], view=view)
     assert grid.width <= width
     first, last = _row(grid, 0), _row(grid, 1)

@@ -208,7 +208,7 @@ class Common:
             precision=self.precision,
             full=self.full,
             max_cols=cols,
-            edge=max(2, (cols - 1) // 2),
+            col_edge=max(2, (cols - 1) // 2),
             width=width,
         )
 

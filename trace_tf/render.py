@@ -42,9 +42,10 @@ class View:
     """How to show numbers: digits after the point, and how much of a matrix."""
 
     precision: int = 4
-    max_rows: int = 12  # beyond this, show the first and last `edge` rows around an ellipsis
-    max_cols: int = 10
-    edge: int = 4
+    max_rows: int = 12  # beyond this, the first and last `row_edge` rows around an ellipsis
+    row_edge: int = 4  # (whatever the terminal's width)
+    max_cols: int = 10  # beyond this, the first and last `col_edge` columns around it
+    col_edge: int = 4
     full: bool = False  # show whole matrices, however large
     width: int | None = None  # cells a matrix may take: fewer columns until it fits
 
@@ -104,8 +105,8 @@ def matrix_table(
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
-    row_idx = _keep(m.shape[0], view.max_rows, view.edge, view.full)
-    first = _keep(m.shape[1], view.max_cols, view.edge, view.full)
+    row_idx = _keep(m.shape[0], view.max_rows, view.row_edge, view.full)
+    first = _keep(m.shape[1], view.max_cols, view.col_edge, view.full)
     shown = len(first) - (None in first)
     for col_idx in [first] + [_edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]:
         grid = _layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view)
@@ -298,7 +299,7 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
         )
     else:
         parts: list[RenderableType] = []
-        for i in _keep(step.value.shape[0], view.max_rows, view.edge, view.full):
+        for i in _keep(step.value.shape[0], view.max_rows, view.row_edge, view.full):
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
@@ -1102,7 +1103,7 @@ def diff_detail(d: StepDiff, view: View = View(), delta: bool = False) -> Render
         )
     else:
         parts: list[RenderableType] = []
-        for i in _keep(value.shape[0], view.max_rows, view.edge, view.full):
+        for i in _keep(value.shape[0], view.max_rows, view.row_edge, view.full):
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
