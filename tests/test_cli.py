@@ -893,3 +893,12 @@ def test_a_long_matrix_shows_its_first_and_last_four_rows_at_any_width(
         "[24] hello",
         "[25] world",
     ]
+
+
+def test_the_calculators_do_not_offer_dtype() -> None:
+    # Their --help listed --dtype, which they then refused: they compute in float64.
+    # (test_bad_inputs checks the message that refuses it.)
+    for name in ("attend", "norm", "pe"):
+        help_text = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+        assert "--dtype" not in help_text, name
+    assert "--dtype" in runner.invoke(app, ["encode", "--help"], env={"COLUMNS": "200"}).stdout

@@ -136,6 +136,10 @@ DtypeOpt = Annotated[
         show_default=False,
     ),
 ]
+NoDtypeOpt = Annotated[  # a calculator's: refused with the reason, and not in its help
+    Optional[str],  # noqa: UP045
+    typer.Option("--dtype", hidden=True),
+]
 OutputOpt = Annotated[
     Optional[str],  # noqa: UP045 (a str: typer would read an empty one as Path("."))
     typer.Option(
@@ -256,15 +260,17 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
 
 
 def running(
-    formats: tuple[str, ...] = FORMATS,
+    formats: tuple[str, ...] = FORMATS, dtype: bool = True
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A command that runs the model: it takes the common options (SPEC section 4),
-    with --format offering `formats`, receives them as `c: Common`, and has its errors
-    turned into exit codes."""
+    with --format offering `formats` and --dtype in its help only if `dtype`, receives
+    them as `c: Common`, and has its errors turned into exit codes."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
         options = {**_COMMON_OPTIONS, "fmt": (_FORMAT_OPTS[formats], "table")}
+        if not dtype:  # the calculators compute in float64, as their inputs are written
+            options["dtype"] = (NoDtypeOpt, None)
         common = [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=d)
             for name, (ann, d) in options.items()
@@ -959,7 +965,7 @@ def _run_op(cfg: "OpConfig", c: Common) -> None:
 
 
 @app.command()
-@running(NO_CSV)
+@running(NO_CSV, dtype=False)
 def attend(
     c: Common,
     file: Annotated[
@@ -1015,7 +1021,7 @@ def attend(
 
 
 @app.command()
-@running(NO_CSV)
+@running(NO_CSV, dtype=False)
 def norm(
     c: Common,
     file: Annotated[
@@ -1064,7 +1070,7 @@ def norm(
 
 
 @app.command()
-@running()
+@running(dtype=False)
 def pe(
     c: Common,
     file: Annotated[
