@@ -48,6 +48,20 @@ def test_parse_matrix_rows_columns_and_vectors() -> None:
     assert parse_matrix("[[1, 2], [3, 4]]", "--x") == [[1, 2], [3, 4]]
     assert parse_matrix("1 2; 3 4 | 5 6; 7 8", "--x") == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
     assert parse_matrix("0 -inf", "--mask", allow_inf=True) == [[0, -math.inf]]
+    assert parse_matrix("0 -.inf", "--mask", allow_inf=True) == [[0, -math.inf]]
+
+
+def test_inline_numbers_follow_the_files_yaml_1_2_rules() -> None:
+    # As the README says of the file, --set and inline matrices: 0o17 and 0x1F were
+    # refused inline, though a file reads them as 15 and 31.
+    assert parse_matrix("0x1F 0o17 010 1e-5 .5 1. −2 +3", "--q") == [
+        [31, 15, 10, 1e-5, 0.5, 1.0, -2, 3]
+    ]
+    for text in ("1_000", "0b101", "1:30", "Infinity", "0x"):
+        with pytest.raises(InputError, match="not a number"):
+            parse_matrix(text, "--q")
+    with pytest.raises(InputError, match="not a finite number"):
+        parse_matrix("1" + "0" * 400, "--q")  # beyond float64
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from trace_tf.loader import (
     examples_dir,
     join,
     parse_yaml,
+    read_number,
     read_stream,
     read_text,
 )
@@ -460,14 +461,13 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             )
         row = []
         for c in cells:
-            try:  # (Python reads 1_000 as 1000; YAML 1.2, as in the file, as text)
-                if "_" in c:
-                    raise ValueError(c)
-                x = float(c.replace("−", "-"))
-            except ValueError:
+            text = c.replace("−", "-")  # (a minus sign as typeset)
+            # YAML 1.2's numbers, as in the file; and -inf, inf, nan as Python writes them
+            x = float(text) if text in ("-inf", "inf", "nan") else read_number(text)
+            if x is None:
                 raise InputError(
                     f"{option}: row {r}: not a number", expected="a number", found=repr(c)
-                ) from None
+                )
             if math.isnan(x) or (math.isinf(x) and not (allow_inf and x < 0)):
                 raise InputError(
                     f"{option}: row {r}: not a finite number",

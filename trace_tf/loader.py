@@ -8,6 +8,7 @@ hand on carries the line it came from.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -56,6 +57,33 @@ _FLOAT_TEXT = re.compile(
     r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?\Z"
     r"|(?P<special>[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z"
 )
+
+
+def _magnitude(digits: str) -> int | None:
+    """The integer of decimal, 0o octal or 0x hex `digits`; None when too long to be
+    read (beyond float64 whatever its base)."""
+    if len(digits) > MAX_INT_CHARS:
+        return None
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    return int(digits[2:] if base != 10 else digits, base)
+
+
+def read_number(text: str) -> float | None:
+    """A number written outside YAML (an inline matrix) read by the same YAML 1.2 rules
+    as a plain scalar of the file: 1e-5, 010 (ten), 0o17, 0x1F, .inf; None for text
+    (1_000, 0b101, 1:30). An integer beyond float64 is inf."""
+    number = _INT_TEXT.match(text)
+    if number:
+        sign, digits = number.groups()
+        value = _magnitude(digits)
+        if value is None or value > sys.float_info.max:
+            return -math.inf if sign == "-" else math.inf
+        return float(-value if sign == "-" else value)
+    number = _FLOAT_TEXT.match(text)
+    if number:
+        special = number.group("special")
+        return float(special.lower().replace(".", "")) if special else float(text)
+    return None
 
 
 def _c_loader() -> type | None:
@@ -238,10 +266,7 @@ class _Builder:
         if not number:
             raise self._invalid(node, path)
         sign, digits = number.groups()
-        value = None
-        if len(digits) <= MAX_INT_CHARS:
-            base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
-            value = int(digits[2:] if base != 10 else digits, base)
+        value = _magnitude(digits)
         if value is None or value > sys.float_info.max:
             raise self.fail(
                 node,
