@@ -1853,8 +1853,18 @@ PERFORMANCE = [
         BASE,
         None,
         None,
-        "--format csv writes one step, and 33 are selected",
+        "--format csv writes one step, and 33 are selected; choose one with `trace-tf step "
+        "--stage PATH`",
         args=("encode", "{file}", "--format", "csv"),
+        names="--format csv",
+    ),
+    case(  # generate chooses with its own --stage, not with `trace-tf step`
+        "csv-of-many-generated-steps",
+        ENC_DEC.replace("{bos: S}", "{bos: S, eos: c}"),
+        None,
+        None,
+        "are selected; choose one with --stage PATH (a whole path, e.g. t0.probs)",
+        args=("generate", "{file}", "--trace", "--max-tokens", "1", "--format", "csv"),
         names="--format csv",
     ),
 ]

@@ -475,12 +475,13 @@ def emit(
     renderables: "list[RenderableType]",
     data: dict[str, Any] | Callable[[], dict[str, Any]],
     steps: "list[Step] | None" = None,
+    choose: str = "`trace-tf step --stage PATH` (a whole path, e.g. encoder.0.self_attn.h0.softmax)",
 ) -> None:
     """Print tables, or the JSON object (built only when asked for), to stdout or --output;
     or write the steps: npz every one under its path, csv the one selected."""
     if c.fmt in ("npz", "csv"):
         assert steps is not None, "a command without steps offers table and json only"
-        _write_steps(c, steps)
+        _write_steps(c, steps, choose)
         return
     with _sink(c) as fh:
         if c.fmt == "json":
@@ -499,7 +500,7 @@ def emit(
                 con.print(r, width=max(screen, need))  # the rest keeps the screen's width
 
 
-def _write_steps(c: Common, steps: "list[Step]") -> None:
+def _write_steps(c: Common, steps: "list[Step]", choose: str) -> None:
     if c.fmt == "npz":
         import numpy as np
 
@@ -510,8 +511,7 @@ def _write_steps(c: Common, steps: "list[Step]") -> None:
     if len(steps) != 1:
         _fail(
             f"--format csv writes one step, and {len(steps)} are selected; "
-            "choose one with `trace-tf step --stage PATH` (a whole path, e.g. "
-            "encoder.0.self_attn.h0.softmax), or use --format npz for many"
+            f"choose one with {choose}, or use --format npz for many"
         )
     from trace_tf.render import step_csv
 
@@ -877,7 +877,7 @@ def generate(
     )
     traced = steps if trace else None  # what --format npz / csv write (with --trace only)
     if c.fmt != "table":
-        emit(c, [], data, traced)
+        emit(c, [], data, traced, "--stage PATH (a whole path, e.g. t0.probs)")
         return
     head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
     body = render.generation_view(result, cfg.vocab, steps, show, c.view())
