@@ -250,11 +250,8 @@ class _Builder:
             return text.lower() == "true"
         if tag == _INT:
             return self._int(node, path)
-        if tag == _FLOAT:
-            number = _FLOAT_TEXT.match(text)
-            if number:
-                special = number.group("special")
-                return float(special.lower().replace(".", "")) if special else float(text)
+        if tag == _FLOAT and _FLOAT_TEXT.match(text):
+            return read_number(text)
         if tag in (_NULL, _BOOL, _FLOAT):
             raise self._invalid(node, path)
         raise self._tagged(node, path)
