@@ -57,7 +57,7 @@ def test_inline_numbers_follow_the_files_yaml_1_2_rules() -> None:
     assert parse_matrix("0x1F 0o17 010 1e-5 .5 1. −2 +3", "--q") == [
         [31, 15, 10, 1e-5, 0.5, 1.0, -2, 3]
     ]
-    for text in ("1_000", "0b101", "1:30", "Infinity", "0x"):
+    for text in ("1_000", "0b101", "1:30", "Infinity", "0x", "-0x1F"):  # (the file: text)
         with pytest.raises(InputError, match="not a number"):
             parse_matrix(text, "--q")
     with pytest.raises(InputError, match="not a finite number"):

@@ -993,11 +993,13 @@ class _Validator:
                 variant=variant,
             )
         if ops:
-            added = [k for k in self.ctx.overridden if k == "model" or k.startswith("model.")]
-            if self.ctx.lines.get("model") is not None:  # the file itself holds both
-                added = []
+            # a --set model.x on such a file: name it (not when the file itself holds both)
+            in_file = self.ctx.lines.get("model") is not None
+            added = (
+                [] if in_file else [k for k in self.ctx.overridden if k.split(".")[0] == "model"]
+            )
             raise self.ctx.err(
-                added[0] if added else ops[0],  # a --set model.x on such a file: name it
+                added[0] if added else ops[0],
                 "a model config cannot also hold a single operation",
                 expected="either a 'model:' section or one of " + ", ".join(OP_KINDS),
                 found_text=f"'model:' and '{ops[0]}:'",

@@ -1102,13 +1102,13 @@ def explain(
     def written(f: _Fmt) -> _Parts:
         return EXPLAINERS[stage.key](_Ctx(cfg, trace, arrays, f), step, cell)
 
-    exact = written(_Fmt(None))  # every number in full: the result, and the operands
+    in_full = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
-    value, result, fused, remarks = float(step.value[cell]), exact.result, False, []
-    if exact.fused is not None and not _same(exact.fused, result):
-        remarks.append(_overflow_remark(f, result, exact.fused))
-        if _same(exact.fused, value) and not _same(result, value):  # the engine fused them
-            result, fused = exact.fused, True
+    value, result, fused, remarks = float(step.value[cell]), in_full.result, False, []
+    if in_full.fused is not None and not _same(in_full.fused, result):
+        remarks.append(_overflow_remark(f, result, in_full.fused))
+        if _same(in_full.fused, value) and not _same(result, value):  # the engine fused them
+            result, fused = in_full.fused, True
     # The result is written at `precision`; the numbers it comes from with as many more
     # decimals as it takes for them to give that result (68 / 1.73 = 39, not 68 / 2 = 39).
     for digits in [*range(precision, 18), None]:
@@ -1127,7 +1127,7 @@ def explain(
         result=result,
         chain=tuple(chain),
         where=tuple(_tidy(w) for w in parts.where if _tidy(w)),
-        operands=exact.operands,
+        operands=in_full.operands,
         inputs=step.inputs,
         remarks=tuple(remarks),
     )

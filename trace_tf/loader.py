@@ -38,51 +38,47 @@ class _Resolver12(yaml.resolver.BaseResolver):
     false, a timestamp). `<<` is still recognised, to be refused as a merge key."""
 
 
+_INT_PATTERN = r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"
+_FLOAT_PATTERN = (
+    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
+)
 for _tag, _pattern, _first in (
     (_BOOL, r"true|True|TRUE|false|False|FALSE", "tTfF"),
     (_NULL, r"~|null|Null|NULL|", ["~", "n", "N", ""]),
-    (_INT, r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),  # before float: `10`
-    (
-        _FLOAT,
-        r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)",
-        "-+0123456789.",
-    ),
+    (_INT, _INT_PATTERN, "-+0123456789"),  # before float: `10`
+    (_FLOAT, _FLOAT_PATTERN, "-+0123456789."),
     (_MERGE, r"<<", "<"),
 ):
     _Resolver12.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
 
-
-_INT_TEXT = re.compile(r"([-+]?)(0o[0-7]+|0x[0-9a-fA-F]+|[0-9]+)\Z")
-_FLOAT_TEXT = re.compile(
-    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?\Z"
-    r"|(?P<special>[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))\Z"
-)
+_INT_TEXT = re.compile(f"(?:{_INT_PATTERN})\\Z")
+_FLOAT_TEXT = re.compile(f"(?:{_FLOAT_PATTERN})\\Z")
 
 
-def _magnitude(digits: str) -> int | None:
-    """The integer of decimal, 0o octal or 0x hex `digits`; None when too long to be
-    read (beyond float64 whatever its base)."""
+def _integer(text: str) -> int | None:
+    """The integer of `text` (matched by _INT_TEXT: decimal, 0o octal or 0x hex); None
+    when too long to be read (beyond float64 whatever its base)."""
+    sign = text[0] if text[0] in "+-" else ""
+    digits = text[len(sign) :]
     if len(digits) > MAX_INT_CHARS:
         return None
     base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
-    return int(digits[2:] if base != 10 else digits, base)
+    value = int(digits[2:] if base != 10 else digits, base)
+    return -value if sign == "-" else value
 
 
 def read_number(text: str) -> float | None:
     """A number written outside YAML (an inline matrix) read by the same YAML 1.2 rules
     as a plain scalar of the file: 1e-5, 010 (ten), 0o17, 0x1F, .inf; None for text
     (1_000, 0b101, 1:30). An integer beyond float64 is inf."""
-    number = _INT_TEXT.match(text)
-    if number:
-        sign, digits = number.groups()
-        value = _magnitude(digits)
-        if value is None or value > sys.float_info.max:
-            return -math.inf if sign == "-" else math.inf
-        return float(-value if sign == "-" else value)
-    number = _FLOAT_TEXT.match(text)
-    if number:
-        special = number.group("special")
-        return float(special.lower().replace(".", "")) if special else float(text)
+    if _INT_TEXT.match(text):
+        value = _integer(text)
+        if value is None or abs(value) > sys.float_info.max:
+            return -math.inf if text.startswith("-") else math.inf
+        return float(value)
+    if _FLOAT_TEXT.match(text):
+        lower = text.lower()
+        return float(lower.replace(".", "") if "inf" in lower or "nan" in lower else text)
     return None
 
 
@@ -259,12 +255,10 @@ class _Builder:
     def _int(self, node: yaml.ScalarNode, path: str) -> int:
         """An integer (decimal, 0o octal, 0x hex), refused when beyond float64 (every
         number ends up as one)."""
-        number = _INT_TEXT.match(node.value)
-        if not number:
+        if not _INT_TEXT.match(node.value):
             raise self._invalid(node, path)
-        sign, digits = number.groups()
-        value = _magnitude(digits)
-        if value is None or value > sys.float_info.max:
+        value = _integer(node.value)
+        if value is None or abs(value) > sys.float_info.max:
             raise self.fail(
                 node,
                 path,
@@ -272,7 +266,7 @@ class _Builder:
                 expected=f"a number of magnitude at most {sys.float_info.max:.6g} (float64)",
                 found=f"an integer of {len(node.value)} characters",
             )
-        return -value if sign == "-" else value
+        return value
 
     def _tagged(self, node: yaml.Node, path: str) -> InputError:
         """`!!python/object:...`, `!!binary`, `!custom`: refused, never constructed."""
