@@ -23,12 +23,12 @@ def config_from(data: dict[str, Any], **kw: Any) -> Config | OpConfig:
 
 
 def shows(cell: str, path: str) -> bool:
-    """Whether a table cell shows step `path`: whole, or cut around "…" to its end and
-    perhaps its start (render._cut), with something of its end kept."""
+    """Whether a table cell shows step `path`: whole, or cut around one "…" to its end
+    and perhaps its start (render._cut), with something of its end kept."""
     if "…" not in cell:
         return cell == path
-    head, tail = cell.split("…")
-    return bool(tail) and path.startswith(head) and path.endswith(tail)
+    head, _, tail = cell.partition("…")
+    return "…" not in tail and bool(tail) and path.startswith(head) and path.endswith(tail)
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ def test_diff_needs_something_to_compare() -> None:
     assert code == 2 and "did you mean 'scaled'" in err
 
 
-@pytest.mark.parametrize("columns", [60, 80, 160])
+@pytest.mark.parametrize("columns", [50, 60, 80, 160])
 def test_the_summary_fits_the_terminal_and_keeps_its_numbers(columns: int) -> None:
     from rich.cells import cell_len
 

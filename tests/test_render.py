@@ -138,3 +138,25 @@ def test_a_path_cut_to_fit_keeps_its_end_and_where_there_is_room_its_start() -> 
     assert _cut(path, 8) == "…softmax"  # no room for any start: its end
     assert _cut("encoder.embed", 10) == "enco…embed"
     assert _cut("document_scale30", 10) == "…t_scale30"  # not a path: its end
+
+
+def test_a_path_cut_twice_is_cut_from_its_whole_text_once() -> None:
+    # A column that gives way is narrowed twice (to its least, then to _LEAST_TEXT);
+    # cutting the already cut text again read "encode……scaled" or "enc…s…h0.k".
+    path = "encoder.0.self_attn.h0.scaled"  # 29 characters
+    rows = [[path, "1"]]
+    render._fitted(["step", "n"], rows, 19, [("step", 16)])  # cuts `rows` in place
+    # 19 cells: the step column gives 13 (to 16), then 2 more (to 14): 14 + 2 + 1 + 2
+    assert rows[0][0] == "enco…h0.scaled"
+
+
+def test_a_cut_text_fits_its_cells_when_its_letters_are_wide() -> None:
+    # A config name in CJK takes two cells a letter: cut by letters, it overran its
+    # column, and rich cropped what was left of its end ("注意力机 …").
+    name = "注意力机制配置文件测试.yaml"
+    for cells in (6, 9, 10, 11, 14):
+        cut = render._cut(name, cells)
+        assert cell_len(cut) <= cells and cut.endswith("yaml"), (cells, cut)
+    assert render._cut(name, 10) == "注意…yaml"  # 4 + 1 + 4 cells: the end whole
+    assert render._cut(name, 5) == "…yaml"  # no room for any start: its end
+    assert render._cut("你好世界", 5) == "…世界"  # not a path: its end, whole letters

@@ -137,16 +137,25 @@ def shortened(text: str, cells: int = LABEL_CELLS) -> str:
     would otherwise push every number of its table off the screen."""
     if _cells(text) <= cells:
         return text
-    head, tail = "", ""
-    for c in text:  # two thirds from the start, the rest from the end
-        if _cells(head + c) > (cells - 1) * 2 // 3:
+    head = _start(text, (cells - 1) * 2 // 3)  # two thirds from the start, the rest from the end
+    return f"{head}{ELLIPSIS}{_end(text, cells - 1 - _cells(head))}"
+
+
+def _start(text: str, cells: int) -> str:
+    """The longest start of `text` that takes at most `cells` terminal cells."""
+    if text.isascii():
+        return text[: max(cells, 0)]
+    head = ""
+    for c in text:
+        if _cells(head + c) > cells:
             break
         head += c
-    for c in reversed(text):
-        if _cells(head + c + tail) > cells - 1:
-            break
-        tail = c + tail
-    return f"{head}{ELLIPSIS}{tail}"
+    return head
+
+
+def _end(text: str, cells: int) -> str:
+    """The longest end of `text` that takes at most `cells` terminal cells."""
+    return _start(text[::-1], cells)[::-1]
 
 
 def _layout(
@@ -498,17 +507,19 @@ def least_width(renderable: RenderableType) -> int:
 
 
 def _cut(text: str, cells: int) -> str:
-    """`text` in `cells` characters, cut in the middle: a step path keeps its last two
-    parts whole ("h0.softmax") and as much of its start as there is room for
+    """`text` in `cells` terminal cells, cut in the middle: a step path keeps its last
+    two parts whole ("h0.softmax") and as much of its start as there is room for
     ("decoder.0.cros…h0.scaled": the side, the layer, the block); where not even its
-    last part fits, only its end ("…softmax")."""
-    if len(text) <= cells:
+    last part fits, only its end ("…softmax"). Cut `text` whole: a cut text cut again
+    would keep its first "…" ("encode……scaled")."""
+    if _cells(text) <= cells:
         return text
     parts = text.split(".")
     for tail in (".".join(parts[-2:]), parts[-1]):
-        if len(tail) < len(text) and len(tail) + 1 < cells:
-            return text[: cells - 1 - len(tail)] + ELLIPSIS + tail
-    return ELLIPSIS + text[len(text) - cells + 1 :]
+        room = cells - 1 - _cells(tail)
+        if len(tail) < len(text) and room > 0:
+            return _start(text, room) + ELLIPSIS + tail
+    return ELLIPSIS + _end(text, cells - 1)
 
 
 def _fitted(
@@ -534,6 +545,7 @@ def _fitted(
         else [cell_len(name) for name in names]
     )
     room = width - sum(widths) - 2 * len(widths)
+    whole = [list(row) for row in rows]  # each cut is made from the whole text
     # Each in turn to its least; when that is not enough, each further, to _LEAST_TEXT.
     for name, least in [*give_way, *((name, _LEAST_TEXT) for name, _ in give_way)]:
         if room < 0 and name in names:
@@ -541,8 +553,8 @@ def _fitted(
             cut = min(-room, max(0, widths[i] - least))
             widths[i] -= cut
             room += cut
-            for row in rows:
-                row[i] = _cut(row[i], widths[i])
+            for row, text in zip(rows, whole, strict=True):
+                row[i] = _cut(text[i], widths[i])
     out = Table(title_justify="left", box=None, pad_edge=False, **table)
     for name, w in zip(names, widths, strict=True):
         right = "|" in name or name in ("atol", "cells")
