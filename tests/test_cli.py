@@ -515,6 +515,10 @@ def test_help_usage_names_the_config_as_the_readme_does() -> None:
         usage = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
         assert "[CONFIG" in usage.splitlines()[1], name
         assert "[config" not in usage
+    for name in ("attend", "norm", "pe"):  # SPEC section 4: `trace-tf attend [FILE]`
+        usage = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
+        assert f"trace-tf {name} [OPTIONS] [FILE]" in usage.splitlines()[1], name
+        assert "[file]" not in usage
 
 
 @pytest.mark.parametrize("name", ["generate", "diff"])

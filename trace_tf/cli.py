@@ -970,7 +970,9 @@ def attend(
     c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A file with an 'attention:' section.", show_default=False),
+        typer.Argument(
+            help="A file with an 'attention:' section.", metavar="FILE", show_default=False
+        ),
     ] = None,
     q: Annotated[MatrixOpt, typer.Option("--q", help=f"Queries Q: {_MATRIX_HELP}.")] = None,
     k: Annotated[MatrixOpt, typer.Option("--k", help="Keys K, one row per key.")] = None,
@@ -1026,7 +1028,7 @@ def norm(
     c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A file with a 'norm:' section.", show_default=False),
+        typer.Argument(help="A file with a 'norm:' section.", metavar="FILE", show_default=False),
     ] = None,
     x: Annotated[
         MatrixOpt,
@@ -1075,7 +1077,7 @@ def pe(
     c: Common,
     file: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A file with a 'pe:' section.", show_default=False),
+        typer.Argument(help="A file with a 'pe:' section.", metavar="FILE", show_default=False),
     ] = None,
     length: Annotated[
         Optional[int],  # noqa: UP045
