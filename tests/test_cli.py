@@ -788,6 +788,24 @@ def test_generate_beam_rows_that_wrap_are_set_apart(monkeypatch: pytest.MonkeyPa
     assert "" not in wide and len(wide) == len(hypotheses)
 
 
+def test_generate_beam_rows_that_cannot_wrap_are_not_set_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 30 columns the summary is printed wider than the terminal, as wide as its
+    # numbers need; there each one-token hypothesis fits its line, yet blank lines were
+    # put between them, as if they wrapped (the width compared was the terminal's).
+    args = ("generate", "--beam", "3", "--max-tokens", "1")
+    data = _json_of(monkeypatch, *args)
+    hypotheses = [h["tokens"] for h in data["finished"] + data["unfinished"]]
+    assert len(hypotheses) == 3 and all(len(h) == 1 for h in hypotheses)
+    out, _ = _cells_at(monkeypatch, 30, *args)
+    table = out[out.index("hypotheses (") :].splitlines()[2:]  # below the header
+    rows = [
+        line.strip("│ ") for line in table[: next(i for i, x in enumerate(table) if "cut:" in x)]
+    ]
+    assert [row.split()[:1] for row in rows] == hypotheses  # no blank line between
+
+
 def test_a_library_that_cannot_be_loaded_is_one_line_not_a_bug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

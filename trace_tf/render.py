@@ -932,8 +932,12 @@ def generation_summary(gen: Generation, view: View) -> Panel:
 
         # A row whose tokens wrap would read as several rows: when the panel (with its
         # borders and padding, 4 cells) is narrower than the table, blank lines set the
-        # rows apart.
-        wraps = view.width is not None and _natural_width(hypotheses(False)) + 4 > view.width
+        # rows apart. The panel is as wide as the terminal, or wider where the numbers
+        # need it (cli.emit prints it at least_width).
+        plain = hypotheses(False)
+        wraps = view.width is not None and _natural_width(plain) + 4 > max(
+            view.width, least_width(plain) + 4
+        )
         parts.append(hypotheses(spaced=wraps))
     return Panel(Group(*parts), title=Text("generated"), title_align="left")
 
