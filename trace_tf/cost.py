@@ -345,8 +345,13 @@ def vary(
         t = totals(ledger(cfg))
         rows.append((value, t, measure(cfg, repeat)))
     _, ref_totals, ref_time = max(rows, key=lambda r: r[1].total)  # the longest, least noisy
-    per_mac = ref_time / ref_totals.total if ref_totals.total else 0.0
-    return [VaryRow(v, t.by_kind, t.total, t.total * per_mac, s) for v, t, s in rows]
+    ref = ref_totals.total
+    # time x (macs / its macs): the ratio is 1.0 for that row, so it predicts its own time
+    # exactly (macs x time / its macs could miss it by a unit in the last place)
+    return [
+        VaryRow(v, t.by_kind, t.total, ref_time * (t.total / ref) if ref else 0.0, s)
+        for v, t, s in rows
+    ]
 
 
 def exponents(rows: Sequence[VaryRow]) -> dict[str, float]:
