@@ -15,6 +15,7 @@ import pytest
 from conftest import config_from
 from random_configs import random_config
 from reference_torch import reference_forward
+from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -871,3 +872,24 @@ def test_a_long_token_is_shortened_in_the_distribution_so_its_p_shows(tmp_yaml) 
         assert result.exit_code == 0, result.output
         rows = [x for x in result.stdout.splitlines() if "start" in x and "…" in x]
         assert rows and f"{p:.4f}" in rows[0], (strategy, rows)
+
+
+@pytest.mark.parametrize("strategy", [("--greedy",), ("--beam", "2")])
+def test_long_tokens_in_prefixes_and_hypotheses_do_not_widen_the_output(
+    tmp_yaml: Any, strategy: tuple[str, ...]
+) -> None:
+    # Every token here is 298 letters: the beams' prefix column and the hypotheses'
+    # token column took the longest token as their least width, so a 120-column
+    # terminal got lines about 320 cells wide; the distribution already shortened them.
+    words = [f"{w}" + "x" * 290 + "end" for w in ("start", "other", "final")]
+    path = tmp_yaml(
+        f"model: {{d_model: 2, encoder_layers: 0, decoder_layers: 1}}\nvocab: {words}\n"
+        f"tokens: {{bos: {words[0]}, eos: {words[2]}}}\n"
+    )
+    result = runner.invoke(
+        app, ["generate", path, "--max-tokens", "2", *strategy], env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(cell_len, lines)) <= 120, max(lines, key=cell_len)
+    assert any("startxxx" in x and "…" in x for x in lines)  # shown, shortened

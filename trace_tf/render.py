@@ -125,7 +125,7 @@ def _label(labels: Sequence[str] | None, i: int, shown: list[int | None]) -> str
     counted. A token too long for a label is shortened in its middle."""
     if labels is None:
         return str(i)
-    token = shortened(printable(labels[i]))
+    token = shown_token(labels[i])
     return f"[{i}] {token}" if None in shown else token
 
 
@@ -273,6 +273,12 @@ def width_needed(renderable: RenderableType) -> int:
     return _through_panels(renderable, lambda r: r.width if isinstance(r, Grid) else 0)
 
 
+def shown_token(token: str) -> str:
+    """A token as every table and line shows it: printable, and shortened in its
+    middle when longer than a label (the JSON output keeps it whole)."""
+    return shortened(printable(token))
+
+
 def printable(text: str) -> str:
     """A token or label as printed: control characters (a newline token, a tab)
     written as escapes, so that it stays on its line; anything else as it is."""
@@ -312,7 +318,7 @@ def step_table(step: Step, view: View = View()) -> RenderableType:
             if i is None:
                 parts.append(Text(ELLIPSIS))
                 continue
-            label = f"  ({shortened(printable(step.rows[i]))})" if step.rows is not None else ""
+            label = f"  ({shown_token(step.rows[i])})" if step.rows is not None else ""
             parts.append(Text(f"[{i}]{label}", style="bold"))
             parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
         body = Group(*parts)
@@ -719,7 +725,7 @@ def distribution_table(
         mark = vocab[i] == chosen
         table.add_row(
             str(r + 1),
-            Text(shortened(printable(vocab[i])), style="bold green" if mark else ""),
+            Text(shown_token(vocab[i]), style="bold green" if mark else ""),
             *[column[r] for column in cells],
             Bar(float(last[i]), 24, CHOSEN if mark else "", len(CHOSEN)),
         )
@@ -768,7 +774,7 @@ class Bar:
 
 
 def _tokens(tokens: Sequence[str]) -> str:
-    return " ".join(printable(t) for t in tokens) if tokens else "(none)"
+    return " ".join(map(shown_token, tokens)) if tokens else "(none)"
 
 
 def iteration_view(
@@ -786,7 +792,7 @@ def iteration_view(
             Text.assemble(
                 ("best extension ", "bold"),
                 f"beam {best.beam} + ",
-                (printable(best.token), "bold green"),
+                (shown_token(best.token), "bold green"),
                 f"   (log p {best.token_logprob:.{view.precision}f}, "
                 f"cumulative {best.logprob:.{view.precision}f})",
             )
@@ -806,7 +812,7 @@ def iteration_view(
         parts.append(
             Text.assemble(
                 ("next ", "bold"),
-                (printable(it.next), "bold green"),
+                (shown_token(it.next), "bold green"),
                 f"   sampled: u = {it.u:.{max(view.precision, 6)}f}, the first token (vocabulary "
                 "order) whose cumulative p > u",
             )
@@ -817,7 +823,7 @@ def iteration_view(
         parts.append(
             Text.assemble(
                 ("next ", "bold"),
-                (printable(it.next), "bold green"),
+                (shown_token(it.next), "bold green"),
                 f"   greedy: the most probable, p = {_p(p, view.precision)}",
             )
         )
@@ -832,7 +838,7 @@ def _beams_table(
     from trace_tf.generate import extensions
 
     beams = Table(box=None, padding=(0, 1), show_edge=False)
-    words = [printable(t) for b in it.beams for t in (*gen.start, *b.tokens)]
+    words = [shown_token(t) for b in it.beams for t in (*gen.start, *b.tokens)]
     beams.add_column("beam", justify="right", no_wrap=True, min_width=0)
     beams.add_column("prefix", overflow="fold", min_width=max(map(cell_len, ["prefix", *words])))
     beams.add_column("logP", justify="right", no_wrap=True, min_width=0)
@@ -865,7 +871,7 @@ def _beams_table(
         table.add_row(
             str(rank),
             str(j),
-            shortened(printable(vocab[i])),
+            shown_token(vocab[i]),
             _p(p, view.precision),
             *(
                 f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
@@ -900,7 +906,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         rule = f"logP / ((5 + n) / 6)^{exact(s.length_penalty)}" if s.length_penalty else "logP"
         title = f"hypotheses (n produced tokens; score = {rule})"
         ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
-        words = [printable(t) for h, _ in ended for t in h.tokens]
+        words = [shown_token(t) for h, _ in ended for t in h.tokens]
         rows = [
             (
                 _tokens(h.tokens),
