@@ -151,9 +151,21 @@ def test_attend_additive_from_the_fixture_shows_the_given_matrices() -> None:
         assert text in out
 
 
+@pytest.mark.parametrize(("text", "scale"), [("0x10", 16.0), ("1e1", 10.0), (" 4 ", 4.0)])
+def test_attend_scale_reads_numbers_as_the_file_and_set_do(text: str, scale: float) -> None:
+    # --scale was read by Python's float(): 0x10 refused, though --set attention.scale=0x10
+    # and the file read it as 16 (YAML 1.2), and 1_000 accepted, which the file reads as text.
+    args = ("attend", "--q", "1 2", "--k", "3 4; 5 6", "--v", "1;2")
+    scaled = steps_of(*args, "--scale", text)["attn.scaled"]
+    np.testing.assert_allclose(scaled, [[11 / scale, 17 / scale]], rtol=1e-15)
+    by_set = steps_of(*args, "--set", f"attention.scale={text.strip()}")["attn.scaled"]
+    np.testing.assert_array_equal(scaled, by_set)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (("--q", "1", "--k", "1", "--v", "1", "--scale", "1_000"), "--scale must be a number"),
         (("--q", "1 0", "--k", "1 2 0; 1 2", "--v", "1;2"), "--k: ragged matrix"),
         (("--q", "1 x", "--k", "1", "--v", "1"), "--q: row 0: not a number"),
         (("--q", "1 0", "--k", "1 2 0", "--v", "1"), "attention.K: wrong shape (set by --k)"),

@@ -904,13 +904,15 @@ def _inline_value(text: str, option: str) -> Any:
 
 
 def _scale_value(text: str) -> float | str:
+    """--scale read as `attention.scale` is in the file and by --set (YAML 1.2 numbers)."""
+    from trace_tf.loader import read_number
+
     if text.strip() == "sqrt_dk":
         return "sqrt_dk"
-    try:
-        return float(text)
-    except ValueError:
+    value = read_number(text.strip())
+    if value is None:
         _fail(f"--scale must be a number or sqrt_dk, not {text!r}")
-        raise  # unreachable: _fail raises
+    return value
 
 
 def _op_config(
