@@ -656,6 +656,96 @@ def test_generate_keeps_tokens_and_probabilities_whole_on_a_narrow_terminal(
     assert "◀ chosen" in out or columns < 80  # the mark shortens to its arrow only when tight
 
 
+_TINY = (  # softmax([0, -46]): a weight of 1.05e-20, which no absolute tolerance checks
+    "attention: {Q: [[1]], K: [[0], [-46]], V: [[1], [0]], scale: 1}\nexpect:\n"
+    "  - {step: attn.softmax, value: [[1, %s]], atol: 0, rtol: 5.0e-9}\n"
+)
+
+
+def test_check_rtol_checks_every_digit_of_a_tiny_printed_number(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # |actual - expected| <= atol + rtol |expected| per cell: 1.0530617357553812e-20 to
+    # its 9 digits; one digit off fails though the absolute error is 1e-27.
+    code, out, _ = invoke("check", tmp_yaml(_TINY % "1.05306174e-20"))
+    assert code == 0, out
+    assert out.splitlines()[0].rstrip().endswith("(atol 0, rtol 5e-09)")
+    code, out, _ = invoke("check", tmp_yaml(_TINY % "1.05306184e-20"), "--format", "json")
+    [r] = json.loads(out)["results"]
+    assert code == 1 and r["ok"] is False and r["rtol"] == 5e-9 and r["max_abs_error"] < 2e-27
+    ok = tmp_yaml(_TINY % "1.05306174e-20" + "  - {step: attn.scores, value: [[0, -46]]}\n")
+    code, out, _ = invoke("check", ok)
+    assert code == 0 and "tolerance" in out.splitlines()[1].split()
+    assert [line.split()[3] for line in out.splitlines()[2:4]] == ["5e-09·|v|", "1e-06"]
+
+
+def test_check_rtol_never_lets_an_infinite_expectation_pass_a_finite_value(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_yaml(
+        "model: {d_model: 2, n_heads: 1, encoder_layers: 0, decoder_layers: 1}\n"
+        "vocab: [a, b]\ntarget: [a, b]\nexpect:\n"
+        "  - {step: decoder.mask, value: [[0, -.inf], [0, -.inf]], rtol: 0.5}\n"
+    )
+    code, out, _ = invoke("check", path, "--format", "json")
+    [r] = json.loads(out)["results"]
+    assert code == 1 and r["ok"] is False and r["max_abs_error"] == "inf"
+
+
+_PE = (  # PE(1) = [sin 1, cos 1]; "document" is what a tutorial printed for it
+    "pe: {length: 2, d_model: 2}\nexpect:\n"
+    "  - step: pe\n    value: [[0, 1], [0.8414709848078965, 0.5403023058681398]]\n"
+    "    document: %s\n    document_atol: 0.005\n"
+)
+
+
+def test_check_reports_a_recorded_document_error(tmp_yaml, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_yaml(_PE % "[[0, 1], [0.84, 0.99]]", "pe.yaml")
+    code, out, _ = invoke("check", path)
+    assert code == 0 and "1 passed, 0 failed" in out
+    assert (
+        "document error pe.yaml: pe: the document prints 0.99 at [1, 1] where its formula "
+        "gives 0.5403023059: off by 0.45, and 1 of 4 cells beyond its printed precision 0.005"
+    ) in out
+    code, out, _ = invoke("check", path, "--format", "json")
+    [r] = json.loads(out)["results"]
+    assert r["ok"] is True and r["document"] == {
+        "max_abs_error": pytest.approx(0.99 - math.cos(1), abs=1e-15),
+        "atol": 0.005,
+        "at": [1, 1],
+        "printed": 0.99,
+        "computed": math.cos(1),
+        "cells_wrong": 1,
+        "cells": 4,
+    }
+
+
+def test_check_fails_a_false_document_error(tmp_yaml, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # The printed [0.84, 0.54] is right to its two decimals: recording it as wrong is a
+    # mistake in the fixture, and check says so (exit 1), not "document error".
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_yaml(_PE % "[[0, 1], [0.84, 0.54]]", "pe.yaml")
+    code, out, _ = invoke("check", path)
+    assert code == 1 and "document error pe.yaml" not in out
+    assert (
+        "FAIL pe.yaml: pe: the document's value agrees with the result within "
+        "document_atol 0.005: no document error to record"
+    ) in out
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("document: [[0, 1]]", "expect.0.document: wrong shape"),
+        ("document_atol: 0.1", "expect.0.document_atol: a tolerance for a document value"),
+        ("rtol: -1", "expect.0.rtol: must be at least 0"),
+        ("documents: 1", "expect.0.documents: unknown key 'documents' (did you mean 'document'?)"),
+    ],
+)
+def test_check_refuses_a_bad_document_or_rtol(tmp_yaml, entry: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    entries = f"  - {{step: pe, value: [[0, 1], [1, 1]], {entry}}}\n"
+    path = tmp_yaml("pe: {length: 2, d_model: 2}\nexpect:\n" + entries)
+    code, _, err = invoke("check", path)
+    assert code == 2 and message in err, err
+
+
 def test_check_of_a_config_without_expect_entries_says_so(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
     path = tmp_yaml("model: {d_model: 2, n_heads: 1}\nvocab: [a, b]\nsource: [a, b]\n")
     code, out, _ = invoke("check", path)
@@ -712,7 +802,7 @@ def test_check_never_cuts_an_error_or_a_tolerance(
     _assert_whole(monkeypatch, numbers, "check", str(path))
     for columns in (40, 50):
         _, cells = _cells_at(monkeypatch, columns, "check", str(path))
-        assert {"2.84e-14", "4.89e-09", "1e-06", "FAIL"} <= cells
+        assert {"2.84e-14", "4.89e-09", "1.1e-07", "5e-09", "FAIL"} <= cells
 
 
 def test_diff_never_cuts_a_difference_where_or_a_count(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -663,6 +663,8 @@ def check(
 ) -> None:
     """Evaluate every `expect` entry; exit 1 if any does not match."""
     with guarded(debug):
+        from dataclasses import asdict
+
         from trace_tf.config import parse_set, read_document
         from trace_tf.render import json_value
         from trace_tf.runner import check as run_check
@@ -696,7 +698,13 @@ def check(
                     "ok": r.ok,
                     "max_abs_error": json_value(r.max_abs_error),  # inf when NaN meets a number
                     "atol": r.atol,
+                    "rtol": r.rtol,
                     "note": r.note,
+                    **(
+                        {"document": {k: json_value(v) for k, v in asdict(r.document).items()}}
+                        if r.document
+                        else {}
+                    ),
                     **({"problem": r.problem} if r.problem else {}),
                     **({"warnings": list(r.warnings)} if r.warnings else {}),
                 }

@@ -77,6 +77,7 @@ TOP_KEYS = [
     "norm",
     "pe",
 ]
+EXPECT_KEYS = ("step", "value", "atol", "rtol", "note", "variant", "document", "document_atol")
 OP_KINDS = ("attention", "norm", "pe")
 POSITIONAL = ("sinusoidal", "learned", "rope", "none")
 NORM_KINDS = ("layer", "rms")
@@ -209,12 +210,19 @@ class Sequence_:
 
 @dataclass(frozen=True, eq=False)
 class Expect:
+    """One `expect` entry: the step at `value` within atol + rtol * |value| per cell.
+    `document` is what the tutorial prints where it is wrong by its own formula (it
+    must then differ from the result by more than `document_atol` somewhere)."""
+
     step: str
     value: np.ndarray
     atol: float
     note: str
     variant: str | None
     line: int | None
+    rtol: float = 0.0
+    document: np.ndarray | None = None
+    document_atol: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1174,7 +1182,7 @@ class _Validator:
         out = []
         for i, item in enumerate(value):
             path = f"expect.{i}"
-            item = self.mapping(item, path, ("step", "value", "atol", "note", "variant"))
+            item = self.mapping(item, path, EXPECT_KEYS)
             if not isinstance(item.get("step"), str):
                 raise self.ctx.err(
                     join(path, "step"),
@@ -1194,14 +1202,32 @@ class _Validator:
                     var,
                     "one of: " + (", ".join(sorted(variants)) or "(none defined under 'variants')"),
                 )
+            value = self.array(item["value"], join(path, "value"), None, finite=False)
+            atol = self.number(item.get("atol", 1e-6), join(path, "atol"), minimum=0)
+            document = None
+            if "document" in item:
+                document = self.array(
+                    item["document"], join(path, "document"), value.shape, finite=False
+                )
+            elif "document_atol" in item:
+                raise self.ctx.err(
+                    join(path, "document_atol"),
+                    "a tolerance for a document value the entry does not give",
+                    expected="document_atol beside a `document` value",
+                )
             out.append(
                 Expect(
                     step=item["step"],
-                    value=self.array(item["value"], join(path, "value"), None, finite=False),
-                    atol=self.number(item.get("atol", 1e-6), join(path, "atol"), minimum=0),
+                    value=value,
+                    atol=atol,
                     note=self.text(item.get("note"), join(path, "note")),
                     variant=var,
                     line=self.ctx.lines.get(path),
+                    rtol=self.number(item.get("rtol", 0), join(path, "rtol"), minimum=0),
+                    document=document,
+                    document_atol=self.number(
+                        item.get("document_atol", atol), join(path, "document_atol"), minimum=0
+                    ),
                 )
             )
         return tuple(out)

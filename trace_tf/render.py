@@ -541,7 +541,7 @@ def _fitted(
     texts cut so that a path keeps its end, and its start where there is room
     ("encoder.0.self…h0.softmax", "…softmax": see _cut);
     the others (verdicts, numbers) keep their width. Columns of numbers (a name
-    with `|`, `atol`, `cells`) are right-aligned."""
+    with `|`, `atol`, `tolerance`, `cells`) are right-aligned."""
     widths = (
         [
             max(cell_len(x) for x in (name, *column))
@@ -563,34 +563,46 @@ def _fitted(
                 row[i] = _cut(text[i], widths[i])
     out = Table(title_justify="left", box=None, pad_edge=False, **table)
     for name, w in zip(names, widths, strict=True):
-        right = "|" in name or name in ("atol", "cells")
+        right = "|" in name or name in ("atol", "tolerance", "cells")
         out.add_column(
             name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
         )
     return out, room
 
 
+def _tolerance(atol: float, rtol: float) -> str:
+    """An entry's tolerance in one cell: "5e-09", or with a relative part
+    "5e-09·|v|" (v the expected value), "1e-08+5e-09·|v|"."""
+    if not rtol:
+        return exact(atol)
+    return (f"{exact(atol)}+" if atol else "") + f"{exact(rtol)}·|v|"
+
+
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
-    """One row per `expect` entry, then why each failed one failed, in full. A config
-    or tolerance shared by every row goes in the title rather than a column; the
-    notes get the room that is left (cut short on their line), or, on a terminal too
-    narrow for them, no column (they are in --format json)."""
+    """One row per `expect` entry, then why each failed one failed, in full, and each
+    document error an entry records. A config or tolerance shared by every row goes in
+    the title rather than a column (its rtol only when it is not 0); the notes get the
+    room that is left (cut short on their line), or, on a terminal too narrow for
+    them, no column (they are in --format json)."""
     if not results:
         return [Text("trace-tf check: no `expect` entries to check", style="dim")]
     configs = {Path(r.config).name for r in results}
-    atols = {exact(r.atol) for r in results}
+    tolerances = {(r.atol, r.rtol) for r in results}
+    relative = any(r.rtol for r in results)
     title = "trace-tf check"
     title += f"  {next(iter(configs))}" if len(configs) == 1 else ""
-    title += f"  (atol {next(iter(atols))})" if len(atols) == 1 else ""
+    if len(tolerances) == 1:
+        atol, rtol = next(iter(tolerances))
+        title += f"  (atol {exact(atol)}" + (f", rtol {exact(rtol)})" if rtol else ")")
     rows = [
         [Path(r.config).name] * (len(configs) > 1)
         + [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
         + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
-        + [exact(r.atol)] * (len(atols) > 1)
+        + [_tolerance(r.atol, r.rtol)] * (len(tolerances) > 1)
         for r in results
     ]
     names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
-    names += ["atol"] * (len(atols) > 1)
+    names += ["tolerance" if relative else "atol"] * (len(tolerances) > 1)
     table, room = _fitted(
         names, rows, width, (("step", 16), ("variant", 8), ("config", 10)), title=title
     )
@@ -603,12 +615,26 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         )
         table.add_row(*styled, *([r.note] if room >= 12 else []))
     out: list[RenderableType] = [table]
+
+    def where(r: CheckResult) -> str:
+        return f"{Path(r.config).name}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
+
     for r in results:
         if r.problem:
-            where = f"{Path(r.config).name}: {r.step}" + (
-                f" (variant {r.variant})" if r.variant else ""
+            out.append(Text.assemble(("FAIL ", "bold red"), f"{where(r)}: {r.problem}"))
+    for r in results:
+        if r.document and not r.problem:
+            d = r.document
+            cell = f" at [{', '.join(map(str, d.at))}]" if d.at else ""
+            out.append(
+                Text.assemble(
+                    ("document error ", "bold yellow"),
+                    f"{where(r)}: the document prints {exact(d.printed)}{cell} where its "
+                    f"formula gives {d.computed:.10g}: off by {d.max_abs_error:.3g}, and "
+                    f"{d.cells_wrong} of {d.cells} cells beyond its printed precision "
+                    f"{exact(d.atol)}",
+                )
             )
-            out.append(Text.assemble(("FAIL ", "bold red"), f"{where}: {r.problem}"))
     return out
 
 

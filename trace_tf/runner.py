@@ -4,7 +4,7 @@ conventions in force, and the `expect` checks. No printing here."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -178,6 +178,20 @@ def _summarize(paths: Sequence[str], limit: int = 6) -> str:
 
 
 @dataclass(frozen=True)
+class DocumentError:
+    """A number the document prints against what its own formula gives: the largest
+    |printed - computed| and the cell where it is, with both values there."""
+
+    max_abs_error: float
+    atol: float  # the printed precision: within it the document would be right
+    at: tuple[int, ...]
+    printed: float
+    computed: float
+    cells_wrong: int  # cells off by more than atol
+    cells: int
+
+
+@dataclass(frozen=True)
 class CheckResult:
     config: str
     step: str
@@ -188,6 +202,8 @@ class CheckResult:
     note: str
     problem: str = ""
     warnings: tuple[str, ...] = ()  # NaN or overflow in the run this entry was checked on
+    rtol: float = 0.0
+    document: DocumentError | None = None  # where the entry records a document's error
 
 
 def abs_difference(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -205,10 +221,30 @@ def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(diff.max()) if diff.size else 0.0
 
 
+def within(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """Per cell: |actual - expected| <= atol + rtol * |expected| (numpy.isclose's rule,
+    the expected value as reference). An infinite expected value is met only by itself."""
+    scale = np.where(np.isfinite(expected), np.abs(expected), 0.0)
+    return np.asarray(abs_difference(actual, expected) <= atol + rtol * scale)
+
+
+def document_error(actual: np.ndarray, printed: np.ndarray, atol: float) -> DocumentError:
+    """How far the document's printed value is from the computed one, and where."""
+    diff = abs_difference(actual, printed)
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
+    wrong = int((~within(actual, printed, atol, 0.0)).sum())
+    return DocumentError(
+        float(diff[at]), atol, at, float(printed[at]), float(actual[at]), wrong, diff.size
+    )
+
+
 def check(
     doc: Document, sets: Sequence[tuple[str, object]] = (), max_elements: int = 2**28
 ) -> list[CheckResult]:
-    """Evaluate every `expect` entry of a document, each on its own variant."""
+    """Evaluate every `expect` entry of a document, each on its own variant. An entry
+    with a `document` value also checks that the document's number is wrong: it must
+    differ from the result by more than `document_atol` in some cell, or the entry
+    fails (a document error claimed where there is none)."""
     base = build(doc, sets, None, max_elements)
     results: list[CheckResult] = []
     traces: dict[str | None, Trace] = {}
@@ -218,35 +254,33 @@ def check(
             traces[e.variant] = run(cfg, "full")
         trace = traces[e.variant]
         warned = tuple(trace.warnings)
+        entry = CheckResult(
+            doc.file, e.step, e.variant, False, None, e.atol, e.note, "", warned, rtol=e.rtol
+        )
         if e.step not in trace:
-            results.append(
-                CheckResult(
-                    doc.file, e.step, e.variant, False, None, e.atol, e.note, "no such step", warned
-                )
-            )
+            results.append(replace(entry, problem="no such step"))
             continue
         actual = trace.value(e.step)
-        expected = e.value
+        expected, printed = e.value, e.document
         if expected.shape != actual.shape:
             if expected.size == actual.size and expected.ndim < actual.ndim:
                 expected = expected.reshape(actual.shape)  # a vector given for a 1 x n step
+                printed = None if printed is None else printed.reshape(actual.shape)
             else:
-                results.append(
-                    CheckResult(
-                        doc.file,
-                        e.step,
-                        e.variant,
-                        False,
-                        None,
-                        e.atol,
-                        e.note,
-                        f"shape {actual.shape} but expected {expected.shape}",
-                        warned,
-                    )
-                )
+                problem = f"shape {actual.shape} but expected {expected.shape}"
+                results.append(replace(entry, problem=problem))
                 continue
-        err = max_abs_error(actual, expected)
-        results.append(
-            CheckResult(doc.file, e.step, e.variant, err <= e.atol, err, e.atol, e.note, "", warned)
-        )
+        ok = bool(within(actual, expected, e.atol, e.rtol).all())
+        entry = replace(entry, ok=ok, max_abs_error=max_abs_error(actual, expected))
+        if printed is not None:
+            wrong = document_error(actual, printed, e.document_atol) if printed.size else None
+            entry = replace(entry, document=wrong)
+            if wrong is None or not wrong.cells_wrong:
+                entry = replace(
+                    entry,
+                    ok=False,
+                    problem="the document's value agrees with the result within "
+                    f"document_atol {exact(e.document_atol)}: no document error to record",
+                )
+        results.append(entry)
     return results
