@@ -4,6 +4,7 @@ filtering a full trace gives (issue 6)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -224,3 +225,25 @@ def test_generate_trace_checks_the_selection_as_step_does() -> None:
         assert ok.exit_code == 0, ok.stderr
     bad = runner.invoke(app, ["generate", "hello", "--trace", "--max-tokens", "2", "--head", "2"])
     assert bad.exit_code == 2 and "no step matches --head 2: the model has no head 2" in bad.stderr
+
+
+def test_the_cross_group_is_everything_under_decoder_l_cross_attn_and_nothing_else() -> None:
+    # SPEC section 3: `cross` is "everything under decoder.*.cross_attn". The mask the
+    # cross-attention reads, decoder.cross_mask, is a step of the decoder, not under it
+    # (select it by its own name, `--stage cross_mask`).
+    pads = ["--set", "tokens.pad=hello", "--set", "source=[world, hello]"]
+    result = CliRunner().invoke(app, ["decode", *pads, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    every = [s["path"] for s in json.loads(result.stdout)["steps"]]
+    assert "decoder.cross_mask" in every  # the source pad applies
+    under = [p for p in every if re.match(r"decoder\.\d+\.cross_attn\.", p)]
+    result = CliRunner().invoke(app, ["step", *pads, "--stage", "cross", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [s["path"] for s in json.loads(result.stdout)["steps"]] == under
+    args = ["generate", *pads, "--max-tokens", "2", "--trace", "--stage", "cross"]
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    paths = [s["path"] for s in json.loads(result.stdout)["steps"]]
+    assert paths and all(re.match(r"t\d+\.decoder\.\d+\.cross_attn\.", p) for p in paths)
+    result = CliRunner().invoke(app, ["step", *pads, "--stage", "cross_mask", "--format", "json"])
+    assert [s["path"] for s in json.loads(result.stdout)["steps"]] == ["decoder.cross_mask"]

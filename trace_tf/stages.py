@@ -334,7 +334,7 @@ GROUP_MEANINGS = {
     "qkv": "q, k, v of every head (and q_raw, k_raw with rope)",
     "add_norm": "residual and norm, with the norm's mean, var or rms; final_norm",
     "ffn": "everything under <stack>.<l>.ffn",
-    "cross": "everything under decoder.<l>.cross_attn, and decoder.cross_mask",
+    "cross": "everything under decoder.<l>.cross_attn",
     "attention": "everything under self_attn, cross_attn and attn, and the masks",
 }
 

@@ -52,11 +52,10 @@ GROUPS: dict[str, Callable[[str], bool]] = {
         re.search(r"(^|\.)(residual|norm|final_norm)(\.(mean|var|rms))?$", p)
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
-    "cross": lambda p: (
-        # t<i>. (and b<j>.): a step of generate's iteration i (live beam j)
-        bool(re.match(r"^(t\d+\.)?(b\d+\.)?decoder\.\d+\.cross_attn\.", p))
-        or p.endswith("cross_mask")
-    ),
+    # Everything under decoder.<l>.cross_attn (SPEC section 3), and only that: the mask
+    # it reads, decoder.cross_mask, is the decoder's (`--stage cross_mask` selects it).
+    # t<i>. (and b<j>.): a step of generate's iteration i (live beam j).
+    "cross": lambda p: bool(re.match(r"^(t\d+\.)?(b\d+\.)?decoder\.\d+\.cross_attn\.", p)),
     "attention": lambda p: (
         bool(re.search(r"(^|\.)(self_attn|cross_attn|attn)\.", p))
         or p.rsplit(".", 1)[-1] in {"mask", "cross_mask"}
