@@ -81,6 +81,14 @@ def test_parse_matrix_refuses_bad_text_naming_the_option(text: str, match: str) 
         parse_matrix(text, "--k")
 
 
+@pytest.mark.parametrize("text", ["1 2; 3 4;", "1 2;;3 4", "; 1 2"])
+def test_an_empty_row_is_found_in_the_whole_text_given(text: str) -> None:
+    # "found" is what the user typed, not a number of a row read before the empty one
+    with pytest.raises(InputError) as exc:
+        parse_matrix(text, "--k")
+    assert exc.value.found == repr(text.strip())
+
+
 # ---------------------------------------------------------------------------
 # attend
 # ---------------------------------------------------------------------------

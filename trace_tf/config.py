@@ -469,9 +469,9 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             )
         row = []
         for c in cells:
-            text = c.replace("−", "-")  # (a minus sign as typeset)
+            cell = c.replace("−", "-")  # (a minus sign as typeset)
             # YAML 1.2's numbers, as in the file; and -inf, inf, nan as Python writes them
-            x = float(text) if text in ("-inf", "inf", "nan") else read_number(text)
+            x = float(cell) if cell in ("-inf", "inf", "nan") else read_number(cell)
             if x is None:
                 raise InputError(
                     f"{option}: row {r}: not a number", expected="a number", found=repr(c)
