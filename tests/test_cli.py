@@ -7,6 +7,7 @@ import math
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FIXTURES, shows
@@ -1014,3 +1015,30 @@ def test_the_calculators_do_not_offer_dtype() -> None:
         help_text = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).stdout
         assert "--dtype" not in help_text, name
     assert "--dtype" in runner.invoke(app, ["encode", "--help"], env={"COLUMNS": "200"}).stdout
+
+
+FAR_APART = (
+    "model: {d_model: 2, positional: none}\nsource: [[1.0e308, 1]]\n"
+    "expect: [{step: encoder.embed, value: [[-1.0e308, 1]]}]\n"
+)
+
+
+def test_check_and_diff_of_numbers_beyond_float64_apart_let_no_numpy_warning_out(
+    tmp_yaml: Any,
+) -> None:
+    # 1e308 against -1e308 is 2e308 apart: inf, as the error and the difference, and
+    # no RuntimeWarning (a warning let out here is exit 3).
+    import warnings
+
+    path = tmp_yaml(FAR_APART)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, out, err = invoke("check", path, "--format", "json")
+        assert code == 1, err
+        assert json.loads(out)["results"][0]["max_abs_error"] == "inf"
+        code, out, err = invoke(
+            "diff", path, "--set-b", "source=[[-1.0e308, 1]]", "--format", "json"
+        )
+        assert code == 0, err
+        first = json.loads(out)["steps"][0]
+        assert first["path"] == "encoder.embed" and first["max_abs_diff"] == "inf"

@@ -497,3 +497,19 @@ def test_vary_reads_a_config_from_stdin_once() -> None:
     )
     assert result.exit_code == 0, result.stderr
     assert [r["value"] for r in json.loads(result.stdout)["vary"]["rows"]] == [2, 3]
+
+
+def test_an_overflowing_config_costs_without_numpys_own_warnings(
+    tmp_yaml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cost runs the model to read its shapes (and times it with --vary); like every
+    # other command it must not let numpy's RuntimeWarnings out onto stderr.
+    import warnings
+
+    path = tmp_yaml("model: {d_model: 4, positional: none}\nsource: [[1e200, 2, 3, 4]]\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a warning let out is then exit 3
+        for extra in ([], ["--vary", "L=1,2", "--repeat", "1"]):
+            result = runner.invoke(app, ["cost", path, "--format", "json", *extra])
+            assert result.exit_code == 0, result.output
+            assert json.loads(result.stdout)["totals"]["total"] > 0

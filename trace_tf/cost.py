@@ -192,7 +192,8 @@ class ShapeTracer(Tracer):
 def ledger(cfg: Config) -> list[Cost]:
     """Every step the model computes, in order, with its multiply-adds."""
     tr = ShapeTracer()
-    model.run_full(cfg, tr)
+    with np.errstate(all="ignore"):  # the numbers are not shown: their overflow is no news
+        model.run_full(cfg, tr)
     return [cost_of(path, shape, inputs) for path, shape, inputs in tr.shapes]
 
 
@@ -239,10 +240,11 @@ def totals(costs: Sequence[Cost]) -> Totals:
 def measure(cfg: Config, repeat: int) -> float:
     """Seconds of the untraced forward pass: the fastest of `repeat` runs."""
     best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        model.run_full(cfg)
-        best = min(best, time.perf_counter() - start)
+    with np.errstate(all="ignore"):  # (outside the timed runs)
+        for _ in range(repeat):
+            start = time.perf_counter()
+            model.run_full(cfg)
+            best = min(best, time.perf_counter() - start)
     return best
 
 

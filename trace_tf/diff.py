@@ -51,7 +51,7 @@ def compare_steps(a: Step, b: Step, atol: float) -> StepDiff:
     if not differing.any():
         return StepDiff(a.path, SAME, a, b, float(diff.max()) if diff.size else 0.0)
     where = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         delta = b.value - a.value
     return StepDiff(a.path, DIFFERS, a, b, float(diff.max()), where, differing, delta)
 

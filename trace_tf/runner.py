@@ -210,7 +210,7 @@ def abs_difference(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """|actual - expected| per cell; equal infinities and NaN against NaN count as 0,
     NaN against a number (or unequal infinities) as inf."""
     same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # beyond float64 apart: inf
         diff = np.where(same, 0.0, np.abs(actual - expected))
     return np.where(np.isnan(diff), np.inf, diff)
 
