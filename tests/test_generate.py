@@ -136,6 +136,16 @@ def test_the_packaged_example_ends_at_eos_or_the_limit() -> None:
         assert np.allclose(list(it["probs"].values()), last_row, rtol=0, atol=1e-12)
 
 
+def test_uncached_iterations_are_decode_bit_for_bit() -> None:
+    # README: without the cache an iteration is the decoder of `decode` on the prefix
+    code, out, err = invoke("generate", "--no-cache", "--max-tokens", "4", "--format", "json")
+    assert code == 0, err
+    for it in json.loads(out)["iterations"]:
+        target = "[" + ", ".join(it["prefix"]) + "]"
+        code, out, _ = invoke("decode", "--set", f"target={target}", "--format", "json")
+        assert list(it["probs"].values()) == json.loads(out)["steps"][-1]["value"][-1]
+
+
 def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> None:
     code, out, err = invoke("generate", "--max-tokens", "2")
     assert code == 0, err
