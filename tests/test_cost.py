@@ -499,9 +499,7 @@ def test_vary_reads_a_config_from_stdin_once() -> None:
     assert [r["value"] for r in json.loads(result.stdout)["vary"]["rows"]] == [2, 3]
 
 
-def test_an_overflowing_config_costs_without_numpys_own_warnings(
-    tmp_yaml: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_overflowing_config_costs_without_numpys_own_warnings(tmp_yaml: Any) -> None:
     # cost runs the model to read its shapes (and times it with --vary); like every
     # other command it must not let numpy's RuntimeWarnings out onto stderr.
     import warnings
