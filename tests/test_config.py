@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
@@ -55,6 +56,48 @@ def test_drawn_weights_follow_the_spec_formula() -> None:
     rng = np.random.default_rng([5, zlib.crc32(b"embeddings.a")])
     np.testing.assert_array_equal(cfg.embeddings["a"], rng.standard_normal(4) * 0.5)
     assert path in cfg.drawn and "encoder.0.ffn.W_2" in cfg.drawn
+
+
+def test_every_kind_of_drawn_array_follows_the_spec_formula_at_its_spec_shape() -> None:
+    # SPEC section 2: rng = default_rng([seed, crc32(path)]); rng.standard_normal(shape)
+    # * init_std, path below `weights` (per head for attention) or embeddings.<token>.
+    d, H, dk, dv, dff, max_len, seed, std = 6, 2, 2, 3, 5, 7, 11, 0.25
+    cfg = config_from(
+        {
+            "model": {
+                "d_model": d, "n_heads": H, "d_k": dk, "d_v": dv, "d_ff": dff,
+                "decoder_layers": 2, "positional": "learned", "max_len": max_len,
+                "seed": seed, "init_std": std,
+            },
+            "vocab": ["a", "b", "c"],
+            "source": ["a", "b"],
+            "target": ["c"],
+        }
+    )  # fmt: skip
+    assert isinstance(cfg, Config)
+    shapes = {
+        r"embeddings\.\w": (d,),
+        r"(en|de)coder\.\d\.(self|cross)_attn\.heads\.\d\.W_[qk]": (d, dk),
+        r"(en|de)coder\.\d\.(self|cross)_attn\.heads\.\d\.W_v": (d, dv),
+        r"(en|de)coder\.\d\.(self|cross)_attn\.W_o": (H * dv, d),
+        r"(en|de)coder\.\d\.ffn\.W_1": (d, dff),
+        r"(en|de)coder\.\d\.ffn\.W_2": (dff, d),
+        r"positional": (max_len, d),
+        r"output\.W": (d, 3),
+    }
+    arrays = cfg.named_arrays()
+    kinds = set()
+    for path in cfg.drawn:
+        kind, shape = next((k, v) for k, v in shapes.items() if re.fullmatch(k, path))
+        kinds.add(kind)
+        rng = np.random.default_rng([seed, zlib.crc32(path.encode())])
+        name = path if path.startswith("embeddings.") else f"weights.{path}"
+        np.testing.assert_array_equal(arrays[name], rng.standard_normal(shape) * std, path)
+    assert len(kinds) == len(shapes)
+    # every array, once: 3 embeddings; 5 attention blocks of H heads' W_q, W_k, W_v and
+    # a W_o; 3 FFNs' W_1, W_2; positional and output.W (biases and norms are not drawn)
+    assert len(set(cfg.drawn)) == len(cfg.drawn) == 3 + 5 * (H * 3 + 1) + 3 * 2 + 2
+    assert "decoder.1.cross_attn.heads.1.W_v" in cfg.drawn
 
 
 def test_giving_one_weight_does_not_change_another_drawn_one() -> None:
