@@ -1134,14 +1134,6 @@ STRUCTURE = [
         args=("step", "{file}", "--stage", "softmax"),
     ),
     case(
-        "generate-without-eos",
-        ENC_DEC,
-        "tokens.eos",
-        None,
-        "generate needs tokens.eos",
-        args=("generate", "{file}"),
-    ),
-    case(
         "generate-over-the-limit",
         ENC_DEC.replace("tokens: {bos: S}", "tokens: {bos: S, eos: a}"),
         None,

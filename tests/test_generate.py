@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from conftest import config_from
 from random_configs import random_config
 from reference_torch import reference_forward
@@ -710,10 +711,6 @@ def test_bad_options_exit_2(args: list[str], message: str) -> None:
             "tokens.bos",
         ),
         (
-            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, E]\ntokens: {bos: a}\n",
-            "tokens.eos",
-        ),
-        (
             "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\nvocab: [a]\ntokens: {bos: a, eos: E}\n",
             "not in the vocabulary",
         ),
@@ -903,3 +900,33 @@ def test_long_tokens_in_prefixes_and_hypotheses_do_not_widen_the_output(
     lines = result.stdout.splitlines()
     assert max(map(cell_len, lines)) <= 120, max(lines, key=cell_len)
     assert any("startxxx" in x and "…" in x for x in lines)  # shown, shortened
+
+
+def test_without_eos_every_strategy_runs_to_max_tokens(tmp_yaml: Any) -> None:
+    # generate refused a file without tokens.eos, though --max-tokens ends the loop: a
+    # language model without an end token could not be decoded at all.
+    raw = _brute_force_config()
+    raw["tokens"]["eos"] = None  # t1 is now an ordinary token
+    vocab, cfg, max_tokens = raw["vocab"], model_of(raw), 2
+    logp = {
+        tail: np.log(reference_forward({**raw, "target": [BOS, *tail]})["probs"][-1])
+        for n in range(max_tokens)
+        for tail in itertools.product(vocab, repeat=n)
+    }
+    totals = {
+        seq: sum(float(logp[seq[:k]][vocab.index(t)]) for k, t in enumerate(seq))
+        for seq in itertools.product(vocab, repeat=max_tokens)
+    }
+    exhaustive = gen.run(cfg, gen.settings(beam=200, max_tokens=max_tokens))
+    assert exhaustive.generated == max(totals, key=lambda s: totals[s])
+    assert exhaustive.stopped == "max_tokens" and not exhaustive.finished
+    assert {h.tokens for h in exhaustive.unfinished} == set(totals)
+    greedy = gen.run(cfg, gen.settings(greedy=True, max_tokens=max_tokens))
+    first = vocab[int(np.argmax(logp[()]))]
+    assert greedy.generated == (first, vocab[int(np.argmax(logp[(first,)]))])
+    assert greedy.stopped == "max_tokens"
+    sampled = gen.run(cfg, gen.settings(sample=True, max_tokens=5, seed=3))
+    assert len(sampled.generated) == 5 and sampled.stopped == "max_tokens"
+    code, out, err = invoke("generate", tmp_yaml(yaml.safe_dump(raw)), "--max-tokens", "2")
+    assert code == 0, err
+    assert "after 2 produced token(s): the file sets no tokens.eos" in " ".join(out.split())

@@ -874,7 +874,7 @@ def generate(
     warn(c, tr.trace, cfg.file)
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
-    header_rows = conventions(cfg) + gen_mod.describe(s)
+    header_rows = conventions(cfg) + gen_mod.describe(s, cfg.tokens.eos)
     data = render.trace_json(
         cfg.title,
         tokens,

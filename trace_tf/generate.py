@@ -152,8 +152,8 @@ def settings(
     )
 
 
-def describe(s: Settings) -> list[tuple[str, str]]:
-    """The decoding conventions in force, for the header."""
+def describe(s: Settings, eos: str | None) -> list[tuple[str, str]]:
+    """The decoding conventions in force, for the header (`eos`: tokens.eos, if set)."""
     if s.strategy == "greedy":
         rule = "greedy: the most probable token (a tie goes to the earlier vocabulary entry)"
     elif s.strategy == "sample":
@@ -182,9 +182,14 @@ def describe(s: Settings) -> list[tuple[str, str]]:
             f"a kept one ending in eos finishes and the beam narrows by one; the result: "
             f"the best {penalty} among the finished and, at the limit, the live beams cut there"
         )
+    stop = (
+        f"at tokens.eos ({eos}) or after {s.max_tokens} produced token(s), eos included"
+        if eos is not None
+        else f"after {s.max_tokens} produced token(s): the file sets no tokens.eos"
+    )
     return [
         ("decoding", rule),
-        ("stop", f"at tokens.eos or after {s.max_tokens} produced token(s), eos included"),
+        ("stop", stop),
         (
             "cache",
             "KV cache: each iteration computes only the new row, over the cached K and V"
@@ -352,14 +357,6 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
     """The starting prefix (target, or [tokens.bos]); refuses what generate cannot serve."""
     m = cfg.model
     model.require_decoder(cfg, "generate")
-    if cfg.tokens.eos is None:
-        raise InputError(
-            "generate needs tokens.eos (decoding stops at eos or --max-tokens), "
-            "and the file sets none",
-            file=cfg.file,
-            path="tokens.eos",
-            expected="a token of vocab",
-        )
     start = model.target_of(cfg)  # the target, or [tokens.bos] (an error if neither)
     if start.tokens is None:
         raise InputError(
