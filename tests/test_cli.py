@@ -1042,3 +1042,19 @@ def test_check_and_diff_of_numbers_beyond_float64_apart_let_no_numpy_warning_out
         assert code == 0, err
         first = json.loads(out)["steps"][0]
         assert first["path"] == "encoder.embed" and first["max_abs_diff"] == "inf"
+
+
+def test_a_numeric_matrix_source_is_its_own_embedding_rows_labelled_x0_x1(tmp_yaml: Any) -> None:
+    # SPEC section 2: a numeric L x d_model source is used as the embeddings; its rows
+    # have no tokens, so tables and JSON's `tokens` label them x0, x1 (README).
+    path = tmp_yaml("model: {d_model: 2, n_heads: 1, positional: none}\nsource: [[1, 2], [3, 4]]\n")
+    code, out, err = invoke("encode", path, "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["tokens"] == {"source": ["x0", "x1"]}
+    steps = {s["path"]: s["value"] for s in data["steps"]}
+    assert steps["encoder.embed"] == [[1, 2], [3, 4]] == steps["encoder.input"]
+    code, out, _ = invoke("encode", path)
+    rows = [line.split() for line in out.splitlines()]
+    assert code == 0 and ["│", "x0", "│", "1.0000", "│", "2.0000", "│"] in rows
+    assert ["│", "x1", "│", "3.0000", "│", "4.0000", "│"] in rows
