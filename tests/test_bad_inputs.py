@@ -384,12 +384,12 @@ MALFORMED = [
         "nests too deeply",
     ),
     case(
-        "deeper-than-64",  # few brackets: composed, then measured (no line)
-        "model: " + "[" * 200 + "]" * 200 + "\n",
+        "deeper-than-64",  # few brackets: composed by libyaml, then measured, with its line
+        "model:\n  d_model: " + "[" * 200 + "]" * 200 + "\n",
         None,
-        None,
+        2,
         "nests too deeply",
-        "expected at most 64 nested lists or mappings, found 201 levels",
+        "expected at most 64 nested lists or mappings, found more than 64 levels",
     ),
     case(
         "integer-beyond-float64",
@@ -1503,6 +1503,59 @@ FILES = [
     ),
     case("utf-16-without-bom", "model: 4\n".encode("utf-16-le"), None, None, "binary data"),
     case("invalid-utf-8-start", b"\x80\x81garbage", None, None, "not UTF-8 text (byte 0)"),
+    case(  # the line of the byte, and the byte
+        "invalid-utf-8-line",
+        BASE.encode() + b"title: caf\xe9\n",
+        None,
+        6,
+        "not UTF-8 text (byte 75); expected UTF-8 text, found the byte 0xe9",
+    ),
+    *(  # characters YAML does not allow: one line, with the line and the character
+        case(
+            f"character-{name}",
+            BASE + f"title: a{char}b\n",
+            None,
+            6,
+            f"a character YAML does not allow (column 9); expected printable text (a tab, "
+            f"line breaks, and printable Unicode), found {found}",
+        )
+        for name, char, found in (
+            ("control", "\x01", "U+0001 (a control character)"),
+            ("escape", "\x1b", "U+001B (a control character)"),
+            ("delete", "\x7f", "U+007F (a control character)"),
+            ("c1-control", "\x9b", "U+009B (a control character)"),
+            ("non-character", "\ufffe", "U+FFFE"),
+        )
+    ),
+    # A byte of an argument that is not UTF-8 (`--set $'title=\xff'`): Python keeps it as
+    # the lone surrogate U+DCFF, which libyaml cannot even encode.
+    case(
+        "set-not-utf-8",
+        BASE,
+        None,
+        1,
+        "not UTF-8 text; expected UTF-8 text, found the byte 0xff",
+        args=("encode", "{file}", "--set", "title=\udcff"),
+        names="--set title",
+    ),
+    case(
+        "set-not-utf-8-second-line",
+        BASE,
+        None,
+        2,
+        "not UTF-8 text; expected UTF-8 text, found the byte 0xe9",
+        args=("encode", "{file}", "--set", "vocab=[a,\n caf\udce9]"),
+        names="--set vocab",
+    ),
+    case(
+        "inline-matrix-not-utf-8",
+        None,
+        None,
+        1,
+        "not UTF-8 text; expected UTF-8 text, found the byte 0xff",
+        args=("attend", "--q", "[1, \udcff]", "--k", "1", "--v", "1"),
+        names="--q",
+    ),
 ]
 
 # Inline matrices and the calculators: an error in an option names the option; one

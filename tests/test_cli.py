@@ -1058,3 +1058,53 @@ def test_a_numeric_matrix_source_is_its_own_embedding_rows_labelled_x0_x1(tmp_ya
     rows = [line.split() for line in out.splitlines()]
     assert code == 0 and ["│", "x0", "│", "1.0000", "│", "2.0000", "│"] in rows
     assert ["│", "x1", "│", "3.0000", "│", "4.0000", "│"] in rows
+
+
+def _run_module(*args: str | bytes, env: dict[str, str] | None = None, cwd: Path | None = None):  # type: ignore[no-untyped-def]
+    """`python -m trace_tf ARGS` in a real process (bytes arguments: a file name that is
+    not UTF-8), with `env` added to the environment."""
+    import os
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "trace_tf", *args],
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("args", [["encode"], ["check"], ["cost"], ["stages"]])
+def test_an_output_that_cannot_take_the_tables_is_one_line_not_a_bug(
+    encoding: str, args: list[str]
+) -> None:
+    # The tables draw boxes, minus signs and Greek letters: a stdout set to ASCII or
+    # Latin-1 cannot take them. That is the terminal's state, not a bug (was exit 3).
+    done = _run_module(*args, env={"PYTHONIOENCODING": encoding})
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"trace-tf: error: cannot write standard output: its encoding, {encoding}"
+    )
+    assert err.rstrip().endswith(
+        "expected an output that takes UTF-8 (a UTF-8 locale, or PYTHONIOENCODING=utf-8)"
+    )
+    assert (
+        _run_module("encode", "--format", "json", env={"PYTHONIOENCODING": encoding}).returncode
+        == 0
+    )
+
+
+def test_a_config_named_in_bytes_that_are_not_utf8_is_shown_with_them(tmp_path: Path) -> None:
+    # The file name b"c\xff.yaml" titles the tables: written back byte for byte, to a
+    # strict UTF-8 stdout and into an --output file (both were exit 3).
+    name = b"c\xff.yaml"
+    (tmp_path / "c\udcff.yaml").write_text("model: {d_model: 2}\nvocab: [a]\nsource: [a]\n")
+    done = _run_module("encode", name, env={"PYTHONIOENCODING": "utf-8"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b"\xe2\x94\x80 " + name + b" \xe2\x94\x80" in done.stdout  # "─ c\xff.yaml ─"
+    done = _run_module("encode", name, "--output", "out.txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b" " + name + b" " in (tmp_path / "out.txt").read_bytes()

@@ -80,6 +80,83 @@ def test_the_python_composer_reads_numbers_as_libyaml_does(
     assert with_c == without == {f"k{i}": v for i, (_, v) in enumerate(YAML_12)}
 
 
+def _both_ways(text: str, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """What parse_yaml gives (data and lines, or the error's line) with libyaml, then
+    without it (PyYAML's scanner and composer, in Python)."""
+
+    def read() -> object:
+        try:
+            data, lines = parse_yaml(text, "f.yaml")
+            return repr(data), lines._lines  # (repr: a NaN equals itself)
+        except InputError as err:
+            return str(err)
+
+    with_c = read()
+    with monkeypatch.context() as m:
+        m.setattr(loader, "_CLoader12", None)
+        return with_c, read()
+
+
+# Where PyYAML's own scanner departed from libyaml (and from YAML): a tab as a space
+# between tokens, and a `?` inside a plain scalar of a flow collection. Each text is
+# read by libyaml as the comment says; the Python path must read it alike.
+SAME_EITHER_WAY = [
+    "a:\t1\n",  # a tab after a key's colon
+    "a: 1\t\n",  # a trailing tab
+    "a: [1,\t2]\n",  # a tab in a flow sequence
+    "a: {b:\t1}\n",
+    "a: [1, 2]\t# a comment after a tab\n",
+    "a\t: 1\n",
+    "a: 'x'\t\n",
+    "a: b\tc\n",  # a tab inside a plain scalar: 'b\tc'
+    "a: b \t c\td\n",
+    "a: b\t\n  c\n",  # 'b c'
+    "a:\t\n  b: 1\n",
+    "vocab: [hello, how?, a?b, a ? b]\n",  # `?` inside plain scalars of a flow collection
+    "a: {k?: v?}\n",
+    "a: [?b]\n",  # a `?` that starts a flow entry is a key: [{b: null}]
+    "\ta: 1\n",  # a tab that indents: refused either way, on its line
+    "a:\n\t- 1\n",
+    "- \t1\n",
+    "a: b\n\tc\n",
+]
+
+
+@pytest.mark.parametrize("text", SAME_EITHER_WAY)
+def test_the_python_scanner_reads_tabs_and_question_marks_as_libyaml_does(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_c, without = _both_ways(text, monkeypatch)
+    assert with_c == without
+
+
+def test_tabs_as_spaces_and_question_marks_read_as_written() -> None:
+    data, _ = parse_yaml("a:\t[1,\t2]\t# c\nb: x\ty\nv: [how?, a ? b]\n", "f.yaml")
+    assert data == {"a": [1, 2], "b": "x\ty", "v": ["how?", "a ? b"]}
+
+
+def test_an_error_after_a_tab_is_reported_where_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # libyaml fails on line 3; the message comes from the Python parser, which must not
+    # stop first at the (valid) tab of line 1 and blame it.
+    for path in (loader._CLoader12, None):
+        monkeypatch.setattr(loader, "_CLoader12", path)
+        err = _refused("a:\t1\nb: [1,\t2]\nc: [1, 2\n")
+        assert err.line == 4 and "tab" not in str(err), str(err)
+
+
+def test_every_fixture_and_corpus_text_reads_the_same_without_libyaml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from conftest import FIXTURES
+    from test_bad_inputs import CORPUS
+
+    texts = [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("*.yaml"))]
+    texts += [c.values[0].text for c in CORPUS if isinstance(c.values[0].text, str)]
+    for text in texts:
+        with_c, without = _both_ways(text, monkeypatch)
+        assert with_c == without, text
+
+
 def test_the_merge_key_is_still_named() -> None:
     err = _refused("a: &x {b: 1}\nc: {<<: *x}\n")
     assert "merge keys" in str(err) and err.found == "<<" and err.line == 2

@@ -9,6 +9,7 @@ every run several milliseconds; names imported only for type checking are quoted
 
 import functools
 import inspect
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -398,6 +399,12 @@ def _write_errors(shown: str) -> Iterator[None]:
         raise
     except OSError as exc:
         _fail(f"cannot write {shown}: {exc.strerror or exc}")
+    except UnicodeEncodeError as exc:  # a terminal set to ASCII or Latin-1: its state, too
+        _fail(
+            f"cannot write {shown}: its encoding, {exc.encoding}, has no "
+            f"{exc.object[exc.start]!r} (U+{ord(exc.object[exc.start]):04X}); expected an "
+            "output that takes UTF-8 (a UTF-8 locale, or PYTHONIOENCODING=utf-8)"
+        )
 
 
 def _is_stream(path: Path) -> bool:
@@ -427,7 +434,11 @@ def _open(path: Path, binary: bool, shown: Path) -> Any:
     """A file for --output (`shown`: as given) opened for writing: bytes (npz), or
     UTF-8 text with its newlines as written (csv)."""
     try:
-        return open(path, "wb") if binary else open(path, "w", encoding="utf-8", newline="")
+        if binary:
+            return open(path, "wb")
+        # surrogateescape: a file name's bytes that were not UTF-8 are written back as they
+        # were, as the terminal shows them (Python keeps such a byte 0xNN as U+DCNN)
+        return open(path, "w", encoding="utf-8", errors="surrogateescape", newline="")
     except OSError as exc:
         _fail(f"cannot write --output {shown}: {exc.strerror}")
 
@@ -1465,6 +1476,10 @@ def main() -> None:
     # rather than through rich's exit 1, which would say `check` found a mismatch.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A config named with bytes that are not UTF-8 (Python keeps a byte 0xNN of an
+    # argument as U+DCNN) is shown with those bytes, as a UTF-8 locale's "C" one does.
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         app_for(sys.argv[1:])()
     except MemoryError:  # outside a command's guard: parsing the options, say

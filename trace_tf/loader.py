@@ -188,17 +188,69 @@ class _DepthLimitedLoader(
 
     _depth = 0
 
+    # PyYAML's scanner takes no tab as a space between tokens, where libyaml (and YAML)
+    # takes one wherever it cannot be indentation: `a:<tab>1`, `[1,<tab>2]`, a tab before
+    # a comment. Read as libyaml reads them, a file means the same with or without
+    # libyaml, and a file libyaml refuses is not refused for a tab it took.
+
+    def scan_to_next_token(self) -> None:
+        """libyaml's rule: a tab is a space in flow context, or where no simple key may
+        start (after a key's `:` or a scalar), never at the start of a line."""
+        super().scan_to_next_token()
+        while self.peek() == "\t" and (self.flow_level or not self.allow_simple_key):
+            self.forward()
+            super().scan_to_next_token()
+
+    def scan_plain_spaces(self, indent: int, start_mark: yaml.Mark) -> list[str] | None:
+        """Tabs between the words of a plain scalar on one line (`a b<tab>c`), as libyaml."""
+        length = 0
+        while self.peek(length) in " \t":
+            length += 1
+        if "\t" in self.prefix(length):
+            blanks = self.prefix(length)
+            self.forward(length)
+            if self.peek() not in "\r\n\x85\u2028\u2029":
+                return [blanks]
+        chunks: list[str] | None = super().scan_plain_spaces(indent, start_mark)
+        return chunks
+
+    def scan_plain(self) -> yaml.ScalarToken:
+        """PyYAML's own, but a `?` inside a plain scalar in a flow collection is part
+        of it, as in YAML 1.2 and libyaml (`[hello, how?]`); PyYAML ends the scalar there."""
+        chunks: list[str] = []
+        start_mark = end_mark = self.get_mark()
+        indent = self.indent + 1
+        spaces: list[str] | None = []
+        blank = "\0 \t\r\n\x85\u2028\u2029"
+        while self.peek() != "#":
+            length = 0
+            while True:
+                ch = self.peek(length)
+                if ch in blank or (self.flow_level and ch in ",[]{}"):
+                    break
+                if ch == ":" and self.peek(length + 1) in blank + (
+                    ",[]{}" if self.flow_level else ""
+                ):
+                    break
+                length += 1
+            if length == 0:
+                break
+            self.allow_simple_key = False
+            chunks.extend(spaces or ())
+            chunks.append(self.prefix(length))
+            self.forward(length)
+            end_mark = self.get_mark()
+            spaces = self.scan_plain_spaces(indent, start_mark)
+            if not spaces or self.peek() == "#" or (not self.flow_level and self.column < indent):
+                break
+        return yaml.ScalarToken("".join(chunks), True, start_mark, end_mark)
+
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise InputError(
-                    "the YAML nests too deeply; refused",
-                    file=self.name,
-                    line=mark.line + 1,
-                    expected=f"at most {MAX_DEPTH} nested lists or mappings",
-                )
+                raise _too_deep(self.name, mark.line + 1)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -327,7 +379,7 @@ def _compose(text: str, file: str) -> yaml.Node | None:
                 _check_depth(yaml.parse(text, Loader=yaml.CSafeLoader), file)
             node: yaml.Node | None = yaml.compose(text, Loader=_CLoader12)
             return node
-        except yaml.YAMLError:
+        except (yaml.YAMLError, UnicodeEncodeError):  # (a lone surrogate: see _unreadable)
             pass
     loader = _DepthLimitedLoader(text)
     loader.name = file
@@ -343,6 +395,17 @@ def _could_nest(text: str, depth: int) -> bool:
     return sum(text.count(c) for c in "[{-?:") >= depth
 
 
+def _too_deep(file: str, line: int | None) -> InputError:
+    """Nesting deeper than MAX_DEPTH, at the line of the list or mapping one too deep."""
+    return InputError(
+        "the YAML nests too deeply; refused",
+        file=file,
+        line=line,
+        expected=f"at most {MAX_DEPTH} nested lists or mappings",
+        found=f"more than {MAX_DEPTH} levels",
+    )
+
+
 def _check_depth(events: Iterator[yaml.Event], file: str) -> None:
     """Refuse nesting deeper than MAX_DEPTH, from the parser's events (no recursion)."""
     depth = 0
@@ -351,20 +414,42 @@ def _check_depth(events: Iterator[yaml.Event], file: str) -> None:
         if kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
             depth += 1
             if depth > MAX_DEPTH:
-                raise InputError(
-                    "the YAML nests too deeply; refused",
-                    file=file,
-                    line=event.start_mark.line + 1 if event.start_mark else None,
-                    expected=f"at most {MAX_DEPTH} nested lists or mappings",
-                )
+                raise _too_deep(file, event.start_mark.line + 1 if event.start_mark else None)
         elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
             depth -= 1
+
+
+def _unreadable(exc: yaml.reader.ReaderError, text: str, file: str) -> InputError:
+    """A character YAML does not allow (a control character, U+FFFE), said on one line
+    with its line. A lone surrogate is a byte of a command-line argument that was not
+    UTF-8 (Python keeps such a byte 0xNN as U+DCNN): named as that byte."""
+    line = text.count("\n", 0, exc.position) + 1
+    column = exc.position - text.rfind("\n", 0, exc.position)
+    code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+    if 0xDC80 <= code <= 0xDCFF:
+        return InputError(
+            "not UTF-8 text",
+            file=file,
+            line=line,
+            expected="UTF-8 text",
+            found=f"the byte 0x{code - 0xDC00:02x}",
+        )
+    return InputError(
+        f"a character YAML does not allow (column {column})",
+        file=file,
+        line=line,
+        expected="printable text (a tab, line breaks, and printable Unicode)",
+        found=f"U+{code:04X}"
+        + (" (a control character)" if code < 0x20 or 0x7F <= code < 0xA0 else ""),
+    )
 
 
 def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
     """YAML text -> plain Python data and the line of each key path."""
     try:
         node = _compose(text, file)
+    except yaml.reader.ReaderError as exc:
+        raise _unreadable(exc, text, file) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or "malformed YAML"
@@ -389,6 +474,8 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
             expected=f"at most {MAX_NODES:,} values after expanding aliases",
         )
     if depth > MAX_DEPTH:
+        # As written (libyaml composed it, being shallow enough to be safe): its line
+        _check_depth(yaml.parse(text, Loader=_DepthLimitedLoader), file)  # type: ignore[arg-type]
         raise InputError(
             "the YAML nests too deeply (counting what its aliases expand to); refused",
             file=file,
@@ -449,4 +536,10 @@ def read_stream(fh: BinaryIO, name: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=name) from None
+        raise InputError(
+            f"not UTF-8 text (byte {exc.start})",
+            file=name,
+            line=data.count(b"\n", 0, exc.start) + 1,
+            expected="UTF-8 text",
+            found=f"the byte 0x{data[exc.start]:02x}",
+        ) from None
