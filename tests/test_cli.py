@@ -1108,3 +1108,43 @@ def test_a_config_named_in_bytes_that_are_not_utf8_is_shown_with_them(tmp_path: 
     done = _run_module("encode", name, "--output", "out.txt", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert b" " + name + b" " in (tmp_path / "out.txt").read_bytes()
+
+
+@pytest.mark.parametrize("width", [1, 20, 40, 50])
+@pytest.mark.parametrize(
+    "command", [("encode",), ("step", "--stage", "softmax"), ("attend",), ("pe",)]
+)
+def test_a_matrix_too_wide_for_any_elision_is_printed_whole_not_cut(
+    tmp_yaml, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...], width: int
+) -> None:  # type: ignore[no-untyped-def]
+    # Elided to its first and last column, a matrix may still not fit a narrow terminal
+    # (two columns of 17 digits are over 50 cells): it is printed wider, as the other
+    # tables are, rather than cut at the edge (`1.00000000` for 1.0000000000000000e+00).
+    path = tmp_yaml(
+        "model: {d_model: 4, n_heads: 2}\nvocab: [a, b]\nsource: [a, b]\n"
+        "embeddings: {a: [1, 2, 3, 4], b: [4, 3, 2, -9]}\n"
+    )
+    args = {
+        "attend": ["--q", "1e-9 1; 1 1", "--k", "1 1; 30 1", "--v", "1 2; 3 4"],
+        "pe": ["--length", "3", "--d-model", "12"],
+    }.get(command[0], [path])
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, err = invoke(command[0], *args, *command[1:], "--precision", "17")
+    assert code == 0, err
+    rows = []  # the matrices' lines, inside step's panels or not
+    for line in out.splitlines():
+        if line.startswith("│ ") and line[2:3] in "┏┃┡│└":
+            rows.append(line[2:].rstrip()[:-1].rstrip())  # less the panel's borders
+        elif line[:1] in "┏┃┡│└":
+            rows.append(line.rstrip())
+    assert len(rows) >= 6 and all(x[-1] in "┓┃┩│┘" for x in rows), out  # each whole
+
+
+def test_a_terminal_of_one_column_is_laid_out_forty_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    # COLUMNS=1 left the header's panel no room: it printed two corners and no text.
+    from rich.cells import cell_len
+
+    monkeypatch.setenv("COLUMNS", "1")
+    code, out, _ = invoke("generate", "--max-tokens", "1")
+    assert code == 0 and "decoding" in out and "greedy" in out and "next how" in out
+    assert max(cell_len(x) for x in out.splitlines()) == 40

@@ -174,6 +174,9 @@ MaxElementsOpt = Annotated[
 ]
 
 
+MIN_WIDTH = 40  # a narrower terminal ($COLUMNS=1, say) is laid out 40 wide: it wraps
+
+
 @dataclass
 class Common:
     sets: list[str]
@@ -196,10 +199,13 @@ class Common:
     @property
     def width(self) -> int:
         """The width tables are laid out for, and printed at: the terminal's (or
-        $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file."""
+        $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file; never
+        under MIN_WIDTH, where a panel would have no room left for its text."""
         import shutil
 
-        return shutil.get_terminal_size((120, 40)).columns if self.to_stdout else 160
+        if not self.to_stdout:
+            return 160
+        return max(MIN_WIDTH, shutil.get_terminal_size((120, 40)).columns)
 
     def view(self) -> "View":
         """Elide matrices to what fits the terminal. `max_cols` is the most columns that
@@ -500,12 +506,12 @@ def emit(
 
             fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
-            from trace_tf.render import least_width, width_needed
+            from trace_tf.render import least_width
 
             con = console(fh, c.width)
             # A table whose numbers cannot all fit is printed wider than the terminal
             # rather than cut one; with --full, every column of a matrix, however wide.
-            widths = [max(least_width(r), width_needed(r) if c.full else 0) for r in renderables]
+            widths = [least_width(r) for r in renderables]
             screen, con.width = con.width, max(con.width, *widths)
             for r, need in zip(renderables, widths, strict=True):
                 con.print(r, width=max(screen, need))  # the rest keeps the screen's width

@@ -267,12 +267,6 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
     return width(renderable)
 
 
-def width_needed(renderable: RenderableType) -> int:
-    """Terminal cells the widest matrix grid in `renderable` needs, with the borders of
-    the panels around it (0: none), so that --full can show every column."""
-    return _through_panels(renderable, lambda r: r.width if isinstance(r, Grid) else 0)
-
-
 def shown_token(token: str) -> str:
     """A token as every table and line shows it: printable, and shortened in its
     middle when longer than a label (the JSON output keeps it whole)."""
@@ -495,7 +489,13 @@ def least_width(renderable: RenderableType) -> int:
 
     This follows how rich narrows a table that is too wide: the wrapable columns only,
     the widest first, down to a common width; that width must leave each of them its
-    min_width (else 1 cell), or rich would cut the others too."""
+    min_width (else 1 cell), or rich would cut the others too.
+
+    A matrix grid is as narrow as it can be: it was elided to fit the width it was
+    laid out for, or to its first and last column around `…` where even that does not
+    fit (or shown whole, with --full)."""
+    if isinstance(renderable, Grid):
+        return renderable.width
     if isinstance(renderable, Table):
         columns = renderable.columns
         if not any(c.no_wrap and c.min_width is not None for c in columns):
