@@ -987,9 +987,42 @@ SIZES_ = [
         BASE,
         "model",
         1,
-        "(an upper bound) for d_model 4, 2 head(s), d_ff 16, 1 + 0 layer(s), 3 token(s) of "
-        "vocab and sequences of up to 8000 tokens",
+        "(an upper bound) for d_model 4, 2 head(s) of d_k 2 / d_v 2, d_ff 16, 1 + 0 layer(s), "
+        "3 token(s) of vocab and sequences of up to 8000 tokens",
         args=("encode", "{file}", "--set", "source=[" + ", ".join(["a"] * 8000) + "]"),
+    ),
+    *(  # the size at fault is among the sizes named
+        case(
+            f"too-large-names-{name}",
+            BASE.replace("n_heads: 2", f"n_heads: 2\n  {setting}"),
+            "model",
+            1,
+            f"(an upper bound) for d_model 4, 2 head(s) of {named}, 1 + 0 layer(s)",
+        )
+        for name, setting, named in (
+            ("d_k", "d_k: 100000000", "d_k 100000000 / d_v 100000000, d_ff 16"),
+            ("d_v", "d_v: 100000000", "d_k 2 / d_v 100000000, d_ff 16"),
+            (
+                "d_a",
+                "score: additive\n  d_a: 100000000",
+                "d_k 2 / d_v 2, d_ff 16, d_a 100000000",
+            ),
+            (
+                "max_len",
+                "positional: learned\n  max_len: 100000000",
+                "d_k 2 / d_v 2, d_ff 16, max_len 100000000 (learned positions)",
+            ),
+        )
+    ),
+    case(  # refused before the 10^9 tokens are listed (they filled the memory)
+        "cost-vary-absurd-length",
+        BASE,
+        "model",
+        1,
+        "too large",
+        "for d_model 4, 2 head(s) of d_k 2 / d_v 2, d_ff 16, 1 + 0 layer(s), 3 token(s) of "
+        "vocab and sequences of up to 1000000000 tokens",
+        args=("cost", "{file}", "--vary", "L=8,1000000000"),
     ),
     case(
         "scale-zero",

@@ -654,6 +654,15 @@ def build(
 # ---------------------------------------------------------------------------
 
 
+def check_size(
+    doc: Document, m: ModelConfig, n_vocab: int, lengths: Sequence[int], max_elements: int
+) -> None:
+    """Refuse a model whose arrays would hold more than `max_elements` numbers over
+    sequences of these lengths, before anything is built (as `build` does for the file's
+    own sequences): `cost --vary L=...` asks before it lists the L tokens."""
+    _Validator(_ctx(doc), max_elements).check_size(m, n_vocab, lengths)
+
+
 def _kind(value: Any) -> str:
     """A short description of what a value is, for 'found ...'."""
     if value is None:
@@ -1335,14 +1344,19 @@ class _Validator:
         # b_o, gamma, beta; per FFN 6; an embedding per token; a few more.
         total += OBJECT_COST * (blocks * (10 * H + 4) + (enc + dec) * 6 + V + 8)
         if total > self.max_elements:
+            # every size the bound grows with, so that the one at fault is in sight
+            extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
+            if m.positional == "learned":
+                extra += f", max_len {m.max_len} (learned positions)"
             raise self.ctx.err(
                 "model",
                 "too large: the model's arrays would be over the limit "
                 "(raise it with --max-elements)",
                 expected=f"at most {self.max_elements:,} numbers",
                 found_text=f"up to about {total:,} (an upper bound) for d_model {d}, "
-                f"{H} head(s), d_ff {dff}, {enc} + {dec} layer(s), {V} token(s) of vocab "
-                f"and sequences of up to {max(lengths, default=1)} tokens",
+                f"{H} head(s) of d_k {dk} / d_v {dv}, d_ff {dff}{extra}, {enc} + {dec} "
+                f"layer(s), {V} token(s) of vocab and sequences of up to "
+                f"{max(lengths, default=1)} tokens",
             )
 
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:

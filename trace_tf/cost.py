@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from trace_tf import model
-from trace_tf.config import Config, Document, build, overridden
+from trace_tf.config import Config, Document, build, check_size, overridden
 from trace_tf.errors import InputError
 from trace_tf.stages import stage_of
 from trace_tf.trace import Labels, Tracer
@@ -290,6 +290,7 @@ def resized(
     """
     d = overridden(doc, sets, variant)
     if name == "L":
+        check_size(d, base.model, len(base.vocab), [value], max_elements)  # before the list
         for key, seq in (("source", base.source), ("target", base.target)):
             if key == "target" and base.model.decoder_layers:
                 seq = model.target_of(base)
