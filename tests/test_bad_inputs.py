@@ -1402,6 +1402,22 @@ SETS = [
         "set by --set model.n_head",
         args=("encode", "{file}", "--set", "model.n_head=2"),
     ),
+    case(  # the unknown key is one the --set made on its way: not line 1 of the file
+        "set-unknown-key-made-by-a-deeper-set",
+        BASE,
+        "model.new",
+        None,
+        "{file}: model.new: unknown key 'new' (set by --set model.new.deep.key);",
+        args=("encode", "{file}", "--set", "model.new.deep.key=1"),
+    ),
+    case(
+        "variant-unknown-key-made-by-a-deeper-key",
+        BASE + "variants:\n  v:\n    model.nw.x: 1\n",
+        "model.nw",
+        "model.nw.x",
+        "unknown key 'nw' (set by variant 'v', at model.nw.x)",
+        args=("encode", "{file}", "--variant", "v"),
+    ),
     case(
         "set-bad-value",
         BASE,

@@ -698,7 +698,15 @@ class _Ctx:
     ) -> InputError:
         """An InputError at `path`; `found` is described, or `found_text` given as is."""
         key = next(
-            (k for k in reversed(self.overridden) if path == k or path.startswith(k + ".")), None
+            (
+                k
+                for k in reversed(self.overridden)
+                if path == k
+                or path.startswith(k + ".")
+                # a key the override made on its way (`model.new` of model.new.x=1)
+                or (k.startswith(path + ".") and not self.lines.given(path))
+            ),
+            None,
         )
         line = self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it

@@ -113,6 +113,10 @@ class Lines:
     def set(self, path: str, line: int) -> None:
         self._lines.setdefault(path, line)
 
+    def given(self, path: str) -> bool:
+        """Whether the file itself holds `path`."""
+        return path in self._lines
+
     def get(self, path: str) -> int | None:
         """The line of `path`, or of its nearest enclosing key."""
         while True:
