@@ -1024,6 +1024,36 @@ SIZES_ = [
         "vocab and sequences of up to 1000000000 tokens",
         args=("cost", "{file}", "--vary", "L=8,1000000000"),
     ),
+    *(  # a given number that float32 cannot hold: it would become an infinity
+        case(
+            f"beyond-float32-{name}",
+            text,
+            path,
+            line,
+            "beyond the range of float32, the model's dtype",
+            f"expected a number of magnitude at most 3.40282e+38, or float64, found {found}",
+            args=args,
+        )
+        for name, text, path, line, found, args in (
+            (
+                "embedding",
+                BASE.replace("n_heads: 2", "n_heads: 2\n  dtype: float32")
+                + "embeddings:\n  a: [1, 2, 1e39, 4]\n",
+                "embeddings.a.2",
+                8,
+                "the number 1e+39",
+                ("encode", "{file}"),
+            ),
+            (
+                "weight-by-option",
+                attn("W_o: [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, -4e38, 0], [0, 0, 0, 1]]", BASE),
+                "weights.encoder.0.self_attn.W_o.2.2",
+                9,
+                "the number -4e+38",
+                ("encode", "{file}", "--dtype", "float32"),
+            ),
+        )
+    ),
     case(
         "scale-zero",
         BASE.replace("n_heads: 2", "n_heads: 2\n  scale: 0"),

@@ -72,3 +72,19 @@ def test_dtype_refusals(tmp_path: Path) -> None:
     bad.write_text("model: {d_model: 2, dtype: float16}\nvocab: [a]\nsource: [a]\n")
     result = runner.invoke(app, ["encode", str(bad)])
     assert result.exit_code == 2 and "model.dtype" in result.stderr
+
+
+def test_a_drawn_weight_beyond_float32_is_an_overflow_warning_not_numpys(tmp_path: Path) -> None:
+    # init_std 1e39: every drawn number is beyond float32. Rounded, they are infinities,
+    # which the run reports with the step; numpy's own RuntimeWarning (two lines naming
+    # config.py) used to come first.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as a process's stderr would show it
+        result = runner.invoke(
+            app, ["encode", "--dtype", "float32", "--set", "model.init_std=1e39"]
+        )
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.startswith("trace-tf: warning: hello (packaged example): ")
+    assert result.stderr.count("\n") == 1 and "RuntimeWarning" not in result.stderr

@@ -750,6 +750,8 @@ def _suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 OBJECT_COST = 128  # numbers (1 KiB) charged to the size limit for each array or step kept
 
 
@@ -781,6 +783,7 @@ class _Validator:
         self.drawn: list[str] = []
         self.seed = 0
         self.init_std = 1.0
+        self.dtype = "float64"  # the model's, once read: given numbers must fit it
 
     # -- primitives ---------------------------------------------------------
 
@@ -862,6 +865,16 @@ class _Validator:
             where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
             raise self.ctx.err(
                 where, "not a finite number", float(arr[tuple(bad)]), "a finite number"
+            )
+        if finite and self.dtype == "float32" and (np.abs(arr) > FLOAT32_MAX).any():
+            # (rounded to float32 it would be an infinity: no longer the number written)
+            bad = np.argwhere(np.abs(arr) > FLOAT32_MAX)[0]
+            where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
+            raise self.ctx.err(
+                where,
+                "beyond the range of float32, the model's dtype",
+                float(arr[tuple(bad)]),
+                f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
             )
         if shape is not None and tuple(arr.shape) != shape:
             raise self.ctx.err(
@@ -1369,7 +1382,7 @@ class _Validator:
 
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
         m = self.model_section(data["model"])
-        self.seed, self.init_std = m.seed, m.init_std
+        self.seed, self.init_std, self.dtype = m.seed, m.init_std, m.dtype
         d = m.d_model
         vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
         vocab_set = set(vocab)
@@ -1774,9 +1787,15 @@ def _of_vocab(vocab: Sequence[str]) -> str:
 
 
 def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
-    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`."""
+    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`.
+
+    A given number beyond float32 was refused; a drawn one (init_std 1e39) becomes an
+    infinity, which the run reports as an overflow, naming the step."""
     if isinstance(value, np.ndarray):
-        return value.astype(dtype) if value.dtype.kind == "f" else value
+        if value.dtype.kind != "f":
+            return value
+        with np.errstate(over="ignore"):
+            return value.astype(dtype)
     if isinstance(value, tuple):
         return tuple(_astype(v, dtype) for v in value)
     if isinstance(value, Mapping):
