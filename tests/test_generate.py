@@ -930,3 +930,31 @@ def test_without_eos_every_strategy_runs_to_max_tokens(tmp_yaml: Any) -> None:
     code, out, err = invoke("generate", tmp_yaml(yaml.safe_dump(raw)), "--max-tokens", "2")
     assert code == 0, err
     assert "after 2 produced token(s): the file sets no tokens.eos" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("strategy", [["--greedy"], ["--sample"], ["--beam", "2"]])
+def test_a_long_prefix_is_shown_by_its_ends_so_the_output_grows_linearly(
+    strategy: list[str],
+) -> None:
+    # Each iteration printed its whole prefix: 2000 tokens wrote 15 MB, growing as the
+    # square of --max-tokens. Past 21 tokens, the first 4 and the last 16 are shown
+    # around how many were left out; --full shows them all; the result is whole.
+    def lines(n: int, *extra: str) -> list[str]:
+        result = runner.invoke(
+            app, ["generate", *strategy, "--max-tokens", str(n), *extra], env={"COLUMNS": "100"}
+        )
+        assert result.exit_code == 0, result.stderr
+        return result.stdout.splitlines()
+
+    short, long = lines(40), lines(80)
+    growth = (len(long) - len(short)) / (len(short) - len(lines(20)))
+    assert growth < 2.3, growth  # (quadratic: about 3)
+    prefixes = [x for x in long if "prefix" in x or ("│ " in x and "SOS " in x)]
+    # SOS + 79 tokens at the last iteration; sampling may end at eos sooner
+    hidden = " … 60 more … " if strategy[0] != "--sample" else " more … "
+    assert any("SOS how" in x and hidden in x for x in prefixes)
+    assert not any(" more … " in x for x in lines(20))  # 21 tokens at most: whole
+    whole = "\n".join(lines(80, "--full"))
+    assert " more … " not in whole and whole.count("SOS") > 80
+    summary = long[long.index(next(x for x in long if "─ generated" in x)) :]
+    assert " more … " not in "\n".join(summary)  # the result in full

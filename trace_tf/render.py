@@ -803,6 +803,20 @@ def _tokens(tokens: Sequence[str]) -> str:
     return " ".join(map(shown_token, tokens)) if tokens else "(none)"
 
 
+PREFIX_HEAD, PREFIX_TAIL = 4, 16  # a longer prefix is shown by these ends
+
+
+def _prefix(tokens: Sequence[str], view: View) -> str:
+    """An iteration's prefix: whole when short or with --full, else its first and last
+    tokens around how many are left out. Whole, every iteration would print the prefix
+    again, and the output grow as the square of --max-tokens."""
+    hidden = len(tokens) - PREFIX_HEAD - PREFIX_TAIL
+    if view.full or hidden < 2:
+        return _tokens(tokens)
+    head, tail = _tokens(tokens[:PREFIX_HEAD]), _tokens(tokens[-PREFIX_TAIL:])
+    return f"{head} {ELLIPSIS} {hidden} more {ELLIPSIS} {tail}"
+
+
 def iteration_view(
     it: Iteration, gen: Generation, vocab: Sequence[str], show: int, view: View
 ) -> Panel:
@@ -825,7 +839,7 @@ def iteration_view(
         )
         title = f"iteration {it.index} · {len(it.beams)} live beam(s)"
         return Panel(Group(*parts), title=Text(title), title_align="left")
-    parts.append(Text.assemble(("prefix ", "bold"), _tokens(it.prefix)))
+    parts.append(Text.assemble(("prefix ", "bold"), _prefix(it.prefix, view)))
     if s.strategy == "sample":
         columns = [("model p", it.model_probs)]
         names = {"tempered": f"T = {exact(s.temperature)}"}  # and the filters that are on
@@ -869,7 +883,9 @@ def _beams_table(
     beams.add_column("prefix", overflow="fold", min_width=max(map(cell_len, ["prefix", *words])))
     beams.add_column("logP", justify="right", no_wrap=True, min_width=0)
     for j, b in enumerate(it.beams):
-        beams.add_row(str(j), _tokens((*gen.start, *b.tokens)), f"{b.logprob:.{view.precision}f}")
+        beams.add_row(
+            str(j), _prefix((*gen.start, *b.tokens), view), f"{b.logprob:.{view.precision}f}"
+        )
     keep_whole(beams)
     token_logp, totals, order = extensions(it.beams)
     V = len(vocab)
