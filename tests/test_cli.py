@@ -1148,3 +1148,28 @@ def test_a_terminal_of_one_column_is_laid_out_forty_wide(monkeypatch: pytest.Mon
     code, out, _ = invoke("generate", "--max-tokens", "1")
     assert code == 0 and "decoding" in out and "greedy" in out and "next how" in out
     assert max(cell_len(x) for x in out.splitlines()) == 40
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Loading typer, rich and the commands takes a tenth of a second; a Ctrl-C then
+    # came before any guard and printed a traceback. The script's entry catches it.
+    import types
+
+    class Loading(types.ModuleType):
+        def __getattr__(self, name: str) -> None:
+            raise KeyboardInterrupt  # as if interrupted while trace_tf.cli loads
+
+    from trace_tf.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "trace_tf.cli", Loading("trace_tf.cli"))
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 130
+    assert capsys.readouterr() == ("", "trace-tf: interrupted\n")
+
+
+def test_the_script_and_python_m_enter_through_the_same_guard() -> None:
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert 'trace-tf = "trace_tf.__main__:main"' in pyproject.splitlines()
