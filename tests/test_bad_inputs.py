@@ -1458,6 +1458,23 @@ SETS = [
         args=("encode", "{file}", "--set", "model.scale=-1"),
     ),
     case(
+        "variant-that-changes-expect",
+        BASE + "variants:\n  v: {expect: []}\n",
+        "variants.v.expect",
+        7,
+        "a variant cannot change variants or expect; expected keys of the config other than "
+        "variants and expect, found a list of 0",
+        args=("encode", "{file}", "--variant", "v"),
+    ),
+    case(  # the same words whether the variant is applied or only read
+        "variant-not-a-mapping",
+        BASE + "variants:\n  v: 3\n",
+        "variants.v",
+        7,
+        "a variant maps dotted keys to values; expected a mapping, found the number 3",
+        args=("encode", "{file}", "--variant", "v"),
+    ),
+    case(
         "variant-bad-value-names-the-variant-and-its-line",
         BASE + "variants:\n  ok: {model.scale: 2}\n  neg:\n    model.scale: -1\n",
         "model.scale",

@@ -574,11 +574,16 @@ def apply_variant(doc: Document, name: str) -> None:
         )
     body = variants[name]
     if not isinstance(body, dict):
-        raise _ctx(doc).err(f"variants.{name}", "a variant must map dotted keys to values", body)
+        raise _ctx(doc).err(
+            f"variants.{name}", "a variant maps dotted keys to values", body, "a mapping"
+        )
     for key, value in body.items():
         if key in ("variants", "expect") or key.startswith(("variants.", "expect.")):
             raise _ctx(doc).err(
-                f"variants.{name}.{key}", "a variant cannot change variants or expect", value
+                f"variants.{name}.{key}",
+                "a variant cannot change variants or expect",
+                value,
+                "keys of the config other than variants and expect",
             )
         origin = Origin(f"variant {name!r}", at=join(f"variants.{name}", key))
         apply_override(doc, key, _deepcopy(value), origin)
