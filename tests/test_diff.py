@@ -267,3 +267,18 @@ def test_neighbouring_floats_are_written_apart(a: float) -> None:
 def test_a_config_bad_for_one_run_says_which(args: list[str], says: str) -> None:
     result = runner.invoke(app, ["diff", "hello", *args, "--set-b", "model.seed=1"])
     assert result.exit_code == 2 and says in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_warning_says_which_run_it_is_from() -> None:
+    # A and B are one file here: the overflow is B's alone, and says so.
+    args = ["diff", "hello", "--set-b", "embeddings.hello=[1e308, 1e308, 1e308, 1e308]"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0
+    assert result.stderr.endswith(
+        "overflow: an infinity first appears in step encoder.0.self_attn.h0.q (in run B)\n"
+    )
+    assert result.stderr.count("\n") == 1
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert data["warnings"] == [
+        "overflow: an infinity first appears in step encoder.0.self_attn.h0.q (in run B)"
+    ]

@@ -537,11 +537,11 @@ def _write_steps(c: Common, steps: "list[Step]", choose: str) -> None:
         fh.write(text)
 
 
-def warn(c: Common, trace: "Trace", file: str | None = None) -> None:
+def warn(c: Common, warnings: list[str], file: str | None = None) -> None:
     """NaN and overflow: a warning on stderr, or an error with --strict."""
     from trace_tf.errors import NumericalError
 
-    for w in trace.warnings:
+    for w in warnings:
         if c.strict:
             raise NumericalError(w + " (--strict)", file=file)
         typer.echo(f"trace-tf: warning: {f'{file}: ' if file else ''}{w}", err=True)
@@ -569,7 +569,7 @@ def _show(
     from trace_tf.config import Config
     from trace_tf.runner import conventions
 
-    warn(c, trace, cfg.file)
+    warn(c, trace.warnings, cfg.file)
     tokens: dict[str, Any] = {}
     if isinstance(cfg, Config):
         tgt = cfg.target
@@ -888,7 +888,7 @@ def generate(
             check_selection(tr.trace, stage, layer, head)  # as `step` does
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
-    warn(c, tr.trace, cfg.file)
+    warn(c, tr.trace.warnings, cfg.file)
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
     header_rows = conventions(cfg) + gen_mod.describe(s, cfg.tokens.eos)
@@ -1217,8 +1217,11 @@ def diff(
             exc.message += f" (in run {name})"
             raise
     trace_a, trace_b = run(built[0]), run(built[1])
-    warn(c, trace_a, doc_a.file)
-    warn(c, trace_b, doc_b.file)
+    # which run each is from (A and B are often one file)
+    warn_a = [f"{w} (in run A)" for w in trace_a.warnings]
+    warn_b = [f"{w} (in run B)" for w in trace_b.warnings]
+    warn(c, warn_a, doc_a.file)
+    warn(c, warn_b, doc_b.file)
     keep = None
     if stage is not None:
         check_stage(
@@ -1242,7 +1245,7 @@ def diff(
         "steps": [render.diff_json(d) for d in diffs],
         "only_a": [d.path for d in diffs if d.b is None],
         "only_b": [d.path for d in diffs if d.a is None],
-        "warnings": trace_a.warnings + trace_b.warnings,
+        "warnings": warn_a + warn_b,
     }
     view = c.view()
     items: list[Any] = [
@@ -1287,7 +1290,7 @@ def explain(
         )
     cfg = _load(config, c)
     trace = run(cfg)
-    warn(c, trace, cfg.file)
+    warn(c, trace.warnings, cfg.file)
     try:  # a step or cell this config does not have: name the file
         step_ = ex.find_step(trace, step_name)
         e = ex.explain(cfg, trace, step_, ex.parse_cell(cell, step_), c.precision)
