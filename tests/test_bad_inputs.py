@@ -1432,6 +1432,13 @@ SETS = [
         "set by --set model.n_head",
         args=("encode", "{file}", "--set", "model.n_head=2"),
     ),
+    case(  # a null key is named as YAML writes it, not as Python's None
+        "null-key",
+        BASE + "embeddings:\n  ~: [1, 2, 3, 4]\n",
+        "embeddings.null",
+        7,
+        "token 'null' is not in the vocabulary",
+    ),
     case(  # the unknown key is one the --set made on its way: not line 1 of the file
         "set-unknown-key-made-by-a-deeper-set",
         BASE,

@@ -358,7 +358,8 @@ class _Builder:
             key = self._scalar(key_node, path)
             if isinstance(key, float) and key.is_integer():
                 key = int(key)
-            key = str(key) if not isinstance(key, bool) else str(key).lower()
+            # as YAML writes them: `true`, `null` (a key `~` or `null` is no 'None')
+            key = "null" if key is None else str(key).lower() if isinstance(key, bool) else str(key)
             child = join(path, key)
             if key in out:
                 first = self.lines.get(child)
