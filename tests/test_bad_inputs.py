@@ -1432,6 +1432,20 @@ SETS = [
         "set by --set model.n_head",
         args=("encode", "{file}", "--set", "model.n_head=2"),
     ),
+    *(  # not Python's repr of the value: "token \"['a']\" is not in the vocabulary"
+        case(
+            f"special-token-{name}",
+            BASE + f"tokens: {{bos: {value}}}\n",
+            "tokens.bos",
+            6,
+            f"not a token; expected a token of vocab (a, b, c), found {found}",
+        )
+        for name, value, found in (
+            ("list", "[a]", "a list of 1"),
+            ("mapping", "{a: 1}", "a mapping"),
+            ("boolean", "true", "a boolean (true)"),
+        )
+    ),
     case(  # a null key is named as YAML writes it, not as Python's None
         "null-key",
         BASE + "embeddings:\n  ~: [1, 2, 3, 4]\n",

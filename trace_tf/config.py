@@ -1535,6 +1535,10 @@ class _Validator:
         for key in ("bos", "eos", "pad"):
             tok = t.get(key)
             if tok is not None:
+                if not isinstance(tok, str | int | float) or isinstance(tok, bool):
+                    raise self.ctx.err(
+                        f"tokens.{key}", "not a token", tok, _of_vocab(sorted(vocab))
+                    )
                 tok = _token_text(tok)
                 if tok not in vocab:
                     raise self.ctx.err(
