@@ -1594,6 +1594,19 @@ FILES = [
         names="helo",
     ),
     case("directory", None, None, None, "is a directory", args=("encode", "{dir}"), names="{dir}"),
+    *(  # a name longer than a file's may be (ENAMETOOLONG) was an internal error
+        case(
+            f"name-too-long-{'-'.join(args[:1])}-{n}",
+            None,
+            None,
+            None,
+            "File name too long",
+            args=(*args, "{dir}/" + "x" * n + ".yaml"),
+            names="{dir}/xxxxxxxxxx",  # (the start: a long name is clipped)
+        )
+        for n in (300, 5000)
+        for args in (("encode",), ("check",), ("diff", "hello"))
+    ),
     case("empty-file", "", None, None, "the config is empty", "expected a YAML mapping"),
     case("only-comments", "# a title\n# nothing else\n", None, None, "the config is empty"),
     case("only-document-marker", "---\n", None, None, "the config is empty"),
@@ -2031,7 +2044,117 @@ PERFORMANCE = [
     ),
 ]
 
+# Text the user gave, echoed in a message, is shortened in its middle: a token, key or
+# stage of a million characters made a message of a million (or three million).
+HUGE = "x" * 1_000_000
+SHORT_HUGE = "'" + "x" * 40 + "…" + "x" * 10 + "' (1,000,000 characters)"
+LONG_TEXT = [
+    case(
+        f"long-{name}",
+        text,
+        path,
+        line,
+        says,
+        args=args,
+        names=names,
+    )
+    for name, text, path, line, says, args, names in (
+        (
+            "token",
+            BASE.replace("[a, b]\n", f"[a, {HUGE}]\n"),
+            "source.1",
+            5,
+            f"unknown token {SHORT_HUGE}; expected",
+            ("encode", "{file}"),
+            "{file}",
+        ),
+        (
+            "special-token",
+            BASE + f"tokens: {{bos: {HUGE}}}\n",
+            "tokens.bos",
+            6,
+            f"token {SHORT_HUGE} is not in the vocabulary",
+            ("encode", "{file}"),
+            "{file}",
+        ),
+        (
+            "key-by-set",
+            BASE,
+            "x" * 180 + "…" + "x" * 10,  # (a key path is clipped too)
+            None,
+            f"unknown key {SHORT_HUGE} (set by --set",
+            ("encode", "{file}", "--set", f"{HUGE}=1"),
+            "{file}",
+        ),
+        (
+            "stage",
+            BASE,
+            None,
+            None,
+            f"unknown stage {SHORT_HUGE}; expected a stage name",
+            ("step", "{file}", "--stage", HUGE),
+            "{file}",
+        ),
+        (
+            "variant",
+            BASE,
+            "variants",
+            None,
+            f"unknown variant {SHORT_HUGE}; expected",
+            ("encode", "{file}", "--variant", HUGE),
+            "{file}",
+        ),
+        (
+            "explain-step",
+            BASE,
+            None,
+            None,
+            f"no step {SHORT_HUGE} in this run",
+            ("explain", HUGE, "{file}"),
+            "{file}",
+        ),
+        (
+            "set-without-equals",
+            BASE,
+            None,
+            None,
+            f"found {SHORT_HUGE}",
+            ("encode", "{file}", "--set", HUGE),
+            "--set",
+        ),
+        (
+            "inline-matrix",
+            None,
+            None,
+            None,
+            f"--q: row 0: not a number; expected a number, found {SHORT_HUGE}",
+            ("attend", "--q", HUGE, "--k", "1", "--v", "1"),
+            "--q",
+        ),
+        (
+            "vary",
+            BASE,
+            None,
+            None,
+            f"found {SHORT_HUGE}",
+            ("cost", "{file}", "--vary", HUGE),
+            "--vary",
+        ),
+    )
+]
+
+
+def test_a_message_never_echoes_a_huge_text_whole(tmp_path: Path) -> None:
+    for param in LONG_TEXT:
+        bad = param.values[0]
+        result = runner.invoke(
+            app, [a.replace("{file}", str(tmp_path / "f.yaml")) for a in bad.args]
+        )
+        assert len(result.stderr) < 2000, (param.id, len(result.stderr))
+
+
 CORPUS = [
+    *LONG_TEXT,
     *SHAPES,
     *MALFORMED,
     *DUPLICATES,

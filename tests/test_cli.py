@@ -1173,3 +1173,26 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line_and_130(
 def test_the_script_and_python_m_enter_through_the_same_guard() -> None:
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert 'trace-tf = "trace_tf.__main__:main"' in pyproject.splitlines()
+
+
+def test_names_too_long_or_looping_are_bad_input_not_bugs(tmp_path: Path) -> None:
+    # ENAMETOOLONG and ELOOP came out of Path.exists() as internal errors (exit 3).
+    long = str(tmp_path / ("x" * 300))
+    for args in (["encode", "--output", long], ["explain", long], ["explain", "encoder.pe", long]):
+        code, out, err = invoke(*args)
+        assert code == 2 and out == "" and err.count("\n") == 1, (args, err)
+        assert "too long" in err or "no such file" in err or "no step" in err, err
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    code, _, err = invoke("encode", str(tmp_path / "loop"))
+    assert (code, err) == (
+        2,
+        f"trace-tf: error: {tmp_path}/loop: cannot read: Too many levels of symbolic links\n",
+    )
+
+
+def test_an_output_name_of_250_characters_is_written(tmp_path: Path) -> None:
+    # valid (at most 255), though the temporary file beside it, named after it, was not
+    out = tmp_path / ("y" * 250)
+    code, _, err = invoke("encode", "--output", str(out))
+    assert code == 0, err
+    assert "hello" in out.read_text() and sorted(tmp_path.iterdir()) == [out]

@@ -386,13 +386,15 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
         return
     _writable(path, c.force)
     real = Path(os.path.realpath(path))
-    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
+    # (its start only: a name of 250 characters, valid, must not make one too long)
+    tmp = real.with_name(f".{real.name[:64]}.{os.getpid()}.tmp")
     try:
         with _write_errors(f"--output {path}"), _open(tmp, binary, shown=path) as fh:
             yield fh
         _commit(tmp, real, c.force, shown=path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # (never made, when the name could not be)
+            tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -430,9 +432,10 @@ def _is_stream(path: Path) -> bool:
 
 
 def _writable(path: Path, force: bool) -> None:
-    if path.is_dir():
+    # (os.path: False, not an OSError, for a name too long; writing it then says so)
+    if os.path.isdir(path):
         _fail(f"--output {path} is a directory")
-    if path.exists() and not force:
+    if os.path.exists(path) and not force:
         _fail(f"--output {path} exists; pass --force to overwrite it")
 
 
@@ -454,7 +457,7 @@ def _commit(tmp: Path, path: Path, force: bool, shown: Path) -> None:
     existing name even if one appeared meanwhile. (`shown`: the path as given.)"""
     try:
         if force:
-            if path.exists():  # overwritten, it keeps its permissions, as with a shell's `>`
+            if os.path.exists(path):  # overwritten, it keeps its permissions, as a shell's `>`
                 import shutil
 
                 shutil.copymode(path, tmp)
@@ -1283,7 +1286,7 @@ def explain(
     from trace_tf.errors import InputError
     from trace_tf.runner import run
 
-    if step_name.endswith((".yaml", ".yml")) or Path(step_name).is_file():
+    if step_name.endswith((".yaml", ".yml")) or os.path.isfile(step_name):
         _fail(
             f"{step_name!r} is a config file, and explain takes the step first: "
             f"trace-tf explain {config or 'STEP'} {step_name}"

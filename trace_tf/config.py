@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import sys
 import zlib
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 from trace_tf.loader import (
     Lines,
     example_names,
@@ -353,19 +354,21 @@ def resolve(name: str | None) -> Path:
         raise InputError(
             "an empty config name",
             expected="a config file path, a packaged example's name, or - for stdin",
-            found=repr(name),
+            found=quoted(name),
         )
     path = Path(name)
-    if path.exists() or any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
+    # (os.path.lexists: False, not an OSError, for a name too long to be a file's; True
+    # for a broken or looping link, which reading then reports)
+    if os.path.lexists(path) or any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
         return path
     packaged = examples_dir() / f"{name}.yaml"
-    if packaged.exists():
+    if os.path.exists(packaged):
         return packaged
     raise InputError(
         "no such file or packaged example" + _suggest(name, example_names()),
         file=name,
         expected="a config file path or one of: " + ", ".join(example_names()),
-        found=repr(name),
+        found=quoted(name),
     )
 
 
@@ -400,7 +403,7 @@ def parse_set(item: str) -> tuple[str, Any]:
             "malformed --set",
             path=None,
             expected="KEY=VALUE with a dotted KEY, e.g. model.scale=30",
-            found=repr(item),
+            found=quoted(item),
         )
     value, _ = parse_yaml(text, f"--set {key}")
     return key, value
@@ -458,14 +461,14 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             raise InputError(
                 f"{option}: row {r} is empty",
                 expected="numbers separated by spaces or commas, rows by ';'",
-                found=repr(text),
+                found=quoted(text),
             )
         cells = _NUMBER_SEPARATOR.split(row_text.strip())
         if "" in cells:  # "1,,0", ",1" or "1,": a number left out, not a shorter row
             raise InputError(
                 f"{option}: row {r}: a comma with no number beside it",
                 expected="one number between commas",
-                found=repr(row_text.strip()),
+                found=quoted(row_text.strip()),
             )
         row = []
         for c in cells:
@@ -474,20 +477,20 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             x = float(cell) if cell in ("-inf", "inf", "nan") else read_number(cell)
             if x is None:
                 raise InputError(
-                    f"{option}: row {r}: not a number", expected="a number", found=repr(c)
+                    f"{option}: row {r}: not a number", expected="a number", found=quoted(c)
                 )
             if math.isnan(x) or (math.isinf(x) and not (allow_inf and x < 0)):
                 raise InputError(
                     f"{option}: row {r}: not a finite number",
                     expected="a finite number" + (" or -inf" if allow_inf else ""),
-                    found=repr(c),
+                    found=quoted(c),
                 )
             row.append(x)
         if rows and len(row) != len(rows[0]):
             raise InputError(
                 f"{option}: ragged matrix: row {r} has {len(row)} numbers, row 0 has {len(rows[0])}",
                 expected=f"{len(rows[0])} numbers in every row",
-                found=repr(row_text.strip()),
+                found=quoted(row_text.strip()),
             )
         rows.append(row)
     return rows
@@ -514,7 +517,7 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
                     f"cannot set {key}: {'.'.join(parts[:i])} is a list",
                     path=key,
                     expected="a list index",
-                    found=repr(part),
+                    found=quoted(part),
                     file=file,
                 )
             idx = int(part)
@@ -566,11 +569,11 @@ def apply_variant(doc: Document, name: str) -> None:
     if not isinstance(variants, dict) or name not in variants:
         known = sorted(variants) if isinstance(variants, dict) else []
         raise InputError(
-            f"unknown variant {name!r}{_suggest(name, known)}",
+            f"unknown variant {quoted(name)}{_suggest(name, known)}",
             file=doc.file,
             path="variants",
             expected="one of: " + (", ".join(known) or "(the file defines none)"),
-            found=repr(name),
+            found=quoted(name),
         )
     body = variants[name]
     if not isinstance(body, dict):
@@ -677,8 +680,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, int | float):
         return f"the number {value!r}"
     if isinstance(value, str):
-        text = value if len(value) <= 40 else value[:37] + "..."
-        return f"the string {text!r}"
+        return f"the string {quoted(value, 40)}"
     if isinstance(value, list):
         return f"a list of {len(value)}"
     if isinstance(value, dict):
@@ -801,7 +803,7 @@ class _Validator:
             if key not in allowed:
                 raise self.ctx.err(
                     join(path, key),
-                    f"unknown key {key!r}{_suggest(key, allowed)}",
+                    f"unknown key {quoted(key)}{_suggest(key, allowed)}",
                     expected="one of: " + ", ".join(allowed),
                 )
         return value
@@ -1523,7 +1525,7 @@ class _Validator:
             if tok in first:
                 raise self.ctx.err(
                     f"vocab.{i}",
-                    f"duplicate token {tok!r} (first at vocab.{first[tok]})",
+                    f"duplicate token {quoted(tok)} (first at vocab.{first[tok]})",
                     expected="each token once",
                 )
             first[tok] = i
@@ -1543,7 +1545,7 @@ class _Validator:
                 if tok not in vocab:
                     raise self.ctx.err(
                         f"tokens.{key}",
-                        f"token {tok!r} is not in the vocabulary{_suggest(tok, sorted(vocab))}",
+                        f"token {quoted(tok)} is not in the vocabulary{_suggest(tok, sorted(vocab))}",
                         expected=_of_vocab(sorted(vocab)),
                     )
             out[key] = tok
@@ -1558,7 +1560,7 @@ class _Validator:
             if tok not in vocab:
                 raise self.ctx.err(
                     f"embeddings.{tok}",
-                    f"token {tok!r} is not in the vocabulary{_suggest(tok, vocab)}",
+                    f"token {quoted(tok)} is not in the vocabulary{_suggest(tok, vocab)}",
                     expected=_of_vocab(vocab),
                 )
         for tok in vocab:
@@ -1597,7 +1599,7 @@ class _Validator:
             if tok not in vocab:
                 raise self.ctx.err(
                     join(path, i),
-                    f"unknown token {tok!r}{_suggest(tok, sorted(vocab))}",
+                    f"unknown token {quoted(tok)}{_suggest(tok, sorted(vocab))}",
                     expected=_of_vocab(sorted(vocab)),
                 )
             out.append(tok)

@@ -22,7 +22,7 @@ import numpy as np
 
 from trace_tf import model
 from trace_tf.config import Config, Document, build, check_size, overridden
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 from trace_tf.stages import stage_of
 from trace_tf.trace import Labels, Tracer
 
@@ -259,13 +259,13 @@ def parse_vary(text: str) -> tuple[str, list[int]]:
     name = name.strip().upper()
     expected = "L=N,N,... (sequence length) or D=N,N,... (d_model), whole numbers >= 1"
     if not sep or name not in VARY:
-        raise InputError("malformed --vary", expected=expected, found=repr(text))
+        raise InputError("malformed --vary", expected=expected, found=quoted(text))
     try:
         numbers = [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
-        raise InputError("malformed --vary", expected=expected, found=repr(text)) from None
+        raise InputError("malformed --vary", expected=expected, found=quoted(text)) from None
     if not numbers or min(numbers) < 1:
-        raise InputError("malformed --vary", expected=expected, found=repr(text))
+        raise InputError("malformed --vary", expected=expected, found=quoted(text))
     return name, numbers
 
 

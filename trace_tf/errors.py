@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 
+def clipped(text: str, limit: int = 200) -> str:
+    """`text`, or its start and end around `…` when longer than `limit` characters."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}…{text[-10:]}"
+
+
+def quoted(text: str, limit: int = 60) -> str:
+    """Text the user gave, quoted for a message: its middle left out, and its length
+    said, when longer than `limit` (a token, key or stage of a million characters
+    would otherwise make a message of a million)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{clipped(text, limit)!r} ({len(text):,} characters)"
+
+
 class InputError(Exception):
     """Bad usage or bad input (exit code 2): names the file, key path, expected and found."""
 
@@ -33,11 +47,11 @@ class InputError(Exception):
     def __str__(self) -> str:
         where = []
         if self.file:
-            where.append(self.file + (f":{self.line}" if self.line else ""))
+            where.append(clipped(self.file) + (f":{self.line}" if self.line else ""))
         elif self.line:
             where.append(f"line {self.line}")
         if self.path:
-            where.append(self.path)
+            where.append(clipped(self.path))
         text = ": ".join([*where, self.message])
         if self.expected is not None:
             text += f"; expected {self.expected}"

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from trace_tf.calc import NORM_AXES, op_arrays
 from trace_tf.config import Config, OpConfig
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact
 from trace_tf.trace import Step, Trace
@@ -1043,13 +1043,13 @@ def find_step(trace: Trace, name: str) -> Step:
     if matches:
         shown = ", ".join(s.path for s in matches[:8]) + (", …" if len(matches) > 8 else "")
         raise InputError(
-            f"{name!r} selects {len(matches)} steps; name one",
+            f"{quoted(name)} selects {len(matches)} steps; name one",
             expected="a full step path",
             found=shown,
         )
     near = difflib.get_close_matches(name, list(trace.steps), n=1, cutoff=0.5)
     raise InputError(
-        f"no step {name!r} in this run" + (f" (did you mean {near[0]!r}?)" if near else ""),
+        f"no step {quoted(name)} in this run" + (f" (did you mean {near[0]!r}?)" if near else ""),
         expected="a step path (see `trace-tf encode` or `decode`) or a stage that selects one step",
     )
 
@@ -1065,20 +1065,20 @@ def parse_cell(text: str | None, step: Step) -> tuple[int, ...]:
         raise InputError(
             "--cell must be whole numbers separated by commas",
             expected="e.g. --cell 0,1",
-            found=repr(text),
+            found=quoted(text),
         ) from None
     dims = " × ".join(str(n) for n in shape)
     if len(cell) != len(shape):
         raise InputError(
             f"--cell needs {len(shape)} indices for {step.path} (shape {dims})",
             expected=f"{len(shape)} comma-separated indices",
-            found=repr(text),
+            found=quoted(text),
         )
     if any(not 0 <= c < n for c, n in zip(cell, shape, strict=True)):
         raise InputError(
             f"--cell {text} is outside {step.path}",
             expected=f"indices from 0 within the shape {dims}",
-            found=repr(text),
+            found=quoted(text),
         )
     return cell
 

@@ -9,6 +9,7 @@ hand on carries the line it came from.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any, BinaryIO
 
 import yaml
 
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 
 # Every plain YAML type we accept; anything else (!!python/object, !!binary, ...) is refused.
 _STR = "tag:yaml.org,2002:str"
@@ -337,9 +338,12 @@ class _Builder:
     def _invalid(self, node: yaml.ScalarNode, path: str) -> InputError:
         """`!!int abc` and the like."""
         kind = node.tag.rsplit(":", 1)[-1]
-        text = node.value if len(node.value) <= 40 else node.value[:37] + "..."
         return self.fail(
-            node, path, f"not a valid {kind}", expected=f"a YAML {kind}", found=repr(text)
+            node,
+            path,
+            f"not a valid {kind}",
+            expected=f"a YAML {kind}",
+            found=quoted(node.value, 40),
         )
 
     def _mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
@@ -364,7 +368,7 @@ class _Builder:
             if key in out:
                 first = self.lines.get(child)
                 raise self.fail(
-                    key_node, child, f"duplicate key {key!r} (first given on line {first})"
+                    key_node, child, f"duplicate key {quoted(key)} (first given on line {first})"
                 )
             self.lines.set(child, key_node.start_mark.line + 1)
             out[key] = self.build(value_node, child)
@@ -506,14 +510,14 @@ def example_names() -> list[str]:
 def read_text(path: Path) -> str:
     """A file's text, or an InputError saying why it cannot be read."""
     name = str(path)
-    if not path.exists():
-        raise InputError("no such file", file=name)
-    if path.is_dir():
+    if os.path.isdir(path):
         raise InputError("is a directory, not a config file", file=name)
     try:
         with open(path, "rb") as fh:
             return read_stream(fh, name)
-    except OSError as exc:
+    except FileNotFoundError:
+        raise InputError("no such file", file=name) from None
+    except OSError as exc:  # a name too long, a loop of links, no permission
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
 
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 
 Labels = Sequence[str] | None
 
@@ -132,19 +132,19 @@ def check_stage(stage: str, known: set[str], config: str = "this config") -> Non
     if registered:
         appears = next((s.appears for s in registered if s.appears), "")
         raise InputError(
-            f"stage {stage!r} exists, but it is not recorded by {config}"
+            f"stage {quoted(stage)} exists, but it is not recorded by {config}"
             + (f" (it appears {appears})" if appears else ""),
             expected=f"a stage recorded by {config} (`trace-tf stages` explains each)",
-            found=repr(stage),
+            found=quoted(stage),
         )
     # the nearest name this config records, else the nearest of the registry
     near = difflib.get_close_matches(stage, sorted(known | set(GROUPS)), n=1)
     near = near or difflib.get_close_matches(stage, sorted({s.name for s in STAGES}), n=1)
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise InputError(
-        f"unknown stage {stage!r}{hint}",
+        f"unknown stage {quoted(stage)}{hint}",
         expected="a stage name, a group (" + ", ".join(GROUPS) + ") or a pattern with *",
-        found=repr(stage),
+        found=quoted(stage),
     )
 
 
