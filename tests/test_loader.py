@@ -314,3 +314,23 @@ def test_nesting_that_would_crash_libyaml_is_refused_in_a_real_process(
     )
     assert done.returncode == 2, done.stderr[-500:]
     assert done.stderr.startswith(f"trace-tf: error: {path}:{line}: the YAML nests too deeply")
+
+
+@pytest.mark.parametrize("libyaml", [True, False])
+def test_more_values_than_the_limit_are_refused_before_they_are_built(
+    libyaml: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 36 MB list of 12 million numbers took minutes and gigabytes to compose before
+    # its count was refused; now the parser's events are counted first (libyaml), or the
+    # composer stops at the limit (Python). Shown here with a limit of 1000.
+    monkeypatch.setattr(loader, "MAX_NODES", 1000)
+    if not libyaml:
+        monkeypatch.setattr(loader, "_CLoader12", None)
+    text = "model: {d_model: 4}\nembeddings:\n  a: [" + "1, " * 2000 + "1]\n"
+    err = _refused(text)
+    assert str(err) == (
+        "f.yaml:3: the YAML holds more than 1,000 values; refused; expected at most 1,000 "
+        "numbers, texts, lists and mappings (weights not given are drawn)"
+    )
+    data, _ = parse_yaml("a: [" + "1, " * 900 + "1]\n", "f.yaml")  # within it: read
+    assert data == {"a": [1] * 901}

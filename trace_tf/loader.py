@@ -182,7 +182,8 @@ class _DepthLimitedLoader(
     _Resolver12,
 ):
     """PyYAML's composer (in Python), resolving by YAML 1.2 and refusing nesting deeper
-    than MAX_DEPTH before its own recursion could exhaust the Python stack."""
+    than MAX_DEPTH before its own recursion could exhaust the Python stack, and more
+    than MAX_NODES values before they fill the memory."""
 
     def __init__(self, stream: str) -> None:
         yaml.reader.Reader.__init__(self, stream)
@@ -192,6 +193,7 @@ class _DepthLimitedLoader(
         _Resolver12.__init__(self)
 
     _depth = 0
+    _nodes = 0
 
     # PyYAML's scanner takes no tab as a space between tokens, where libyaml (and YAML)
     # takes one wherever it cannot be indentation: `a:<tab>1`, `[1,<tab>2]`, a tab before
@@ -252,10 +254,14 @@ class _DepthLimitedLoader(
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                 raise _too_deep(self.name, mark.line + 1)
+            if self._nodes > MAX_NODES:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise _too_many(self.name, mark.line + 1)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -381,11 +387,14 @@ def _compose(text: str, file: str) -> yaml.Node | None:
 
     Both composers recurse once per nesting level, and libyaml's in C, where deep enough
     nesting (a 200 kB line of `[`) crashes the process: so the depth is measured first,
-    on the parser's events, whenever the text could nest deeper than is safe."""
+    on the parser's events, whenever the text could nest deeper than is safe. The same
+    pass counts the values of a text long enough to hold more than MAX_NODES: composed,
+    each costs microseconds and hundreds of bytes (a 36 MB list of numbers took minutes
+    and gigabytes before its count was refused)."""
     if _CLoader12 is not None:
         try:
-            if _could_nest(text, 1000):
-                _check_depth(yaml.parse(text, Loader=yaml.CSafeLoader), file)
+            if _could_nest(text, 1000) or len(text) > 2 * MAX_NODES:
+                _check_events(yaml.parse(text, Loader=yaml.CSafeLoader), file)
             node: yaml.Node | None = yaml.compose(text, Loader=_CLoader12)
             return node
         except (yaml.YAMLError, UnicodeEncodeError):  # (a lone surrogate: see _unreadable)
@@ -415,17 +424,34 @@ def _too_deep(file: str, line: int | None) -> InputError:
     )
 
 
-def _check_depth(events: Iterator[yaml.Event], file: str) -> None:
-    """Refuse nesting deeper than MAX_DEPTH, from the parser's events (no recursion)."""
-    depth = 0
+def _too_many(file: str, line: int | None) -> InputError:
+    """More than MAX_NODES values as written, at the line where the count passed it."""
+    return InputError(
+        f"the YAML holds more than {MAX_NODES:,} values; refused",
+        file=file,
+        line=line,
+        expected=f"at most {MAX_NODES:,} numbers, texts, lists and mappings (weights not "
+        "given are drawn)",
+    )
+
+
+def _check_events(events: Iterator[yaml.Event], file: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH, and more than MAX_NODES values, from the
+    parser's events (no recursion, no nodes built)."""
+    depth = nodes = 0
     for event in events:
         kind = type(event)
-        if kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
+        if kind is yaml.ScalarEvent or kind is yaml.AliasEvent:
+            nodes += 1
+        elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
             depth += 1
+            nodes += 1
             if depth > MAX_DEPTH:
                 raise _too_deep(file, event.start_mark.line + 1 if event.start_mark else None)
         elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
             depth -= 1
+        if nodes > MAX_NODES:
+            raise _too_many(file, event.start_mark.line + 1 if event.start_mark else None)
 
 
 def _unreadable(exc: yaml.reader.ReaderError, text: str, file: str) -> InputError:
@@ -484,7 +510,7 @@ def parse_yaml(text: str, file: str) -> tuple[Any, Lines]:
         )
     if depth > MAX_DEPTH:
         # As written (libyaml composed it, being shallow enough to be safe): its line
-        _check_depth(yaml.parse(text, Loader=_DepthLimitedLoader), file)  # type: ignore[arg-type]
+        _check_events(yaml.parse(text, Loader=_DepthLimitedLoader), file)  # type: ignore[arg-type]
         raise InputError(
             "the YAML nests too deeply (counting what its aliases expand to); refused",
             file=file,
