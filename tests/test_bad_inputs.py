@@ -2313,3 +2313,39 @@ def test_mangled_configs_are_run_or_refused_never_a_crash(
             run(load(str(path)), "full")
         except InputError as err:
             assert err.file == str(path) or (err.file or "").startswith(str(path))
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (
+            BASE + "vocab: [a]\n",
+            "6: vocab: duplicate key 'vocab' (first given on line 4); expected each key once",
+        ),
+        (
+            "- a\n- b\n",
+            ": the config must be a mapping of keys; expected a mapping (model:, vocab:, source:, ... or one operation), found a list of 2",
+        ),
+        (
+            "? [a]\n: 1\n",
+            "1: a mapping key must be a plain scalar; expected a name or number, found a list",
+        ),
+        (
+            "a: &x [1, *x]\n",
+            "1: a.1: recursive YAML alias; expected an alias of a value it is not inside, found an alias inside the list or mapping it names",
+        ),
+        (
+            b"model:\n  d_model: 4\n\x00\n",
+            "3: not a text file (binary data); expected YAML text (UTF-8), found a NUL byte (byte 20)",
+        ),
+    ],
+    ids=["duplicate", "a-list", "complex-key", "recursive-alias", "nul"],
+)
+def test_what_the_loader_refuses_says_what_was_expected(
+    text: str | bytes, says: str, tmp_path: Path
+) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = runner.invoke(app, ["encode", str(file)])
+    assert result.exit_code == 2
+    assert result.stderr == f"trace-tf: error: {file}:{says}\n".replace(f"{file}::", f"{file}:")

@@ -390,7 +390,12 @@ def read_document(name: str | None) -> Document:
     if data is None:
         raise InputError("the config is empty", file=file, expected="a YAML mapping")
     if not isinstance(data, dict):
-        raise InputError("the config must be a mapping of keys", file=file, found=_kind(data))
+        raise InputError(
+            "the config must be a mapping of keys",
+            file=file,
+            expected="a mapping (model:, vocab:, source:, ... or one operation)",
+            found=_kind(data),
+        )
     return Document(file=file, data=data, lines=lines)
 
 

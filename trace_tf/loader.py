@@ -281,7 +281,13 @@ class _Builder:
     def build(self, node: yaml.Node, path: str) -> Any:
         self.lines.set(path, node.start_mark.line + 1)
         if id(node) in self._active:
-            raise self.fail(node, path, "recursive YAML alias")
+            raise self.fail(
+                node,
+                path,
+                "recursive YAML alias",
+                expected="an alias of a value it is not inside",
+                found="an alias inside the list or mapping it names",
+            )
         if isinstance(node, yaml.ScalarNode):
             return self._scalar(node, path)
         self._active.add(id(node))
@@ -364,7 +370,14 @@ class _Builder:
                     found="<<",
                 )
             if not isinstance(key_node, yaml.ScalarNode):
-                raise self.fail(key_node, path, "a mapping key must be a plain scalar")
+                kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+                raise self.fail(
+                    key_node,
+                    path,
+                    "a mapping key must be a plain scalar",
+                    expected="a name or number",
+                    found=kind,
+                )
             key = self._scalar(key_node, path)
             if isinstance(key, float) and key.is_integer():
                 key = int(key)
@@ -374,7 +387,10 @@ class _Builder:
             if key in out:
                 first = self.lines.get(child)
                 raise self.fail(
-                    key_node, child, f"duplicate key {quoted(key)} (first given on line {first})"
+                    key_node,
+                    child,
+                    f"duplicate key {quoted(key)} (first given on line {first})",
+                    expected="each key once",
                 )
             self.lines.set(child, key_node.start_mark.line + 1)
             out[key] = self.build(value_node, child)
@@ -567,7 +583,14 @@ def read_stream(fh: BinaryIO, name: str) -> str:
             "UTF-16 or UTF-32 text", file=name, expected="UTF-8 text", found="a UTF-16/32 BOM"
         )
     if b"\x00" in data:
-        raise InputError("not a text file (binary data)", file=name)
+        at = data.index(b"\x00")
+        raise InputError(
+            "not a text file (binary data)",
+            file=name,
+            line=data.count(b"\n", 0, at) + 1,
+            expected="YAML text (UTF-8)",
+            found=f"a NUL byte (byte {at})",
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
