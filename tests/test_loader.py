@@ -334,3 +334,19 @@ def test_more_values_than_the_limit_are_refused_before_they_are_built(
     )
     data, _ = parse_yaml("a: [" + "1, " * 900 + "1]\n", "f.yaml")  # within it: read
     assert data == {"a": [1] * 901}
+
+
+@pytest.mark.skipif(loader._CLoader12 is None, reason="libyaml's own words")
+def test_a_long_text_that_libyaml_refuses_is_not_parsed_again_in_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PyYAML's Python parser words the message of a short text; over a long one it took
+    # minutes to reach the error (a typo at the end of 3 MB: 20 s). libyaml's words then.
+    monkeypatch.setattr(loader, "PYTHON_PARSER_CHARS", 20)
+
+    def never(*args: object) -> None:
+        raise AssertionError("parsed again in Python")
+
+    monkeypatch.setattr(loader._DepthLimitedLoader, "__init__", never)
+    err = _refused("a: [1, 2, 3]\nb: [4, 5, 6]\nc: [\n")
+    assert err.line == 4 and str(err).startswith("f.yaml:4: malformed YAML: ")

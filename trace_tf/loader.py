@@ -102,6 +102,7 @@ _CLoader12 = _c_loader()
 
 MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an alias bomb
 MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
+PYTHON_PARSER_CHARS = 100_000  # the longest text whose errors PyYAML's parser words (0.5 s)
 MAX_INT_CHARS = 4000  # a longer integer literal is beyond float64 whatever its base
 
 
@@ -413,6 +414,11 @@ def _compose(text: str, file: str) -> yaml.Node | None:
                 _check_events(yaml.parse(text, Loader=yaml.CSafeLoader), file)
             node: yaml.Node | None = yaml.compose(text, Loader=_CLoader12)
             return node
+        except yaml.MarkedYAMLError:
+            # PyYAML's parser, in Python, reads a long text for minutes before it reaches
+            # the error (a typo at the end of 3 MB took 20 s): libyaml's words, then
+            if len(text) > PYTHON_PARSER_CHARS:
+                raise
         except (yaml.YAMLError, UnicodeEncodeError):  # (a lone surrogate: see _unreadable)
             pass
     loader = _DepthLimitedLoader(text)
