@@ -309,3 +309,23 @@ def test_every_score_function_decodes_the_same_with_and_without_the_kv_cache(sco
     assert cached.generated == fresh.generated
     for a, b in zip(cached.iterations, fresh.iterations, strict=True):
         np.testing.assert_allclose(a.model_probs, b.model_probs, rtol=0, atol=1e-12)
+
+
+def test_gaussian_scores_take_no_memory_of_queries_by_keys_by_features() -> None:
+    # The same numbers, bit for bit, as all pairs at once, without the [L_q, L_k, d]
+    # arrays (twice 46 MB here), which for long inputs outgrew the rest of the run.
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((300, 64)) * 5, rng.standard_normal((300, 64)) * 5
+    for w in (1.0, 0.3, rng.standard_normal(64)):
+        diff = (q[:, None, :] - k[None, :, :]) * w
+        expected = -0.5 * np.sum(diff * diff, axis=-1)
+        tracemalloc.start()
+        got = ops.gaussian_scores(q, k, w)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert np.array_equal(got, expected)
+        assert peak < 4 * got.nbytes, peak  # (the pairs at once: 64 times its size)
+    q32, k32 = q.astype(np.float32), k.astype(np.float32)
+    assert ops.gaussian_scores(q32, k32, 0.5).dtype == np.float32

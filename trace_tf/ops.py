@@ -251,5 +251,6 @@ def gaussian_scores(q: Array, k: Array, w: Array) -> Array:
     softmax of these is exp(−½((x − x_i) w)²) / Σ_j exp(−½((x − x_j) w)²), the
     kernel-regression weights; `w` is a number or one width per feature. -> [L_q, L_k]
     """
-    diff = (q[:, None, :] - k[None, :, :]) * w
-    return -0.5 * np.sum(diff * diff, axis=-1)
+    # one query at a time: [L_k, d], where all at once made [L_q, L_k, d] twice (4 GB
+    # for 2000 tokens of d_k 64, three times what the rest of the run needs)
+    return np.stack([-0.5 * np.sum(d * d, axis=-1) for d in ((row - k) * w for row in q)])
