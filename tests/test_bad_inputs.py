@@ -1014,6 +1014,26 @@ SIZES_ = [
             ),
         )
     ),
+    case(  # 20000 x 20000 scores, four times over: 12.8 GB, allocated until memory ran out
+        "attend-too-large",
+        None,
+        None,
+        None,
+        "attention: too large: 3000 queries x 2000 keys are over the limit (raise it with "
+        "--max-elements); expected at most 1,000,000 numbers, found about 30,006,000 in its steps",
+        args=(
+            "attend",
+            "--q",
+            ";".join(["1 2"] * 3000),
+            "--k",
+            ";".join(["1 2"] * 2000),
+            "--v",
+            ";".join(["1 2"] * 2000),
+            "--max-elements",
+            "1000000",
+        ),
+        names="command line",
+    ),
     case(  # refused before the 10^9 tokens are listed (they filled the memory)
         "cost-vary-absurd-length",
         BASE,

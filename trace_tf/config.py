@@ -710,16 +710,12 @@ class _Ctx:
     ) -> InputError:
         """An InputError at `path`; `found` is described, or `found_text` given as is."""
         key = next(
-            (
-                k
-                for k in reversed(self.overridden)
-                if path == k
-                or path.startswith(k + ".")
-                # a key the override made on its way (`model.new` of model.new.x=1)
-                or (k.startswith(path + ".") and not self.lines.given(path))
-            ),
+            (k for k in reversed(self.overridden) if path == k or path.startswith(k + ".")),
             None,
         )
+        below = {k for k in self.overridden if k.startswith(path + ".")}
+        if key is None and len(below) == 1 and not self.lines.given(path):
+            key = below.pop()  # a key one override made on its way (model.new of model.new.x)
         line = self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
@@ -1087,6 +1083,18 @@ class _Validator:
                 d_a = self.matrix(
                     a["W_a_q"], "attention.W_a_q", rows=Q.shape[1], what="rows as Q has columns"
                 ).shape[1]
+            # its steps hold L_q x L_k numbers four or five times (and tanh's L_q x L_k x
+            # d_a): refused before any is computed, as a model is
+            n_q, n_k = Q.shape[0], K.shape[0]
+            total = n_q * n_k * (5 + (d_a if score == "additive" else 0)) + n_q * V.shape[1]
+            if total > self.max_elements:
+                raise self.ctx.err(
+                    "attention",
+                    f"too large: {n_q} queries x {n_k} keys are over the limit "
+                    "(raise it with --max-elements)",
+                    expected=f"at most {self.max_elements:,} numbers",
+                    found_text=f"about {total:,} in its steps",
+                )
             sw = self.score_weights(a, "attention", score, Q.shape[1], K.shape[1], d_a, None)
             scale, text = self.scale(
                 a.get("scale", "sqrt_dk" if score == "scaled_dot" else 1),
