@@ -1196,3 +1196,15 @@ def test_an_output_name_of_250_characters_is_written(tmp_path: Path) -> None:
     code, _, err = invoke("encode", "--output", str(out))
     assert code == 0, err
     assert "hello" in out.read_text() and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_a_terminal_of_a_billion_columns_is_laid_out_a_thousand_wide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Panels fill the width: COLUMNS=999999999 padded every line to a billion spaces
+    # (out of memory), and 99999 made 20 kB of tables 1.5 MB.
+    from rich.cells import cell_len
+
+    monkeypatch.setenv("COLUMNS", "999999999")
+    code, out, _ = invoke("encode")
+    assert code == 0 and max(cell_len(x) for x in out.splitlines()) == 1000

@@ -175,6 +175,7 @@ MaxElementsOpt = Annotated[
 
 
 MIN_WIDTH = 40  # a narrower terminal ($COLUMNS=1, say) is laid out 40 wide: it wraps
+MAX_WIDTH = 1000  # panels fill the width: $COLUMNS=999999999 padded them out of memory
 
 
 @dataclass
@@ -200,12 +201,13 @@ class Common:
     def width(self) -> int:
         """The width tables are laid out for, and printed at: the terminal's (or
         $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file; never
-        under MIN_WIDTH, where a panel would have no room left for its text."""
+        under MIN_WIDTH, where a panel would have no room left for its text, nor over
+        MAX_WIDTH."""
         import shutil
 
         if not self.to_stdout:
             return 160
-        return max(MIN_WIDTH, shutil.get_terminal_size((120, 40)).columns)
+        return min(MAX_WIDTH, max(MIN_WIDTH, shutil.get_terminal_size((120, 40)).columns))
 
     def view(self) -> "View":
         """Elide matrices to what fits the terminal. `max_cols` is the most columns that
