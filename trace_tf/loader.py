@@ -468,12 +468,11 @@ def _check_events(events: Iterator[yaml.Event], file: str) -> None:
         elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
             depth += 1
             nodes += 1
-            if depth > MAX_DEPTH:
-                raise _too_deep(file, event.start_mark.line + 1 if event.start_mark else None)
         elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
             depth -= 1
-        if nodes > MAX_NODES:
-            raise _too_many(file, event.start_mark.line + 1 if event.start_mark else None)
+        if depth > MAX_DEPTH or nodes > MAX_NODES:
+            line = event.start_mark.line + 1 if event.start_mark else None
+            raise _too_deep(file, line) if depth > MAX_DEPTH else _too_many(file, line)
 
 
 def _unreadable(exc: yaml.reader.ReaderError, text: str, file: str) -> InputError:
@@ -588,8 +587,8 @@ def read_stream(fh: BinaryIO, name: str) -> str:
         raise InputError(
             "UTF-16 or UTF-32 text", file=name, expected="UTF-8 text", found="a UTF-16/32 BOM"
         )
-    if b"\x00" in data:
-        at = data.index(b"\x00")
+    at = data.find(b"\x00")
+    if at >= 0:
         raise InputError(
             "not a text file (binary data)",
             file=name,
