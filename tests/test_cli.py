@@ -1044,6 +1044,40 @@ def test_check_and_diff_of_numbers_beyond_float64_apart_let_no_numpy_warning_out
         assert first["path"] == "encoder.embed" and first["max_abs_diff"] == "inf"
 
 
+_EMBED = "model: {d_model: 2, positional: none}\nsource: [[1.0e308, 1]]\n"
+_OVERFLOW = "attention: {Q: [[1.0e200]], K: [[1.0e200]], V: [[1]], scale: 1}\n"  # Q K^T: inf
+
+
+@pytest.mark.parametrize(
+    ("config", "entry", "ok"),
+    [
+        # 1e308 against -1e308: 2e308 apart, beyond 1.9e308 and within 2.1e308 (both
+        # tolerances themselves beyond float64)
+        (_EMBED, "{step: encoder.embed, value: [[-1.0e308, 1]], atol: 0, rtol: 1.9}", False),
+        (_EMBED, "{step: encoder.embed, value: [[-1.0e308, 1]], atol: 0, rtol: 2.1}", True),
+        (_EMBED, "{step: encoder.embed, value: [[1.0e307, 1]], atol: 0, rtol: 1.0e300}", True),
+        # an overflow (inf) never meets a finite expectation, however wide its tolerance
+        (_OVERFLOW, "{step: attn.scores, value: [[1.0e308]], rtol: 2}", False),
+        (_OVERFLOW, "{step: attn.scores, value: [[.inf]], rtol: 2}", True),
+    ],
+    ids=["apart-beyond", "apart-within", "huge-rtol", "inf-vs-finite", "inf-vs-inf"],
+)
+def test_check_rtol_beyond_float64_is_decided_by_the_exact_rule(
+    tmp_yaml: Any, config: str, entry: str, ok: bool
+) -> None:
+    # |actual - expected| <= atol + rtol |expected| in real numbers: a tolerance or a
+    # difference beyond float64 (inf) decides nothing by itself, and no numpy warning
+    # gets out (a warning let out here is exit 3).
+    import warnings
+
+    path = tmp_yaml(config + f"expect: [{entry}]\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, out, err = invoke("check", path, "--format", "json")
+    assert code == (0 if ok else 1), err
+    assert json.loads(out)["results"][0]["ok"] is ok
+
+
 def test_a_numeric_matrix_source_is_its_own_embedding_rows_labelled_x0_x1(tmp_yaml: Any) -> None:
     # SPEC section 2: a numeric L x d_model source is used as the embeddings; its rows
     # have no tokens, so tables and JSON's `tokens` label them x0, x1 (README).

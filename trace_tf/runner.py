@@ -223,9 +223,21 @@ def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
 
 def within(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
     """Per cell: |actual - expected| <= atol + rtol * |expected| (numpy.isclose's rule,
-    the expected value as reference). An infinite expected value is met only by itself."""
-    scale = np.where(np.isfinite(expected), np.abs(expected), 0.0)
-    return np.asarray(abs_difference(actual, expected) <= atol + rtol * scale)
+    the expected value as reference). A non-finite value on either side is met only by
+    the same value (an infinity or NaN never passes a finite expectation, however wide
+    its tolerance); where the difference or the tolerance of two finite values lies
+    beyond float64, both sides are compared halved (exact: they are that large)."""
+    diff = abs_difference(actual, expected)
+    finite = np.isfinite(actual) & np.isfinite(expected)
+    scale = np.where(finite, np.abs(expected), 0.0)
+    with np.errstate(over="ignore"):
+        tol = atol + rtol * scale
+        ok = np.where(finite, diff <= tol, diff == 0)
+        big = finite & (np.isinf(diff) | np.isinf(tol))
+        if big.any():
+            a, e = actual[big] / 2, expected[big] / 2
+            ok[big] = np.abs(a - e) <= atol / 2 + rtol * np.abs(e)
+    return np.asarray(ok)
 
 
 def document_error(actual: np.ndarray, printed: np.ndarray, atol: float) -> DocumentError:
