@@ -1242,3 +1242,28 @@ def test_a_terminal_of_a_billion_columns_is_laid_out_a_thousand_wide(
     monkeypatch.setenv("COLUMNS", "999999999")
     code, out, _ = invoke("encode")
     assert code == 0 and max(cell_len(x) for x in out.splitlines()) == 1000
+
+
+@pytest.mark.parametrize(
+    ("step", "value", "verdict"),
+    [
+        ("attn.scores", "[1, 0, 0, 1]", "shape (2, 2) but expected (4,)"),  # 2 x 2: not a vector
+        ("attn.scores", "[[1, 0], [0, 1]]", "ok"),
+        ("attn.context", "[1, 0]", "ok"),  # a vector for its 2 x 1
+        ("attn.context", "[[1, 0]]", "shape (2, 1) but expected (1, 2)"),  # transposed
+    ],
+)
+def test_check_takes_a_value_that_leaves_out_only_axes_of_length_1(
+    tmp_yaml: Any, step: str, value: str, verdict: str
+) -> None:
+    # A flat vector of 4 passed against a 2 x 2 step: any value of the same size was
+    # reshaped to the step's shape. Now only axes of length 1 may be left out.
+    # Q = K = I, scale 1, V = [[1], [0]]: scores = I (by hand), context = softmax(I) V.
+    path = tmp_yaml(
+        "attention: {Q: [[1, 0], [0, 1]], K: [[1, 0], [0, 1]], V: [[1], [0]], scale: 1}\n"
+        f"expect: [{{step: {step}, value: {value}, atol: 0.3}}]\n"
+    )
+    code, out, err = invoke("check", path, "--format", "json")
+    [r] = json.loads(out)["results"]
+    assert (r["ok"], r.get("problem", "ok")) == (verdict == "ok", verdict), err
+    assert code == (0 if verdict == "ok" else 1)

@@ -250,6 +250,13 @@ def document_error(actual: np.ndarray, printed: np.ndarray, atol: float) -> Docu
     )
 
 
+def _unit_axes_apart(given: tuple[int, ...], step: tuple[int, ...]) -> bool:
+    """Whether an expected value's shape is the step's with axes of length 1 left out
+    (a vector given for a 1 x n or n x 1 step, a number for a 1 x 1 one): the same
+    cells in the same order. A 2 x 2 step is not a vector of 4."""
+    return len(given) < len(step) and [n for n in given if n != 1] == [n for n in step if n != 1]
+
+
 def check(
     doc: Document, sets: Sequence[tuple[str, object]] = (), max_elements: int = 2**28
 ) -> list[CheckResult]:
@@ -275,8 +282,8 @@ def check(
         actual = trace.value(e.step)
         expected, printed = e.value, e.document
         if expected.shape != actual.shape:
-            if expected.size == actual.size and expected.ndim < actual.ndim:
-                expected = expected.reshape(actual.shape)  # a vector given for a 1 x n step
+            if _unit_axes_apart(expected.shape, actual.shape):  # [a, b] for 1 x 2 or 2 x 1
+                expected = expected.reshape(actual.shape)
                 printed = None if printed is None else printed.reshape(actual.shape)
             else:
                 problem = f"shape {actual.shape} but expected {expected.shape}"
