@@ -99,7 +99,7 @@ def test_001_greedy_choice_from_the_printed_probabilities() -> None:
         assert abs(first["probs"][token] - p) <= 1e-8, token
 
 
-def test_document_values_are_the_documents_and_really_wrong() -> None:
+def test_each_recorded_document_value_is_a_document_error() -> None:
     """Every `document` value a fixture records is a document error by the check's own
     count: the entry passes, and at least one cell is off by more than the document's
     printed precision."""
