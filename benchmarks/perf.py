@@ -223,6 +223,11 @@ def recorded_bytes(trace: Any) -> int:
 # ---------------------------------------------------------------------------
 
 
+def _ratio(x: float) -> str:
+    """A ratio as printed; — where there is no floor to measure against (hello)."""
+    return "—" if math.isnan(x) else f"{x:.2f}"
+
+
 def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
     from trace_tf.config import load as load_file
 
@@ -259,7 +264,8 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
         floor = f"{t['numpy'] * 1e3:8.1f}ms" if "numpy" in t else f"{'—':>10s}"
         print(
             f"  {name:8s} {steps:6d} {mb:7.1f}MB {t['untraced'] * 1e3:8.1f}ms "
-            f"{t['traced'] * 1e3:8.1f}ms {a:6.2f} {floor} {b:6.2f}   ({a_med:.2f}, {b_med:.2f})"
+            f"{t['traced'] * 1e3:8.1f}ms {a:6.2f} {floor} {_ratio(b):>6s}   "
+            f"({a_med:.2f}, {_ratio(b_med)})"
         )
         out[name] = (a, b)
     a, b = out["large"]
