@@ -119,6 +119,16 @@ SAME_EITHER_WAY = [
     "a:\n\t- 1\n",
     "- \t1\n",
     "a: b\n\tc\n",
+    # a tab past a plain scalar's indentation on its next or a blank line: 'x y', 'x\ny'
+    "a: x\n \t y\n",
+    "a: x\n  \t\n  y\n",
+    "a: 1\n \t\nb: 2\n",
+    "- x\n \t\n- y\n",
+    "a: [x\n\ty]\n",  # refused either way: a tab before the indentation
+    "a: !!str\t1\n",  # a tab after a tag
+    "a: |\t# a comment after a tab\n  x\n",  # and after a block scalar's indicators
+    "a: >-\t\n  x\n",
+    "a: |2\t\n   x\n",
 ]
 
 

@@ -175,6 +175,9 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     return memo[id(root)]
 
 
+_BREAKS = "\r\n\x85\u2028\u2029"
+
+
 class _DepthLimitedLoader(
     yaml.reader.Reader,
     yaml.scanner.Scanner,
@@ -210,17 +213,119 @@ class _DepthLimitedLoader(
             super().scan_to_next_token()
 
     def scan_plain_spaces(self, indent: int, start_mark: yaml.Mark) -> list[str] | None:
-        """Tabs between the words of a plain scalar on one line (`a b<tab>c`), as libyaml."""
+        """PyYAML's own, but with libyaml's tabs: between the words of a line (`a b<tab>c`),
+        and on a continued or blank line once past the scalar's indentation (a tab
+        before it cannot indent, and is refused there as by libyaml)."""
+        chunks: list[str] = []
         length = 0
         while self.peek(length) in " \t":
             length += 1
-        if "\t" in self.prefix(length):
-            blanks = self.prefix(length)
-            self.forward(length)
-            if self.peek() not in "\r\n\x85\u2028\u2029":
-                return [blanks]
-        chunks: list[str] | None = super().scan_plain_spaces(indent, start_mark)
+        whitespaces = self.prefix(length)
+        self.forward(length)
+        if self.peek() in _BREAKS:
+            line_break = self.scan_line_break()  # type: ignore[no-untyped-call]
+            self.allow_simple_key = True
+            if self._document_marker():
+                return None
+            breaks = []
+            while True:
+                ch = self.peek()
+                if ch == " " or (ch == "\t" and self.column >= indent):
+                    self.forward()
+                elif ch in _BREAKS:
+                    breaks.append(self.scan_line_break())  # type: ignore[no-untyped-call]
+                    if self._document_marker():
+                        return None
+                else:
+                    break
+            if line_break != "\n":
+                chunks.append(line_break)
+            elif not breaks:
+                chunks.append(" ")
+            chunks.extend(breaks)
+        elif whitespaces:
+            chunks.append(whitespaces)
         return chunks
+
+    def _document_marker(self) -> bool:
+        return self.prefix(3) in ("---", "...") and self.peek(3) in "\0 \t" + _BREAKS
+
+    def scan_tag(self) -> yaml.TagToken:
+        """PyYAML's own, but a tab may follow a tag as a space does (`!!str<tab>1`), as
+        in libyaml."""
+        start_mark = self.get_mark()
+        ch = self.peek(1)
+        handle: str | None
+        if ch == "<":
+            handle = None
+            self.forward(2)
+            suffix = self.scan_tag_uri("tag", start_mark)
+            if self.peek() != ">":
+                raise yaml.scanner.ScannerError(
+                    "while parsing a tag",
+                    start_mark,
+                    f"expected '>', but found {self.peek()!r}",
+                    self.get_mark(),
+                )
+            self.forward()
+        elif ch in "\0 \t" + _BREAKS:
+            handle = None
+            suffix = "!"
+            self.forward()
+        else:
+            length = 1
+            while ch not in "\0 \t" + _BREAKS and ch != "!":
+                length += 1
+                ch = self.peek(length)
+            if ch == "!":
+                handle = self.scan_tag_handle("tag", start_mark)  # type: ignore[no-untyped-call]
+            else:
+                handle = "!"
+                self.forward()
+            suffix = self.scan_tag_uri("tag", start_mark)
+        if self.peek() not in "\0 \t" + _BREAKS:
+            raise yaml.scanner.ScannerError(
+                "while scanning a tag",
+                start_mark,
+                f"expected ' ', but found {self.peek()!r}",
+                self.get_mark(),
+            )
+        return yaml.TagToken((handle, suffix), start_mark, self.get_mark())
+
+    def scan_block_scalar_indicators(self, start_mark: yaml.Mark) -> tuple[bool | None, int | None]:
+        """PyYAML's own, but a tab may follow the indicators (`|<tab># note`), as in libyaml."""
+        chomping: bool | None = None
+        increment: int | None = None
+        for _ in range(2):
+            ch = self.peek()
+            if ch in "+-" and chomping is None:
+                chomping = ch == "+"
+            elif ch in "0123456789" and increment is None:
+                if ch == "0":
+                    raise yaml.scanner.ScannerError(
+                        "while scanning a block scalar",
+                        start_mark,
+                        "expected indentation indicator in the range 1-9, but found 0",
+                        self.get_mark(),
+                    )
+                increment = int(ch)
+            else:
+                break
+            self.forward()
+        if self.peek() not in "\0 \t" + _BREAKS:
+            raise yaml.scanner.ScannerError(
+                "while scanning a block scalar",
+                start_mark,
+                f"expected chomping or indentation indicators, but found {self.peek()!r}",
+                self.get_mark(),
+            )
+        return chomping, increment
+
+    def scan_block_scalar_ignored_line(self, start_mark: yaml.Mark) -> None:
+        """PyYAML's own, but with tabs as spaces before a comment or the line's end."""
+        while self.peek() in " \t":
+            self.forward()
+        super().scan_block_scalar_ignored_line(start_mark)
 
     def scan_plain(self) -> yaml.ScalarToken:
         """PyYAML's own, but a `?` inside a plain scalar in a flow collection is part
