@@ -88,3 +88,13 @@ def test_a_drawn_weight_beyond_float32_is_an_overflow_warning_not_numpys(tmp_pat
     assert result.exit_code == 0, result.stderr
     assert result.stderr.startswith("trace-tf: warning: hello (packaged example): ")
     assert result.stderr.count("\n") == 1 and "RuntimeWarning" not in result.stderr
+
+
+def test_a_given_model_number_beyond_float32_is_refused_with_its_key() -> None:
+    # model.scale 1e39 became an infinity in float32: every scaled score a silent 0
+    for key in ("scale", "embed_scale", "temperature", "norm_eps", "pe_base"):
+        result = runner.invoke(app, ["encode", "--dtype", "float32", "--set", f"model.{key}=1e39"])
+        assert result.exit_code == 2, (key, result.stdout[-300:])
+        assert f"model.{key}: beyond the range of float32" in result.stderr
+    ok = runner.invoke(app, ["encode", "--dtype", "float32", "--set", "model.scale=3e38"])
+    assert ok.exit_code == 0 and ok.stderr == ""

@@ -1335,7 +1335,7 @@ class _Validator:
         scale, scale_text = self.scale(
             m.get("scale", "sqrt_dk" if score == "scaled_dot" else 1), p + "scale", d_k
         )
-        return ModelConfig(
+        config = ModelConfig(
             d_model=d_model,
             n_heads=n_heads,
             d_k=d_k,
@@ -1363,6 +1363,16 @@ class _Validator:
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
             dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
         )
+        if config.dtype == "float32":  # a number given beyond float32 would be an infinity
+            for key in ("embed_scale", "pe_base", "norm_eps", "scale", "temperature"):
+                if abs(getattr(config, key)) > FLOAT32_MAX:
+                    raise self.ctx.err(
+                        p + key,
+                        "beyond the range of float32, the model's dtype",
+                        getattr(config, key),
+                        f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
+                    )
+        return config
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
         """Refuse, before allocating anything, a model whose arrays would be too large.
