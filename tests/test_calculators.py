@@ -327,3 +327,27 @@ def test_pe_file_and_overrides() -> None:
 def test_pe_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
     code, _, err = invoke("pe", *args)
     assert code == 2 and message in err
+
+
+ADDITIVE_3x4 = """attention:
+  score: additive
+  Q: [[1, 0], [0, 1], [1, 1]]
+  K: [[1, 0], [0, 1], [1, 1], [2, 2]]
+  V: [[1], [2], [3], [4]]
+  W_a_q: [[1, 0, 1], [0, 1, 1]]
+  W_a_k: [[1, 0, 1], [0, 1, 1]]
+  v_a: [1, 2, 3]
+  mask: [[0, 0, 0, -.inf], [0, 0, 0, 0], [0, 0, 0, 0]]
+"""
+
+
+def test_attend_size_limit_is_an_upper_bound_of_what_its_steps_hold(tmp_yaml: Any) -> None:
+    # By hand: q_a 3x3, k_a 4x3, tanh 3x4x3, scores/scaled/masked/softmax 3x4 each,
+    # context 3x1: 9 + 12 + 36 + 48 + 3 = 108 numbers. The estimate left out q_a and k_a
+    # (99), so --max-elements 100 let 108 through.
+    path = tmp_yaml(ADDITIVE_3x4)
+    code, out, err = invoke("attend", path, "--format", "json")
+    assert code == 0, err
+    assert sum(int(np.prod(s["shape"])) for s in json.loads(out)["steps"]) == 108
+    code, _, err = invoke("attend", path, "--max-elements", "107")
+    assert code == 2 and "too large" in err, err

@@ -1083,10 +1083,12 @@ class _Validator:
                 d_a = self.matrix(
                     a["W_a_q"], "attention.W_a_q", rows=Q.shape[1], what="rows as Q has columns"
                 ).shape[1]
-            # its steps hold L_q x L_k numbers four or five times (and tanh's L_q x L_k x
-            # d_a): refused before any is computed, as a model is
+            # its steps hold L_q x L_k numbers four or five times, and the additive score's
+            # q_a, k_a and tanh (L_q x L_k x d_a) more: an upper bound, refused before any
+            # is computed, as a model is
             n_q, n_k = Q.shape[0], K.shape[0]
-            total = n_q * n_k * (5 + (d_a if score == "additive" else 0)) + n_q * V.shape[1]
+            additive = (n_q * n_k + n_q + n_k) * d_a if score == "additive" else 0
+            total = n_q * n_k * 5 + additive + n_q * V.shape[1]
             if total > self.max_elements:
                 raise self.ctx.err(
                     "attention",
