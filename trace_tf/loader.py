@@ -283,13 +283,7 @@ class _DepthLimitedLoader(
                 handle = "!"
                 self.forward()
             suffix = self.scan_tag_uri("tag", start_mark)
-        if self.peek() not in "\0 \t" + _BREAKS:
-            raise yaml.scanner.ScannerError(
-                "while scanning a tag",
-                start_mark,
-                f"expected ' ', but found {self.peek()!r}",
-                self.get_mark(),
-            )
+        self._blank_next("while scanning a tag", start_mark, "' '")
         return yaml.TagToken((handle, suffix), start_mark, self.get_mark())
 
     def scan_block_scalar_indicators(self, start_mark: yaml.Mark) -> tuple[bool | None, int | None]:
@@ -312,14 +306,20 @@ class _DepthLimitedLoader(
             else:
                 break
             self.forward()
+        self._blank_next(
+            "while scanning a block scalar", start_mark, "chomping or indentation indicators"
+        )
+        return chomping, increment
+
+    def _blank_next(self, context: str, start_mark: yaml.Mark, expected: str) -> None:
+        """PyYAML's error where a space, a tab or a line's end must come next."""
         if self.peek() not in "\0 \t" + _BREAKS:
             raise yaml.scanner.ScannerError(
-                "while scanning a block scalar",
+                context,
                 start_mark,
-                f"expected chomping or indentation indicators, but found {self.peek()!r}",
+                f"expected {expected}, but found {self.peek()!r}",
                 self.get_mark(),
             )
-        return chomping, increment
 
     def scan_block_scalar_ignored_line(self, start_mark: yaml.Mark) -> None:
         """PyYAML's own, but with tabs as spaces before a comment or the line's end."""
