@@ -253,4 +253,8 @@ def gaussian_scores(q: Array, k: Array, w: Array) -> Array:
     """
     # one query at a time: [L_k, d], where all at once made [L_q, L_k, d] twice (4 GB
     # for 2000 tokens of d_k 64, three times what the rest of the run needs)
-    return np.stack([-0.5 * np.sum(d * d, axis=-1) for d in ((row - k) * w for row in q)])
+    out = np.empty((len(q), len(k)), dtype=np.result_type(q, k, w))
+    for i, row in enumerate(q):
+        d = (row - k) * w
+        out[i] = -0.5 * np.sum(d * d, axis=-1)
+    return out
