@@ -689,9 +689,9 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--beam", "0"], "--beam width must be at least 1"),
         (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
         (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),
-        (["--temperature", "2"], "--temperature applies to --sample only"),
-        (["--beam", "2", "--top-k", "2"], "--top-k applies to --sample only"),
-        (["--length-penalty", "1"], "--length-penalty applies to --beam only"),
+        # another strategy's option is unused, but a bad value is still refused
+        (["--greedy", "--top-p", "5"], "--top-p must lie in (0, 1]"),
+        (["--beam", "2", "--seed", "-1"], "--seed must be at least 0"),
         (["--stage", "k"], "add --trace"),
         (["--trace", "--stage", "softmx"], "did you mean 'softmax'"),
         # (the model alone is about 33,000 with its arrays' and steps' objects)
@@ -701,6 +701,30 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
 def test_bad_options_exit_2(args: list[str], message: str) -> None:
     code, _, err = invoke("generate", *args)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "unused"),
+    [
+        (["--temperature", "2"], "--temperature applies to --sample only: unused by --greedy"),
+        (["--greedy", "--seed", "7"], "--seed applies to --sample only: unused by --greedy"),
+        (["--beam", "2", "--top-k", "1"], "--top-k applies to --sample only: unused by --beam"),
+        (["--sample", "--length-penalty", "1"], "--length-penalty applies to --beam only"),
+    ],
+)
+def test_another_strategys_option_is_said_and_unused(args: list[str], unused: str) -> None:
+    """SPEC's usage line lists every option beside every strategy: another strategy's
+    option is accepted, as Hugging Face's generate does, with a warning; it changes
+    nothing (--top-k 1 would make beam search greedy, --temperature 2 its ranking)."""
+    strategy = [a for a in args if a in ("--greedy", "--sample", "--beam")] or ["--greedy"]
+    width = ["2"] if strategy == ["--beam"] else []
+    code, out, err = invoke("generate", "--format", "json", *args)
+    assert code == 0 and f"trace-tf: warning: {unused}" in err
+    data = json.loads(out)
+    assert any(unused in w for w in data["warnings"])
+    code, plain, _ = invoke("generate", "--format", "json", *strategy, *width)
+    assert code == 0
+    assert data["generated"] == json.loads(plain)["generated"]
 
 
 @pytest.mark.parametrize(

@@ -894,6 +894,9 @@ def generate(
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
+    for note in s.unused:
+        typer.echo(f"trace-tf: warning: {note}", err=True)
+    warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
     header_rows = conventions(cfg) + gen_mod.describe(s, cfg.tokens.eos)
@@ -903,13 +906,13 @@ def generate(
         steps,
         **render.generation_json(result, cfg.vocab),
         conventions=dict(header_rows),
-        warnings=tr.trace.warnings,
+        warnings=warnings,
     )
     traced = steps if trace else None  # what --format npz / csv write (with --trace only)
     if c.fmt != "table":
         emit(c, [], data, traced, "--stage PATH (a whole path, e.g. t0.probs)")
         return
-    head_panel = render.header(cfg.title or cfg.file, header_rows, tr.trace.warnings)
+    head_panel = render.header(cfg.title or cfg.file, header_rows, warnings)
     body = render.generation_view(result, cfg.vocab, steps, show, c.view())
     emit(c, [head_panel, *body], data, traced)
 

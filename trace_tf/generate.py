@@ -71,6 +71,7 @@ class Settings:
     width: int = 1  # beam
     length_penalty: float = 0.0  # beam: alpha of ((5 + n) / 6)^alpha
     cache: bool = True
+    unused: tuple[str, ...] = ()  # what was given for another strategy, said in a warning
 
 
 def settings(
@@ -86,7 +87,8 @@ def settings(
     length_penalty: float | None = None,
     cache: bool = True,
 ) -> Settings:
-    """Validated settings from the command-line options; greedy when no strategy is named."""
+    """Validated settings from the command-line options; greedy when no strategy is named.
+    An option of another strategy is validated too, then left unused, and `unused` says so."""
     chosen = [
         name
         for name, on in (("--greedy", greedy), ("--sample", sample), ("--beam", beam is not None))
@@ -103,6 +105,7 @@ def settings(
         raise InputError(
             "--max-tokens must be at least 1", expected="an integer >= 1", found=str(max_tokens)
         )
+    unused: list[str] = []
     for option, value, needs in (
         ("--temperature", temperature, "sample"),
         ("--top-k", top_k, "sample"),
@@ -110,11 +113,8 @@ def settings(
         ("--seed", seed, "sample"),
         ("--length-penalty", length_penalty, "beam"),
     ):
-        if value is not None and strategy != needs:
-            raise InputError(
-                f"{option} applies to --{needs} only, and the strategy is {strategy}",
-                expected=f"--{needs}" + (" N" if needs == "beam" else ""),
-            )
+        if value is not None and strategy != needs:  # as Hugging Face does: said, not used
+            unused.append(f"{option} applies to --{needs} only: unused by --{strategy}")
     if temperature is not None:
         option_number(temperature, "--temperature", positive=True)
     if seed is not None and seed < 0:  # numpy's generators take no negative seed
@@ -149,6 +149,7 @@ def settings(
         width=beam if beam is not None else 1,
         length_penalty=0.0 if length_penalty is None else float(length_penalty),
         cache=cache,
+        unused=tuple(unused),
     )
 
 
