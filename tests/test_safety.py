@@ -152,12 +152,34 @@ def test_output_is_created_and_never_overwritten_without_force(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # no temporary left
 
 
-def test_output_refuses_the_config_itself_without_force(tmp_path: Path) -> None:
+@pytest.mark.parametrize("force", [[], ["--force"]])
+@pytest.mark.parametrize("command", [["encode", "C"], ["diff", "C", "C"], ["check", "C"]])
+@pytest.mark.parametrize("name", ["c.yaml", "link.yaml", "hard.yaml"])
+def test_output_never_replaces_a_file_the_command_reads(
+    tmp_path: Path, command: list[str], name: str, force: list[str]
+) -> None:
+    """Not even with --force (which allows replacing an output): through a symbolic
+    or a hard link too."""
     config = tmp_path / "c.yaml"
     config.write_text(GOOD)
+    (tmp_path / "link.yaml").symlink_to(config)
+    (tmp_path / "hard.yaml").hardlink_to(config)
     before = _digest(config)
-    result = runner.invoke(app, ["encode", str(config), "--output", str(config)])
-    assert result.exit_code == 2 and "exists" in result.stderr and _digest(config) == before
+    args = [str(config) if a == "C" else a for a in command]
+    result = runner.invoke(app, [*args, "--output", str(tmp_path / name), *force])
+    assert result.exit_code == 2, result.output
+    assert f"--output {tmp_path / name} is a file this command reads" in result.stderr
+    assert _digest(config) == before and (tmp_path / "link.yaml").is_symlink()
+
+
+def test_output_may_replace_a_file_an_earlier_command_read(tmp_path: Path) -> None:
+    """The files read are the running command's: in one process (as here), a file
+    an earlier command read is an ordinary output for the next."""
+    config = tmp_path / "c.yaml"
+    config.write_text(GOOD)
+    assert runner.invoke(app, ["encode", str(config)]).exit_code == 0
+    result = runner.invoke(app, ["encode", "--output", str(config), "--force"])
+    assert result.exit_code == 0 and "input" in config.read_text()
 
 
 def test_output_to_a_directory_or_a_missing_directory_is_an_error(tmp_path: Path) -> None:

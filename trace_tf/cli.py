@@ -315,7 +315,9 @@ OUT_OF_MEMORY = (
 def guarded(debug: bool) -> Iterator[None]:
     """Bad input: one line on stderr, exit 2. A bug: one line, exit 3 (--debug: traceback)."""
     from trace_tf.errors import InputError
+    from trace_tf.loader import FILES_READ
 
+    FILES_READ.clear()  # a command starts: it has read nothing yet
     try:
         yield
     except InputError as exc:
@@ -437,8 +439,21 @@ def _writable(path: Path, force: bool) -> None:
     # (os.path: False, not an OSError, for a name too long; writing it then says so)
     if os.path.isdir(path):
         _fail(f"--output {path} is a directory")
+    if _was_read(path):  # what the user gave is never modified, --force or not
+        _fail(f"--output {path} is a file this command reads; write to another file")
     if os.path.exists(path) and not force:
         _fail(f"--output {path} exists; pass --force to overwrite it")
+
+
+def _was_read(path: Path) -> bool:
+    """Whether `path` is (a link to) a file this command has read."""
+    from trace_tf.loader import FILES_READ
+
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # not there, or a name the system refuses
+        return False
+    return (st.st_dev, st.st_ino) in FILES_READ
 
 
 def _open(path: Path, binary: bool, shown: Path) -> Any:

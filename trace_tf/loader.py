@@ -659,6 +659,11 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in examples_dir().glob("*.yaml"))
 
 
+# The files the running command has read, as (device, inode): its --output may not
+# replace one (the CLI empties this as each command starts).
+FILES_READ: set[tuple[int, int]] = set()
+
+
 def read_text(path: Path) -> str:
     """A file's text, or an InputError saying why it cannot be read."""
     name = str(path)
@@ -666,6 +671,8 @@ def read_text(path: Path) -> str:
         raise InputError("is a directory, not a config file", file=name)
     try:
         with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            FILES_READ.add((st.st_dev, st.st_ino))
             return read_stream(fh, name)
     except FileNotFoundError:
         raise InputError("no such file", file=name) from None
