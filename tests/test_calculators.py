@@ -321,6 +321,8 @@ def test_pe_file_and_overrides() -> None:
         (("--length", "3"), "pe needs --length and --d-model"),
         (("--length", "3", "--d-model", "4", "--kind", "cosine"), "pe.kind: not a valid choice"),
         (("--length", "3", "--d-model", "4", "--base", "0"), "pe.base: must be positive"),
+        # RoPE's angle table has a column per pair: none for one column
+        (("--length", "2", "--d-model", "1", "--kind", "rope"), "pe.d_model: RoPE turns pairs"),
         (("--length", "100000", "--d-model", "100000"), "over the limit"),
     ],
 )

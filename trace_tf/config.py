@@ -1178,10 +1178,18 @@ class _Validator:
                 expected=f"at most {self.max_elements:,} numbers",
                 found_text=f"{length * d_model:,}",
             )
+        kind = self.choice(p.get("kind", "sinusoidal"), "pe.kind", ("sinusoidal", "rope"))
+        if kind == "rope" and d_model < 2:  # its table would have no column
+            raise self.ctx.err(
+                "pe.d_model",
+                "RoPE turns pairs of columns (2i, 2i+1), and 1 column has none",
+                expected="a whole number >= 2 with kind rope",
+                found_text=str(d_model),
+            )
         return {
             "length": length,
             "d_model": d_model,
-            "kind": self.choice(p.get("kind", "sinusoidal"), "pe.kind", ("sinusoidal", "rope")),
+            "kind": kind,
             "base": self.number(p.get("base", 10000), "pe.base", positive=True),
         }
 
