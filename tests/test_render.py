@@ -90,6 +90,12 @@ def test_control_characters_in_labels_are_escaped() -> None:
     assert render.printable("你好 world") == "你好 world"
 
 
+def test_an_empty_or_all_space_token_is_quoted() -> None:
+    grid = render.matrix_table(np.eye(3), rows=["", " ", " a "], cols=["", "  ", "b"])
+    assert [_row(grid, k)[0] for k in (0, 1, 2)] == ["''", "' '", "a"]  # (cells stripped)
+    assert _header(grid)[1:] == ["''", "'  '", "b"]
+
+
 def _header(grid: render.Grid) -> list[str]:
     text = "".join(s.text for s in grid.lines[1])
     return [c.strip() for c in text.strip("┃").split("┃")]

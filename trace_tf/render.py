@@ -275,7 +275,10 @@ def shown_token(token: str) -> str:
 
 def printable(text: str) -> str:
     """A token or label as printed: control characters (a newline token, a tab)
-    written as escapes, so that it stays on its line; anything else as it is."""
+    written as escapes, so that it stays on its line; an empty or all-space token
+    quoted ('' or ' '), so that it shows; anything else as it is."""
+    if not text.strip(" "):
+        return f"'{text}'"
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
