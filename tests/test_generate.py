@@ -982,3 +982,23 @@ def test_a_long_prefix_is_shown_by_its_ends_so_the_output_grows_linearly(
     assert " more … " not in whole and whole.count("SOS") > 80
     summary = long[long.index(next(x for x in long if "─ generated" in x)) :]
     assert " more … " not in "\n".join(summary)  # the result in full
+
+
+def test_the_header_shows_eos_and_pad_as_quoted_text_not_raw(tmp_yaml: Any) -> None:
+    # The stop row (4cbbe2e) wrote tokens.eos raw: an escape character went to the
+    # terminal as is (colouring what followed) and a newline broke the header's line;
+    # a token of 300 letters filled three lines of it. pad's row already quoted it.
+    odd = "E\x1b[31m\nX"
+    long = "start" + "x" * 290 + "end"
+    path = tmp_yaml(
+        "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1}\n"
+        f"vocab: [a, {json.dumps(odd)}, {long}]\n"
+        f"tokens: {{bos: a, eos: {json.dumps(odd)}, pad: {long}}}\ntarget: [a]\n"
+    )
+    code, out, err = invoke("generate", path, "--max-tokens", "1")
+    assert code == 0, err
+    assert "\x1b" not in out
+    stop = next(x for x in out.splitlines() if "│ stop" in x)
+    assert "at tokens.eos ('E\\x1b[31m\\nX') or after 1 produced token(s)" in stop
+    masks = " ".join(x for x in out.splitlines() if "pad token" in x or "masked as" in x)
+    assert "x" * 100 not in masks and "(298 characters)" in masks

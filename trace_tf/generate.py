@@ -43,7 +43,7 @@ import numpy as np
 
 from trace_tf import model, ops
 from trace_tf.config import Config, Sequence_, option_number, trace_size
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 from trace_tf.model import KVCache
 from trace_tf.text import exact
 from trace_tf.trace import NULL_TRACER, Tracer
@@ -184,7 +184,7 @@ def describe(s: Settings, eos: str | None) -> list[tuple[str, str]]:
             f"the best {penalty} among the finished and, at the limit, the live beams cut there"
         )
     stop = (
-        f"at tokens.eos ({eos}) or after {s.max_tokens} produced token(s), eos included"
+        f"at tokens.eos ({quoted(eos)}) or after {s.max_tokens} produced token(s), eos included"
         if eos is not None
         else f"after {s.max_tokens} produced token(s): the file sets no tokens.eos"
     )

@@ -11,7 +11,7 @@ import numpy as np
 from trace_tf import model
 from trace_tf.calc import run_op
 from trace_tf.config import Config, Document, OpConfig, build
-from trace_tf.errors import InputError
+from trace_tf.errors import InputError, quoted
 from trace_tf.text import exact
 from trace_tf.trace import Trace, Tracer
 
@@ -94,7 +94,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     )
     masks = ["decoder self-attention causal (0 / −inf, additive)"] if m.decoder_layers else []
     if cfg.tokens.pad:
-        masks.append(f"pad token {cfg.tokens.pad!r} masked as a key")
+        masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({m.max_len} rows), added",
