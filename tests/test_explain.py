@@ -621,3 +621,22 @@ def test_a_scalar_weight_written_in_scientific_notation_is_explained() -> None:
     code, _, err = invoke("explain", "decoder.0.self_attn.h0.scores", "--set",
                           "model.score=gaussian", "--precision", "0")  # fmt: skip
     assert code == 0, err
+
+
+def test_a_token_with_control_characters_is_shown_escaped(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # explain wrote a token into its lines raw: an escape character reached the
+    # terminal as is, and a newline split `embedding['...']` over two lines (the
+    # tables show it escaped, as render.printable writes it). JSON keeps it whole.
+    odd = "x\x1b[31m\ny"
+    path = tmp_yaml(
+        "model: {d_model: 2, n_heads: 1, d_ff: 2, encoder_layers: 1, decoder_layers: 0}\n"
+        f"vocab: [{json.dumps(odd)}, b]\nsource: [{json.dumps(odd)}, b]\n"
+    )
+    result = runner.invoke(app, ["explain", "encoder.embed", path, "--cell", "0,0"])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stdout
+    assert "embedding['x\\x1b[31m\\ny'][0]" in result.stdout
+    result = runner.invoke(
+        app, ["explain", "encoder.embed", path, "--cell", "0,0", "--format", "json"]
+    )
+    assert f"embedding['{odd}']" in json.loads(result.stdout)["operands"]

@@ -1134,14 +1134,17 @@ def explain(
 
 
 def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
-    """The explanation as the documents write it, with where each number comes from."""
+    """The explanation as the documents write it, with where each number comes from.
+    A token in it is shown as the tables show it: control characters escaped."""
+    from trace_tf.render import printable
+
     f = _Fmt(precision)
     body: list[RenderableType] = [Text(e.formula, style="italic")]  # (wraps, unlike a title)
-    body.extend(Text(line, style="bold") for line in e.lines())
+    body.extend(Text(printable(line), style="bold") for line in e.lines())
     if e.where:
         body.append(Text("where", style="dim"))
-        body.extend(Text(f"  {w}") for w in e.where)
-    body.extend(Text(f"note: {r}", style="yellow") for r in e.remarks)
+        body.extend(Text(f"  {printable(w)}") for w in e.where)
+    body.extend(Text(f"note: {printable(r)}", style="yellow") for r in e.remarks)
     if e.agrees:
         check = Text(f"recorded value {f.num(e.value)}: the arithmetic above agrees", style="green")
     else:
