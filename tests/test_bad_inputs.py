@@ -1481,6 +1481,14 @@ SETS = [
         "{file}: model.new: unknown key 'new' (set by --set model.new.deep.key);",
         args=("encode", "{file}", "--set", "model.new.deep.key=1"),
     ),
+    case(  # two --sets made it: no line of the file (it was line 1, `model:`)
+        "set-unknown-key-made-by-two-deeper-sets",
+        BASE,
+        "model.new",
+        None,
+        "{file}: model.new: unknown key 'new';",
+        args=("encode", "{file}", "--set", "model.new.a=1", "--set", "model.new.b=2"),
+    ),
     case(
         "variant-unknown-key-made-by-a-deeper-key",
         BASE + "variants:\n  v:\n    model.nw.x: 1\n",

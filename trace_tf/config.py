@@ -713,10 +713,16 @@ class _Ctx:
             (k for k in reversed(self.overridden) if path == k or path.startswith(k + ".")),
             None,
         )
-        below = {k for k in self.overridden if k.startswith(path + ".")}
-        if key is None and len(below) == 1 and not self.lines.given(path):
-            key = below.pop()  # a key one override made on its way (model.new of model.new.x)
-        line = self.lines.get(path)
+        # a key overrides made on their way (model.new of model.new.x) is not the file's:
+        # one override is named; several are not named alone, nor the file's line
+        made = (
+            []
+            if self.lines.given(path)
+            else [k for k in self.overridden if k.startswith(path + ".")]
+        )
+        if key is None and len(made) == 1:
+            key = made[0]
+        line = None if made else self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
             written = origin.pads or key  # the key as the user wrote it
