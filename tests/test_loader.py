@@ -346,6 +346,20 @@ def test_more_values_than_the_limit_are_refused_before_they_are_built(
     assert data == {"a": [1] * 901}
 
 
+@pytest.mark.skipif(loader._CLoader12 is None, reason="the count on libyaml's events")
+def test_a_text_of_one_value_per_character_is_counted_before_it_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The events were counted only in a text of more than 2 characters per value of the
+    # limit, but a flow mapping's keys without values, `{a,a,...}`, hold a key and its
+    # null for every 2 characters: a 6 MB file of them was composed whole (60 s, 2 GB)
+    # before it was refused, and as "an alias bomb?". Shown with a limit of 1000.
+    monkeypatch.setattr(loader, "MAX_NODES", 1000)
+    monkeypatch.setattr(loader, "_expanded_size", None)  # (reached only once composed)
+    err = _refused("x: {" + "a," * 600 + "a}\n")
+    assert str(err).startswith("f.yaml:1: the YAML holds more than 1,000 values; refused")
+
+
 @pytest.mark.skipif(loader._CLoader12 is None, reason="libyaml's own words")
 def test_a_long_text_that_libyaml_refuses_is_not_parsed_again_in_python(
     monkeypatch: pytest.MonkeyPatch,

@@ -510,12 +510,12 @@ def _compose(text: str, file: str) -> yaml.Node | None:
     Both composers recurse once per nesting level, and libyaml's in C, where deep enough
     nesting (a 200 kB line of `[`) crashes the process: so the depth is measured first,
     on the parser's events, whenever the text could nest deeper than is safe. The same
-    pass counts the values of a text long enough to hold more than MAX_NODES: composed,
-    each costs microseconds and hundreds of bytes (a 36 MB list of numbers took minutes
-    and gigabytes before its count was refused)."""
+    pass counts the values of a text that could hold more than MAX_NODES: composed, each
+    costs microseconds and hundreds of bytes (a 36 MB list of numbers took minutes and
+    gigabytes before its count was refused)."""
     if _CLoader12 is not None:
         try:
-            if _could_nest(text, 1000) or len(text) > 2 * MAX_NODES:
+            if _could_nest(text, 1000) or _could_hold(text, MAX_NODES):
                 _check_events(yaml.parse(text, Loader=yaml.CSafeLoader), file)
             node: yaml.Node | None = yaml.compose(text, Loader=_CLoader12)
             return node
@@ -538,6 +538,14 @@ def _could_nest(text: str, depth: int) -> bool:
     """Whether `text` might nest `depth` levels: every list or mapping opens with one of
     these characters (`[`, `{`, a `-` or `?` entry, a `key:`), so fewer cannot."""
     return sum(text.count(c) for c in "[{-?:") >= depth
+
+
+def _could_hold(text: str, values: int) -> bool:
+    """Whether `text` might hold more than `values` values: each but the first begins
+    after one of these characters (`[`, `{`, `,`, `-`, `?`, `:`, a line break), and a
+    key may bring an implicit null (`{a,b}`: 5 values), so fewer cannot. (The length
+    alone does not bound them: `{a,a,...}` holds one a character.)"""
+    return 2 * sum(text.count(c) for c in "[{,-?:" + _BREAKS) + 1 > values
 
 
 def _too_deep(file: str, line: int | None) -> InputError:
