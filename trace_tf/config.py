@@ -884,12 +884,7 @@ class _Validator:
             # (rounded to float32 it would be an infinity: no longer the number written)
             bad = np.argwhere(np.abs(arr) > FLOAT32_MAX)[0]
             where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
-            raise self.ctx.err(
-                where,
-                "beyond the range of float32, the model's dtype",
-                float(arr[tuple(bad)]),
-                f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
-            )
+            raise self.beyond_float32(where, float(arr[tuple(bad)]))
         if shape is not None and tuple(arr.shape) != shape:
             raise self.ctx.err(
                 path,
@@ -898,6 +893,15 @@ class _Validator:
                 found_text=f"shape {_shape_text(tuple(arr.shape))}",
             )
         return arr
+
+    def beyond_float32(self, path: str, value: float) -> InputError:
+        """A given number that float32, the model's dtype, would round to an infinity."""
+        return self.ctx.err(
+            path,
+            "beyond the range of float32, the model's dtype",
+            value,
+            f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
+        )
 
     def _shape(self, value: Any, path: str) -> tuple[int, ...]:
         """Shape of a nested list of numbers; refuses ragged rows and non-numbers."""
@@ -1382,12 +1386,7 @@ class _Validator:
         if config.dtype == "float32":  # a number given beyond float32 would be an infinity
             for key in ("embed_scale", "pe_base", "norm_eps", "scale", "temperature"):
                 if abs(getattr(config, key)) > FLOAT32_MAX:
-                    raise self.ctx.err(
-                        p + key,
-                        "beyond the range of float32, the model's dtype",
-                        getattr(config, key),
-                        f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
-                    )
+                    raise self.beyond_float32(p + key, getattr(config, key))
         return config
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
