@@ -92,9 +92,26 @@ def test_a_drawn_weight_beyond_float32_is_an_overflow_warning_not_numpys(tmp_pat
 
 def test_a_given_model_number_beyond_float32_is_refused_with_its_key() -> None:
     # model.scale 1e39 became an infinity in float32: every scaled score a silent 0
-    for key in ("scale", "embed_scale", "temperature", "norm_eps", "pe_base"):
+    for key in ("scale", "embed_scale", "temperature", "norm_eps"):
         result = runner.invoke(app, ["encode", "--dtype", "float32", "--set", f"model.{key}=1e39"])
         assert result.exit_code == 2, (key, result.stdout[-300:])
         assert f"model.{key}: beyond the range of float32" in result.stderr
     ok = runner.invoke(app, ["encode", "--dtype", "float32", "--set", "model.scale=3e38"])
     assert ok.exit_code == 0 and ok.stderr == ""
+
+
+def test_a_pe_base_beyond_float32_is_taken_its_angles_are_float64() -> None:
+    # pe_base 1e39 was refused in float32 "as it would become an infinity", but the
+    # positional angles pos / base^(2i/d) are computed in float64 (ops.sinusoidal_pe,
+    # ops.rope_angles): only the sines and cosines are stored in float32.
+    args = ["step", "--dtype", "float32", "--set", "model.pe_base=1e39", "--format", "json"]
+    result = runner.invoke(app, [*args, "--stage", "encoder.pe"])
+    assert result.exit_code == 0, result.output
+    pe = np.array(json.loads(result.stdout)["steps"][0]["value"])
+    pos, two_i = np.arange(2.0)[:, None], np.arange(0, 4, 2.0)
+    angles = pos / 1e39 ** (two_i / 4)  # hello: 2 tokens, d_model 4
+    expected = np.empty((2, 4))
+    expected[:, 0::2], expected[:, 1::2] = np.sin(angles), np.cos(angles)
+    assert np.array_equal(pe, expected.astype(np.float32))
+    rope = ["--set", "model.positional=rope", "--stage", "encoder.0.self_attn.h0.q"]
+    assert runner.invoke(app, [*args, *rope]).exit_code == 0

@@ -1384,7 +1384,8 @@ class _Validator:
             dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
         )
         if config.dtype == "float32":  # a number given beyond float32 would be an infinity
-            for key in ("embed_scale", "pe_base", "norm_eps", "scale", "temperature"):
+            # (not pe_base: the positional angles are computed in float64)
+            for key in ("embed_scale", "norm_eps", "scale", "temperature"):
                 if abs(getattr(config, key)) > FLOAT32_MAX:
                     raise self.beyond_float32(p + key, getattr(config, key))
         return config
