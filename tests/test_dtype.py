@@ -115,3 +115,18 @@ def test_a_pe_base_beyond_float32_is_taken_its_angles_are_float64() -> None:
     assert np.array_equal(pe, expected.astype(np.float32))
     rope = ["--set", "model.positional=rope", "--stage", "encoder.0.self_attn.h0.q"]
     assert runner.invoke(app, [*args, *rope]).exit_code == 0
+
+
+def test_a_divisor_float32_would_round_to_0_is_refused_with_its_key() -> None:
+    # temperature 1e-46 is a near-argmax softmax in float64 (the row max is subtracted
+    # first); float32 rounded it to 0, and 0 / 0 gave NaN, reported as "a fully masked
+    # row has no softmax". scale 1e-46 likewise divided every score by 0.
+    for key in ("temperature", "scale"):
+        args = ["encode", "--set", f"model.{key}=1e-46"]
+        assert runner.invoke(app, args).exit_code == 0
+        result = runner.invoke(app, [*args, "--dtype", "float32"])
+        assert result.exit_code == 2, (key, result.stdout[-300:])
+        assert f"model.{key}: below the range of float32" in result.stderr
+        assert "found the number 1e-46" in result.stderr
+    ok = runner.invoke(app, ["encode", "--dtype", "float32", "--set", "model.temperature=1e-45"])
+    assert ok.exit_code == 0 and ok.stderr == ""

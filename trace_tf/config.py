@@ -1388,6 +1388,14 @@ class _Validator:
             for key in ("embed_scale", "norm_eps", "scale", "temperature"):
                 if abs(getattr(config, key)) > FLOAT32_MAX:
                     raise self.beyond_float32(p + key, getattr(config, key))
+            for key in ("scale", "temperature"):  # divisors, > 0: rounded to 0, a division by 0
+                if np.float32(getattr(config, key)) == 0:
+                    raise self.ctx.err(
+                        p + key,
+                        "below the range of float32, the model's dtype (it would be 0)",
+                        getattr(config, key),
+                        "a number of at least 1e-45, or float64",
+                    )
         return config
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
