@@ -1473,6 +1473,20 @@ SETS = [
         7,
         "token 'null' is not in the vocabulary",
     ),
+    case(  # a key with a newline and an escape: one line, the escape not sent raw
+        "key-with-control-characters",
+        BASE + 'embeddings: {"x\\e[31m\\ny": [1, 2, 3, 4]}\n',
+        "embeddings.x\\x1b[31m\\ny",
+        6,
+        "token 'x\\x1b[31m\\ny' is not in the vocabulary",
+    ),
+    case(  # a token with a newline in the list of the vocabulary: one line
+        "vocab-with-control-characters",
+        BASE.replace("[a, b, c]", '[a, "b\\nc"]').replace("[a, b]", "[a, z]"),
+        "source.1",
+        5,
+        "expected a token of vocab (a, b\\nc)",
+    ),
     case(  # the unknown key is one the --set made on its way: not line 1 of the file
         "set-unknown-key-made-by-a-deeper-set",
         BASE,

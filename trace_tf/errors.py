@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trace_tf.text import printable
+
 
 def clipped(text: str, limit: int = 200) -> str:
     """`text`, or its start and end around `…` when longer than `limit` characters."""
@@ -57,7 +59,7 @@ class InputError(Exception):
             text += f"; expected {self.expected}"
         if self.found is not None:
             text += f", found {self.found}"
-        return text
+        return printable(text)  # one line: a key, token or file name with a newline
 
 
 class NumericalError(InputError):

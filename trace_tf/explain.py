@@ -28,7 +28,7 @@ from trace_tf.calc import NORM_AXES, op_arrays
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError, quoted
 from trace_tf.stages import Stage, stage_of
-from trace_tf.text import exact
+from trace_tf.text import exact, printable
 from trace_tf.trace import Step, Trace
 
 MAX_TERMS = 6  # longer sums show their first 3 and last 2 terms around "…"
@@ -1136,8 +1136,6 @@ def explain(
 def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
     """The explanation as the documents write it, with where each number comes from.
     A token in it is shown as the tables show it: control characters escaped."""
-    from trace_tf.render import printable
-
     f = _Fmt(precision)
     body: list[RenderableType] = [Text(e.formula, style="italic")]  # (wraps, unlike a title)
     body.extend(Text(printable(line), style="bold") for line in e.lines())

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trace_tf import __version__
-from trace_tf.text import exact
+from trace_tf.text import exact, printable
 from trace_tf.trace import Step
 
 if TYPE_CHECKING:
@@ -268,20 +268,10 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
 
 
 def shown_token(token: str) -> str:
-    """A token as every table and line shows it: printable, and shortened in its
-    middle when longer than a label (the JSON output keeps it whole)."""
-    return shortened(printable(token))
-
-
-def printable(text: str) -> str:
-    """A token or label as printed: control characters (a newline token, a tab)
-    written as escapes, so that it stays on its line; an empty or all-space token
-    quoted ('' or ' '), so that it shows; anything else as it is."""
-    if not text.strip(" "):
-        return f"'{text}'"
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """A token as every table and line shows it: printable (an empty or all-space
+    token quoted, '' or ' ', so that it shows), and shortened in its middle when
+    longer than a label (the JSON output keeps it whole)."""
+    return shortened(printable(token) if token.strip(" ") else f"'{token}'")
 
 
 def _cells(text: str) -> int:

@@ -1,4 +1,4 @@
-"""How a number the user gave is written back, in formulas and messages."""
+"""How a number or text the user gave is written back, in formulas, tables and messages."""
 
 from __future__ import annotations
 
@@ -8,3 +8,12 @@ def exact(x: float) -> str:
     Python's repr: a constant the user gave is never shown rounded."""
     text = repr(float(x))
     return text[:-2] if text.endswith(".0") else text
+
+
+def printable(text: str) -> str:
+    """A token, label or message as printed: control characters (a newline token, a
+    tab, an escape) written as escapes, so that it stays on its line and nothing is
+    sent to the terminal raw; anything else as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
