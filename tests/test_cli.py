@@ -1267,3 +1267,75 @@ def test_check_takes_a_value_that_leaves_out_only_axes_of_length_1(
     [r] = json.loads(out)["results"]
     assert (r["ok"], r.get("problem", "ok")) == (verdict == "ok", verdict), err
     assert code == (0 if verdict == "ok" else 1)
+
+
+def _option_help(command: str, option: str) -> str:
+    """The help text of one option of a command, as one line."""
+    text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+    rows = [line.strip(" │").strip() for line in text.splitlines()]
+    start = next(i for i, r in enumerate(rows) if r.split(" ", 1)[0] == option)
+    end = next(i for i in range(start + 1, len(rows)) if rows[i].startswith("-") or "─" in rows[i])
+    return " ".join(" ".join(rows[start:end]).split())
+
+
+Q, K, V = ("--q", "1 0; 0 2"), ("--k", "1 2; 3 -1; 0 1"), ("--v", "1; 2; 4")
+
+
+@pytest.mark.parametrize(
+    "command, option, stated, base, given",
+    [  # each default the help states, against a run that gives that value
+        ("attend", "--scale", "default sqrt_dk", [*Q, *K, *V], ["--scale", "sqrt_dk"]),
+        (
+            "attend",
+            "--scale",
+            "1 for the other scores",
+            [*Q, *K, *V, "--score", "dot"],
+            ["--scale", "1"],
+        ),
+        ("attend", "--temperature", "default 1", [*Q, *K, *V], ["--temperature", "1"]),
+        ("attend", "--w", "default 1", [*Q, *K, *V, "--score", "gaussian"], ["--w", "1"]),
+        ("attend", "--mask", "default none", [*Q, *K, *V], ["--mask", "0 0 0; 0 0 0"]),
+        ("norm", "--gamma", "default 1", ["--x", "1 2 4; 0 3 3"], ["--gamma", "1 1 1"]),
+        ("norm", "--beta", "default 0", ["--x", "1 2 4; 0 3 3"], ["--beta", "0 0 0"]),
+        (
+            "explain",
+            "--cell",
+            "default: the first",
+            ["encoder.0.self_attn.h0.q"],
+            ["--cell", "0,0"],
+        ),
+        ("generate", "--top-k", "default: every token", ["--sample"], ["--top-k", "10"]),
+        ("generate", "--top-p", "default 1", ["--sample"], ["--top-p", "1"]),
+    ],
+)
+def test_a_help_states_the_option_s_default(
+    command: str, option: str, stated: str, base: list[str], given: list[str]
+) -> None:
+    # Their help named no default (attend's --scale is sqrt_dk or 1 depending on the
+    # score; norm's gamma and beta ones and zeros; explain's first cell).
+    assert stated in _option_help(command, option), _option_help(command, option)
+
+    def values(args: list[str]) -> Any:
+        result = runner.invoke(app, [command, *args, "--format", "json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        if command == "generate":  # (renormalising every token may move the last bit)
+            probs = [p for it in data["iterations"] for p in it["probs"].values()]
+            return [data["generated"], *probs]
+        if command == "explain":
+            return data["step"], data["cell"], data["value"]
+        return {s["path"]: s["value"] for s in data["steps"] if s["path"] != "attn.masked"}
+
+    default, explicit = values(base), values([*base, *given])
+    if command == "generate":
+        assert default[0] == explicit[0]
+        assert default[1:] == pytest.approx(explicit[1:], rel=1e-14, abs=0)
+    else:
+        assert default == explicit
+
+
+@pytest.mark.parametrize("option", ["--layer", "--head"])
+def test_generate_help_says_layer_and_head_need_trace(option: str) -> None:
+    assert _option_help("generate", option).startswith(f"{option} <int range> [x>=0] With --trace")
+    result = runner.invoke(app, ["generate", option, "0"])
+    assert result.exit_code == 2 and "add --trace" in result.stderr

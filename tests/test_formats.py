@@ -152,3 +152,26 @@ def test_a_command_offers_only_the_formats_it_can_write(args: list[str], formats
         assert f"--format must be one of {formats}, not '{fmt}'" in result.stderr
     help_text = runner.invoke(app, [args[0], "--help"], env={"COLUMNS": "200"}).stdout
     assert ("npz" in help_text) == ("npz" in formats) and "csv (one step" not in help_text
+
+
+def _help(command: str) -> str:
+    """A command's --help as one line: rich's box and wrapping taken out."""
+    text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+    return " ".join(text.replace("│", " ").split())
+
+
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["step", "--stage", "encoder.0.self_attn.h0.softmax"], "select it with --stage PATH"),
+        (["generate", "--trace", "--stage", "t0.probs"], "select it with --trace --stage PATH"),
+        (["pe", "--length", "2", "--d-model", "2"], "csv (its one step, pe)"),
+    ],
+)
+def test_format_help_says_how_this_command_writes_its_csv_step(args: list[str], hint: str) -> None:
+    # Every command's help said "csv (one step: select it with `step --stage PATH`)":
+    # for generate that needs --trace --stage, and pe has only one step to write.
+    assert hint in _help(args[0])
+    result = runner.invoke(app, [*args, "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert "select it with `step --stage PATH`" in _help("encode")

@@ -106,14 +106,23 @@ VariantOpt = Annotated[
     ),
 ]
 FORMATS = ("table", "json", "npz", "csv")
-FormatOpt = Annotated[
-    str,
-    typer.Option(
-        "--format",
-        help="table, json, npz (every step under its path, for numpy.load; needs --output, "
-        "- for stdout) or csv (one step: select it with `step --stage PATH`).",
-    ),
-]
+CSV_BY_STEP = "one step: select it with `step --stage PATH`"  # how a command's csv step is chosen
+
+
+def _format_opt(csv: str, npz: str = "every step") -> Any:
+    """--format offering every format; `npz` says which steps npz writes, `csv` which
+    step csv writes, and how it is chosen."""
+    return Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help=f"table, json, npz ({npz} under its path, for numpy.load; needs --output, "
+            f"- for stdout) or csv ({csv}).",
+        ),
+    ]
+
+
+FormatOpt = _format_opt(CSV_BY_STEP)
 NO_CSV = ("table", "json", "npz")  # several steps, and no --stage to choose one
 NpzOpt = Annotated[
     str,
@@ -125,7 +134,7 @@ NpzOpt = Annotated[
 ]
 REPORTS = ("table", "json")  # no traced steps to write
 ReportFormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
-_FORMAT_OPTS = {FORMATS: FormatOpt, NO_CSV: NpzOpt, REPORTS: ReportFormatOpt}
+_FORMAT_OPTS = {NO_CSV: NpzOpt, REPORTS: ReportFormatOpt}  # (FORMATS: _format_opt)
 DtypeOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -269,15 +278,20 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
 
 
 def running(
-    formats: tuple[str, ...] = FORMATS, dtype: bool = True
+    formats: tuple[str, ...] = FORMATS,
+    dtype: bool = True,
+    csv: str = CSV_BY_STEP,
+    npz: str = "every step",
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A command that runs the model: it takes the common options (SPEC section 4),
-    with --format offering `formats` and --dtype in its help only if `dtype`, receives
-    them as `c: Common`, and has its errors turned into exit codes."""
+    with --format offering `formats` (its help saying what npz and csv write: `npz`,
+    `csv`) and --dtype in its help only if `dtype`, receives them as `c: Common`, and
+    has its errors turned into exit codes."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
-        options = {**_COMMON_OPTIONS, "fmt": (_FORMAT_OPTS[formats], "table")}
+        fmt = _format_opt(csv, npz) if formats == FORMATS else _FORMAT_OPTS[formats]
+        options = {**_COMMON_OPTIONS, "fmt": (fmt, "table")}
         if not dtype:  # the calculators compute in float64, as their inputs are written
             options["dtype"] = (NoDtypeOpt, None)
         common = [
@@ -638,7 +652,7 @@ def decode(c: Common, config: ConfigArg = None) -> None:
 
 
 @app.command()
-@running()
+@running(csv="one step: select it with --stage PATH, a whole path")
 def step(
     c: Common,
     config: ConfigArg = None,
@@ -796,7 +810,10 @@ def examples(debug: DebugOpt = False) -> None:
 
 
 @app.command()
-@running()
+@running(
+    csv="one traced step: select it with --trace --stage PATH, a whole path",
+    npz="with --trace, every traced step",
+)
 def generate(
     c: Common,
     config: ConfigArg = None,
@@ -821,14 +838,17 @@ def generate(
     top_k: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
-            "--top-k", help="--sample: keep the k most probable tokens.", show_default=False
+            "--top-k",
+            help="--sample: keep the k most probable tokens (default: every token).",
+            show_default=False,
         ),
     ] = None,
     top_p: Annotated[
         Optional[float],  # noqa: UP045
         typer.Option(
             "--top-p",
-            help="--sample: keep the smallest most-probable set whose total reaches p.",
+            help="--sample: keep the smallest most-probable set whose total reaches p (default 1: "
+            "every token of non-zero probability).",
             show_default=False,
         ),
     ] = None,
@@ -864,8 +884,14 @@ def generate(
             show_default=False,
         ),
     ] = None,
-    layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
-    head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
+    layer: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--layer", min=0, help="With --trace: only this layer."),
+    ] = None,
+    head: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--head", min=0, help="With --trace: only this head."),
+    ] = None,
     show: Annotated[
         int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
     ] = 10,
@@ -1031,23 +1057,32 @@ def attend(
         MatrixOpt,
         typer.Option(
             "--mask",
-            help="Additive mask M, n_q x n_k: 0 attends, -inf masks; another number is added as a bias.",
+            help="Additive mask M, n_q x n_k: 0 attends, -inf masks; another number is added as a "
+            "bias (default none).",
         ),
     ] = None,
     scale: Annotated[
         WordOpt,
-        typer.Option("--scale", help="Divide the scores by this (a number or sqrt_dk)."),
+        typer.Option(
+            "--scale",
+            help="Divide the scores by this: a number or sqrt_dk (default sqrt_dk for "
+            "scaled_dot, 1 for the other scores).",
+        ),
     ] = None,
     temperature: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--temperature", help="Softmax temperature T (divides inside the softmax)."),
+        typer.Option(
+            "--temperature",
+            help="Softmax temperature T, dividing inside the softmax (default 1).",
+        ),
     ] = None,
     score: Annotated[
         WordOpt,
         typer.Option("--score", help="scaled_dot (default), dot, additive, bilinear or gaussian."),
     ] = None,
     w: Annotated[
-        MatrixOpt, typer.Option("--w", help="gaussian: the kernel width w (a number or a vector).")
+        MatrixOpt,
+        typer.Option("--w", help="gaussian: the kernel width w, a number or a vector (default 1)."),
     ] = None,
 ) -> None:
     """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
@@ -1094,8 +1129,12 @@ def norm(
         Optional[float],  # noqa: UP045
         typer.Option("--eps", help="Added to the variance inside the root (default 1e-5)."),
     ] = None,
-    gamma: Annotated[MatrixOpt, typer.Option("--gamma", help="Scale per feature.")] = None,
-    beta: Annotated[MatrixOpt, typer.Option("--beta", help="Shift per feature.")] = None,
+    gamma: Annotated[
+        MatrixOpt, typer.Option("--gamma", help="Scale γ per feature (default 1 each).")
+    ] = None,
+    beta: Annotated[
+        MatrixOpt, typer.Option("--beta", help="Shift β per feature (default 0 each).")
+    ] = None,
 ) -> None:
     """One normalisation (layer, rms, batch, instance): its statistics, then its output."""
     from trace_tf.config import parse_matrix
@@ -1122,7 +1161,7 @@ def norm(
 
 
 @app.command()
-@running(dtype=False)
+@running(dtype=False, csv="its one step, pe")
 def pe(
     c: Common,
     file: Annotated[
@@ -1298,7 +1337,11 @@ def explain(
     config: ConfigArg = None,
     cell: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option("--cell", help="The entry: I,J (as many indices as the step has dimensions)."),
+        typer.Option(
+            "--cell",
+            help="The entry: I,J, as many indices as the step has dimensions (default: the "
+            "first, 0,0).",
+        ),
     ] = None,
 ) -> None:
     """One entry of one step written out with its own numbers, as the documents do by hand."""
