@@ -1171,7 +1171,7 @@ STRUCTURE = [
         BASE.replace("n_heads: 2", "n_heads: 2\n  positional: learned\n  max_len: 1"),
         "source",
         "source",
-        "expected at most 1 tokens, found 2 tokens",
+        "expected at most 1 token, found 2 tokens",
     ),
     case(
         "source-in-decoder-only",
@@ -1754,10 +1754,29 @@ CALCULATORS = [
         None,
         None,
         None,
-        "ragged matrix: row 1 has 1 numbers, row 0 has 2",
+        "ragged matrix: row 1 has 1 number, row 0 has 2",  # (not "1 numbers")
         "expected 2 numbers in every row, found '3'",
         args=att(q="1 2; 3"),
         names="--q",
+    ),
+    case(
+        "inline-ragged-one-column",
+        None,
+        None,
+        None,
+        "ragged matrix: row 1 has 2 numbers, row 0 has 1",
+        "expected 1 number in every row, found '2 3'",
+        args=att(v="1; 2 3"),
+        names="--v",
+    ),
+    case(
+        "inline-v-rows-one-key",
+        None,
+        None,
+        None,
+        "as many rows as K (one value per key) (1 row), found shape 2 x 1",  # (not "1 rows")
+        args=("attend", "--q", "1", "--k", "1", "--v", "1; 2"),
+        names="--v",
     ),
     case(
         "inline-word",

@@ -32,7 +32,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
-from trace_tf.text import exact
+from trace_tf.text import counted, exact
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -493,8 +493,9 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
             row.append(x)
         if rows and len(row) != len(rows[0]):
             raise InputError(
-                f"{option}: ragged matrix: row {r} has {len(row)} numbers, row 0 has {len(rows[0])}",
-                expected=f"{len(rows[0])} numbers in every row",
+                f"{option}: ragged matrix: row {r} has {counted(len(row), 'number')}, "
+                f"row 0 has {len(rows[0])}",
+                expected=f"{counted(len(rows[0]), 'number')} in every row",
                 found=quoted(row_text.strip()),
             )
         rows.append(row)
@@ -1224,9 +1225,9 @@ class _Validator:
         if bad:
             want = "a non-empty matrix" + (f" with as many {what}" if what else "")
             if rows is not None:
-                want += f" ({rows} rows)"
+                want += f" ({counted(rows, 'row')})"
             if cols is not None:
-                want += f" ({cols} columns)"
+                want += f" ({counted(cols, 'column')})"
             raise self.ctx.err(
                 path, "wrong shape", expected=want, found_text=f"shape {_shape_text(arr.shape)}"
             )
@@ -1483,7 +1484,7 @@ class _Validator:
                 raise self.ctx.err(
                     name,
                     f"longer than model.max_len ({m.max_len}) learned positions",
-                    expected=f"at most {m.max_len} tokens",
+                    expected=f"at most {counted(m.max_len, 'token')}",
                     found_text=f"{len(seq)} tokens",
                 )
 

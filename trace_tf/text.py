@@ -17,3 +17,8 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 number`, `2 numbers`: a count in a message, with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
