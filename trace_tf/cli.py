@@ -255,6 +255,8 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
     `formats`: the --format values the command can write."""
     kw: dict[str, Any] = {name: default for name, (_, default) in _COMMON_OPTIONS.items()}
     kw.update({k: v for k, v in given.items() if k in _COMMON_OPTIONS})
+    from trace_tf.errors import suggest
+
     fmt = kw["fmt"]
     if fmt not in formats:
         why = {"npz": "traced steps", "csv": "one traced step"}.get(fmt)
@@ -263,7 +265,7 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
             + (
                 f" ({fmt} writes {why}, and this command has {'none' if formats == REPORTS else 'several'})"
                 if why
-                else ""
+                else suggest(fmt, formats)
             )
         )
     if kw.get("output") == "":
@@ -273,7 +275,10 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
     if fmt == "npz" and kw.get("output") is None:
         _fail("--format npz writes a binary file: give it with --output FILE")
     if kw.get("dtype") not in (None, "float64", "float32"):
-        _fail(f"--dtype must be float64 or float32, not {kw['dtype']!r}")
+        dtypes = ("float64", "float32")
+        _fail(
+            f"--dtype must be float64 or float32, not {kw['dtype']!r}{suggest(kw['dtype'], dtypes)}"
+        )
     return Common(sets=list(kw["sets"] or []), **{k: v for k, v in kw.items() if k != "sets"})
 
 

@@ -8,7 +8,6 @@ array's key path, so giving one weight never changes another drawn one.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_tf.errors import InputError, quoted
+from trace_tf.errors import InputError, quoted, suggest
 from trace_tf.loader import (
     Lines,
     example_names,
@@ -365,7 +364,7 @@ def resolve(name: str | None) -> Path:
     if os.path.exists(packaged):
         return packaged
     raise InputError(
-        "no such file or packaged example" + _suggest(name, example_names()),
+        "no such file or packaged example" + suggest(name, example_names()),
         file=name,
         expected="a config file path or one of: " + ", ".join(example_names()),
         found=quoted(name),
@@ -575,7 +574,7 @@ def apply_variant(doc: Document, name: str) -> None:
     if not isinstance(variants, dict) or name not in variants:
         known = sorted(variants) if isinstance(variants, dict) else []
         raise InputError(
-            f"unknown variant {quoted(name)}{_suggest(name, known)}",
+            f"unknown variant {quoted(name)}{suggest(name, known)}",
             file=doc.file,
             path="variants",
             expected="one of: " + (", ".join(known) or "(the file defines none)"),
@@ -751,20 +750,6 @@ def _ctx(doc: Document) -> _Ctx:
     return _Ctx(doc.file, doc.lines, doc.overridden, doc.origins)
 
 
-def _suggest(key: str, valid: Sequence[str]) -> str:
-    """` (did you mean 'x'?)`: the valid name nearest to `key`, compared without case
-    (`w` for `W`); a name that alone begins with the key's first three letters wins
-    (`Sine` for `sinusoidal`, where spelling alone is nearer `none`)."""
-    by_lower = {v.lower(): v for v in valid}
-    k = key.lower()
-    near = [by_lower[k]] if k in by_lower else []
-    if not near and len(k) >= 3:
-        near = [v for low, v in by_lower.items() if low.startswith(k[:3])]
-    if len(near) != 1:
-        near = [by_lower[m] for m in difflib.get_close_matches(k, list(by_lower), n=1, cutoff=0.5)]
-    return f" (did you mean {near[0]!r}?)" if near else ""
-
-
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 OBJECT_COST = 128  # numbers (1 KiB) charged to the size limit for each array or step kept
@@ -811,7 +796,7 @@ class _Validator:
             if key not in allowed:
                 raise self.ctx.err(
                     join(path, key),
-                    f"unknown key {quoted(key)}{_suggest(key, allowed)}",
+                    f"unknown key {quoted(key)}{suggest(key, allowed)}",
                     expected="one of: " + ", ".join(allowed),
                 )
         return value
@@ -847,7 +832,7 @@ class _Validator:
 
     def choice(self, value: Any, path: str, options: Sequence[str]) -> str:
         if not isinstance(value, str) or value not in options:
-            hint = _suggest(value, options) if isinstance(value, str) else ""
+            hint = suggest(value, options) if isinstance(value, str) else ""
             raise self.ctx.err(
                 path, f"not a valid choice{hint}", value, "one of: " + ", ".join(options)
             )
@@ -942,7 +927,7 @@ class _Validator:
         if isinstance(raw, str):
             raise self.ctx.err(
                 path,
-                f"not a number or sqrt_dk{_suggest(raw, ['sqrt_dk'])}",
+                f"not a number or sqrt_dk{suggest(raw, ['sqrt_dk'])}",
                 raw,
                 "a positive number or sqrt_dk",
             )
@@ -1269,7 +1254,7 @@ class _Validator:
             if var is not None and (not isinstance(var, str) or var not in variants):
                 raise self.ctx.err(
                     join(path, "variant"),
-                    f"unknown variant{_suggest(str(var), sorted(variants))}",
+                    f"unknown variant{suggest(str(var), sorted(variants))}",
                     var,
                     "one of: " + (", ".join(sorted(variants)) or "(none defined under 'variants')"),
                 )
@@ -1593,7 +1578,7 @@ class _Validator:
                 if tok not in vocab:
                     raise self.ctx.err(
                         f"tokens.{key}",
-                        f"token {quoted(tok)} is not in the vocabulary{_suggest(tok, sorted(vocab))}",
+                        f"token {quoted(tok)} is not in the vocabulary{suggest(tok, sorted(vocab))}",
                         expected=_of_vocab(sorted(vocab)),
                     )
             out[key] = tok
@@ -1608,7 +1593,7 @@ class _Validator:
             if tok not in vocab:
                 raise self.ctx.err(
                     f"embeddings.{tok}",
-                    f"token {quoted(tok)} is not in the vocabulary{_suggest(tok, vocab)}",
+                    f"token {quoted(tok)} is not in the vocabulary{suggest(tok, vocab)}",
                     expected=_of_vocab(vocab),
                 )
         for tok in vocab:
@@ -1647,7 +1632,7 @@ class _Validator:
             if tok not in vocab:
                 raise self.ctx.err(
                     join(path, i),
-                    f"unknown token {quoted(tok)}{_suggest(tok, sorted(vocab))}",
+                    f"unknown token {quoted(tok)}{suggest(tok, sorted(vocab))}",
                     expected=_of_vocab(sorted(vocab)),
                 )
             out.append(tok)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 from trace_tf.text import printable
 
 
@@ -17,6 +20,20 @@ def quoted(text: str, limit: int = 60) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{clipped(text, limit)!r} ({len(text):,} characters)"
+
+
+def suggest(key: str, valid: Sequence[str]) -> str:
+    """` (did you mean 'x'?)`: the valid name nearest to `key`, compared without case
+    (`w` for `W`); a name that alone begins with the key's first three letters wins
+    (`Sine` for `sinusoidal`, where spelling alone is nearer `none`)."""
+    by_lower = {v.lower(): v for v in valid}
+    k = key.lower()
+    near = [by_lower[k]] if k in by_lower else []
+    if not near and len(k) >= 3:
+        near = [v for low, v in by_lower.items() if low.startswith(k[:3])]
+    if len(near) != 1:
+        near = [by_lower[m] for m in difflib.get_close_matches(k, list(by_lower), n=1, cutoff=0.5)]
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 class InputError(Exception):
