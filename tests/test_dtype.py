@@ -130,3 +130,17 @@ def test_a_divisor_float32_would_round_to_0_is_refused_with_its_key() -> None:
         assert "found the number 1e-46" in result.stderr
     ok = runner.invoke(app, ["encode", "--dtype", "float32", "--set", "model.temperature=1e-45"])
     assert ok.exit_code == 0 and ok.stderr == ""
+
+
+def test_the_float32_divisor_message_states_the_bound_it_enforces() -> None:
+    # It said "expected a number of at least 1e-45", yet 8e-46 ran: float32 rounds
+    # anything above half its smallest number, 2^-149 / 2 = 2^-150, up to 2^-149.
+    half = 2.0**-150  # 7.0064923e-46, itself rounded to 0 (ties to even)
+    assert np.float32(half) == 0 and np.float32(7.0065e-46) == 2.0**-149
+    for key in ("temperature", "scale"):
+        args = ["encode", "--dtype", "float32", "--set"]
+        refused = runner.invoke(app, [*args, f"model.{key}={half!r}"])
+        assert refused.exit_code == 2
+        assert "expected a number above 7.0065e-46" in refused.stderr, refused.stderr
+        for taken in (7.0065e-46, 8e-46, 1e-45):  # (the message's bound, and above)
+            assert runner.invoke(app, [*args, f"model.{key}={taken!r}"]).exit_code == 0

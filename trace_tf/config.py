@@ -1380,7 +1380,8 @@ class _Validator:
                         p + key,
                         "below the range of float32, the model's dtype (it would be 0)",
                         getattr(config, key),
-                        "a number of at least 1e-45, or float64",
+                        # (float32 rounds up from half its smallest, 1.4e-45)
+                        "a number above 7.0065e-46, or float64",
                     )
         return config
 
