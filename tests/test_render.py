@@ -166,3 +166,23 @@ def test_a_cut_text_fits_its_cells_when_its_letters_are_wide() -> None:
     assert render._cut(name, 10) == "注意…yaml"  # 4 + 1 + 4 cells: the end whole
     assert render._cut(name, 5) == "…yaml"  # no room for any start: its end
     assert render._cut("你好世界", 5) == "…世界"  # not a path: its end, whole letters
+
+
+@pytest.mark.parametrize(
+    "precision, small",
+    [(0, 0.5), (0, -0.5), (0, 0.25), (6, 5e-7), (7, 5e-8), (12, 5e-13), (16, 5e-17)],
+)
+def test_a_nonzero_number_is_never_shown_as_zero(precision: int, small: float) -> None:
+    # Fixed notation rounds `small` to zero (0.5 to "0" at --precision 0: a softmax of
+    # two equal scores read "0 0"; 5e-07, a double just below 5e-7, to "0.000000"); the
+    # table takes scientific notation instead, every cell Python's own formatting.
+    value = np.array([[small, 1.0]])
+    cells = _row(render.matrix_table(value, view=render.View(precision=precision)), 0)[1:]
+    assert cells == [f"{x:.{precision}e}" for x in value[0]]
+    assert float(cells[0]) == float(f"{small:.{precision}e}") != 0
+    # while a number that fixed notation shows as nonzero keeps it
+    shown = 1.5 * 10.0**-precision  # rounds to 1 or 2 units of the last place
+    cells = _row(
+        render.matrix_table(np.array([[shown, 1.0]]), view=render.View(precision=precision)), 0
+    )[1:]
+    assert cells == [f"{shown:.{precision}f}", f"{1.0:.{precision}f}"]

@@ -51,12 +51,15 @@ class View:
 
 
 def _format_cells(values: np.ndarray, precision: int) -> list[str]:
-    """Numbers of one matrix in one notation, like numpy: scientific when fixed would hide them."""
+    """Numbers of one matrix in one notation, like numpy: scientific when fixed would hide them
+    (one at 1e8 or more, or one that fixed notation rounds to zero: 0.5 at precision 0)."""
     flat = values.ravel()
     finite = flat[np.isfinite(flat)]
     nonzero = np.abs(finite[finite != 0])
+    # Asked of the formatting itself: a threshold (x < 0.5·10^-p) misses a double just
+    # below a half, 5e-07 at precision 6, and the halves that round to even, 0.5 to "0".
     sci = bool(nonzero.size) and (
-        nonzero.max() >= 1e8 or nonzero.min() < 0.5 * 10.0 ** (-precision)
+        nonzero.max() >= 1e8 or float(f"{nonzero.min():.{precision}f}") == 0
     )
     out = []
     for x in flat.tolist():
