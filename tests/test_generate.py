@@ -1002,3 +1002,31 @@ def test_the_header_shows_eos_and_pad_as_quoted_text_not_raw(tmp_yaml: Any) -> N
     assert "at tokens.eos ('E\\x1b[31m\\nX') or after 1 produced token(s)" in stop
     masks = " ".join(x for x in out.splitlines() if "pad token" in x or "masked as" in x)
     assert "x" * 100 not in masks and "(298 characters)" in masks
+
+
+@pytest.mark.parametrize("width, precision", [(40, 4), (40, 10), (60, 17), (120, 4)])
+def test_a_sampling_table_keeps_every_rank_token_and_number_whole(
+    width: int, precision: int
+) -> None:
+    # Four columns of numbers on a narrow terminal: rich cut each number ("0.79…") and
+    # dropped the rank and token columns altogether; the table is printed wider instead.
+    args = ["generate", "--sample", "--seed", "3", "--temperature", "0.7", "--top-k", "5"]
+    args += ["--top-p", "0.9", "--max-tokens", "1"]
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    it = data["iterations"][0]
+    result = runner.invoke(app, [*args, "--precision", str(precision)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = [x.strip("│ ") for x in result.stdout.splitlines()]
+    head = lines.index(next(x for x in lines if x.startswith("#")))
+    header = ["#", "token", "model p", "T = 0.7", "top-k 5", "top-p 0.9"]
+    assert lines[head].split() == " ".join(header).split(" ")
+    model, final = it["model_probs"], it["probs"]
+    # sorted by the last column, then the earlier ones, then vocabulary order
+    order = sorted(model, key=lambda t: (-final[t], -model[t]))
+    for rank, token in enumerate(order, start=1):
+        cells = lines[head + rank].split()
+        assert cells[:2] == [str(rank), token]
+        first, last = cells[2], cells[5]
+        # each column in one notation, Python's own formatting of the JSON value
+        for shown, column in ((first, model), (last, final)):
+            assert shown in (f"{column[token]:.{precision}f}", f"{column[token]:.{precision}e}")

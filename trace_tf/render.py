@@ -738,10 +738,12 @@ def distribution_table(
         column = p[shown] if not len(rest) else np.append(p[shown], p[rest].sum())
         cells.append(_format_cells(column, view.precision))
     table = Table(box=None, padding=(0, 1), show_edge=False)
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("token", no_wrap=True)
+    # The ranks, tokens and numbers are kept whole (see keep_whole): on a narrow terminal
+    # rich would cut every number ("0.79…") and drop the ranks and tokens altogether.
+    table.add_column("#", justify="right", style="dim", no_wrap=True, min_width=0)
+    table.add_column("token", no_wrap=True, min_width=0)
     for name, _ in columns:
-        table.add_column(name, justify="right", no_wrap=True)
+        table.add_column(name, justify="right", no_wrap=True, min_width=0)
     table.add_column("")  # the bars: what gives way on a narrow terminal (see Bar)
     for r, i in enumerate(shown):
         mark = vocab[i] == chosen
@@ -758,7 +760,7 @@ def distribution_table(
             *[column[-1] for column in cells],
             Text("(their total)", style="dim"),
         )
-    return table
+    return keep_whole(table)
 
 
 def _bar_text(p: float, width: int = 24) -> Text:
