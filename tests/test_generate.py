@@ -1030,3 +1030,21 @@ def test_a_sampling_table_keeps_every_rank_token_and_number_whole(
         # each column in one notation, Python's own formatting of the JSON value
         for shown, column in ((first, model), (last, final)):
             assert shown in (f"{column[token]:.{precision}f}", f"{column[token]:.{precision}e}")
+
+
+@pytest.mark.parametrize("width, precision", [(40, 4), (40, 17), (80, 17), (120, 4)])
+def test_the_chosen_token_keeps_its_mark_however_narrow(width: int, precision: int) -> None:
+    # The bars give way on a narrow terminal, and the mark of the chosen token, drawn in
+    # their column, went with them: no row said which token was drawn.
+    args = ["generate", "--sample", "--seed", "3", "--temperature", "0.7", "--top-k", "5"]
+    args += ["--top-p", "0.9", "--max-tokens", "2"]
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    out = runner.invoke(app, [*args, "--precision", str(precision)], env={"COLUMNS": str(width)})
+    assert out.exit_code == 0, out.output
+    lines = [x.strip("│ ") for x in out.stdout.splitlines()]
+    heads = [k for k, x in enumerate(lines) if x.startswith("# ")]
+    assert len(heads) == len(data["iterations"]) == 2
+    for head, it in zip(heads, data["iterations"], strict=True):
+        rows = lines[head + 1 : head + 11]
+        marked = [x.split()[1] for x in rows if "◀" in x]
+        assert marked == [it["next"]]

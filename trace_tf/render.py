@@ -744,7 +744,10 @@ def distribution_table(
     table.add_column("token", no_wrap=True, min_width=0)
     for name, _ in columns:
         table.add_column(name, justify="right", no_wrap=True, min_width=0)
-    table.add_column("")  # the bars: what gives way on a narrow terminal (see Bar)
+    # The bars: what gives way on a narrow terminal (see Bar), down to the two cells of
+    # the chosen token's mark, " ◀", when one is shown: no narrower, or the mark goes too.
+    marked = chosen is not None and any(vocab[i] == chosen for i in shown)
+    table.add_column("", min_width=2 if marked else None)
     for r, i in enumerate(shown):
         mark = vocab[i] == chosen
         table.add_row(
