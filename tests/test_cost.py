@@ -511,3 +511,30 @@ def test_an_overflowing_config_costs_without_numpys_own_warnings(tmp_yaml: Any) 
             result = runner.invoke(app, ["cost", path, "--format", "json", *extra])
             assert result.exit_code == 0, result.output
             assert json.loads(result.stdout)["totals"]["total"] > 0
+
+
+@pytest.mark.parametrize(
+    "n, shown",
+    [
+        (9_999, "9,999"),  # exact below 10,000
+        (10_000, "10k"),
+        (16_512, "16.5k"),
+        (99_949, "99.9k"),
+        (99_950, "100k"),
+        (999_499, "999k"),
+        (999_500, "1M"),  # 999.5k to 3 digits is 1.00M: it read "1e+03k"
+        (999_648, "1M"),  # proj of the packaged example at L=3471
+        (999_999, "1M"),
+        (36_500_000, "36.5M"),
+        (999_999_999, "1G"),
+        (123_456_789_012_345, "123T"),
+        (10**15, "1,000T"),  # beyond the last prefix: whole thousands, never "1e+03T"
+        (2_345_678_901_234_567, "2,350T"),
+    ],
+)
+def test_vary_counts_are_written_to_3_digits_with_the_prefix_of_the_rounded_count(
+    n: int, shown: str
+) -> None:
+    from trace_tf.render import _si
+
+    assert _si(n) == shown

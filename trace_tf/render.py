@@ -670,7 +670,7 @@ def vary_table(name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[st
     """One row per value of L or D: multiply-adds per kind, predicted beside measured time."""
     table = Table(
         title=f"multiply-adds as {name}, the {what}, grows",
-        caption="Multiply-adds to 3 digits (k = 10³, M = 10⁶, G = 10⁹; exact in --format json). "
+        caption="Multiply-adds to 3 digits (k = 10³, M = 10⁶, G = 10⁹, T = 10¹²; exact in --format json). "
         "pred. ms: the largest row's measured time scaled by multiply-adds; meas. ms: "
         "the untraced engine, fastest of the runs. On small models Python's fixed cost per "
         "step, not arithmetic, dominates the measured time.",
@@ -698,9 +698,13 @@ def _si(n: int) -> str:
     """A count to 3 significant digits with k, M, G, T (exact below 10,000)."""
     if n < 10_000:
         return f"{n:,}"
+    # Rounded first, the prefix then chosen for the rounded count: 999,999 is 1.00M, and
+    # its 999.999k to 3 digits read "1e+03k".
+    rounded = float(f"{n:.3g}")
     for power, prefix in ((12, "T"), (9, "G"), (6, "M"), (3, "k")):
-        if n >= 10**power:
-            return f"{n / 10**power:.3g}{prefix}"
+        if rounded >= 10**power:
+            x = rounded / 10**power
+            return f"{x:,.0f}{prefix}" if x >= 1000 else f"{x:.3g}{prefix}"
     return str(n)  # pragma: no cover
 
 
