@@ -84,3 +84,22 @@ def test_the_embedding_scale_is_named_in_the_formula_and_valued_after_it() -> No
     cfg = config_from({"model": model, "vocab": ["a"], "source": ["a"]})
     step = run(cfg, "encode")["encoder.input"]
     assert step.formula == "X = E · sqrt(d_model) + PE, sqrt(d_model) = 2"
+
+
+def test_stages_table_keeps_the_words_of_each_shape_whole() -> None:
+    # At 60 columns the shape column was 6 cells wide and "d_model" read "d_mode" / "l".
+    for width in (40, 60, 80, 120):
+        result = CliRunner().invoke(app, ["stages"], env={"COLUMNS": str(width)})
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        body = lines[lines.index(next(x for x in lines if x.startswith("┡"))) + 1 :]
+        shapes: list[str] = []
+        for line in body:
+            if not line.startswith("│"):
+                break
+            name, _, shape = (c.strip() for c in line.strip("│").split("│"))
+            if name:
+                shapes.append(shape)
+            elif shape:
+                shapes[-1] += " " + shape
+        assert [" ".join(x.split()) for x in shapes] == [" ".join(s.shape.split()) for s in STAGES]

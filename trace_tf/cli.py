@@ -1378,6 +1378,7 @@ def explain(
 def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
     """Every stage the engine records: its paths, formula, shape and meaning; and the groups."""
     with guarded(debug):
+        from rich.cells import cell_len
         from rich.table import Table
         from rich.text import Text
 
@@ -1391,7 +1392,15 @@ def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
         )
         table.add_column("stage", style="bold cyan", no_wrap=True)
         table.add_column("formula · meaning · paths", overflow="fold", ratio=4)
-        table.add_column("shape", overflow="fold", ratio=1)
+        # A shape wraps between its words, never inside one ("d_mode" / "l"): where a
+        # fifth of the room (rich's ratio, less its padding) is narrower than its longest
+        # word, the column takes that word's width (rich's ratios ignore a min_width).
+        word = max(cell_len(w) for s in STAGES for w in s.shape.split())
+        stage = max(cell_len(s.name) for s in STAGES) + 2
+        if (c.width - stage - 4) // 5 - 2 < word:
+            table.add_column("shape", overflow="fold", width=word)
+        else:
+            table.add_column("shape", overflow="fold", ratio=1)
         for s in STAGES:
             about = Text.assemble(
                 (s.formula, "bold"), "\n", s.meaning, "\n", ("   ".join(s.paths), "dim")
