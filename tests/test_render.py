@@ -186,3 +186,34 @@ def test_a_nonzero_number_is_never_shown_as_zero(precision: int, small: float) -
         render.matrix_table(np.array([[shown, 1.0]]), view=render.View(precision=precision)), 0
     )[1:]
     assert cells == [f"{shown:.{precision}f}", f"{1.0:.{precision}f}"]
+
+
+def _body_labels(text: str, title: str) -> list[str]:
+    """The row labels of the table under the title line that starts with `title`."""
+    lines = text.splitlines()
+    start = next(k for k, x in enumerate(lines) if x.startswith(title + " "))
+    labels = []
+    for line in lines[start + 4 :]:  # the title, the top rule, the header, its rule
+        if not line.startswith("│"):
+            break
+        labels.append(line.split("│")[1].strip())
+    return labels
+
+
+def test_the_rows_of_k_a_are_the_keys_in_cross_attention() -> None:
+    # K W_a_k has one row per key, a source token in cross-attention; when the target was
+    # as long as the source, its rows were labelled with the target's tokens (the
+    # queries'), in the tables and in --format csv.
+    from typer.testing import CliRunner
+
+    from trace_tf.cli import app
+
+    sets = ["--set", "model.score=additive", "--set", "target=[SOS, how]"]  # source: hello world
+    path = "decoder.0.cross_attn.h0.k_a"
+    out = CliRunner().invoke(app, ["decode", *sets], env={"COLUMNS": "120"})
+    assert out.exit_code == 0, out.output
+    assert _body_labels(out.stdout, path) == ["hello", "world"]
+    assert _body_labels(out.stdout, "decoder.0.cross_attn.h0.q_a") == ["SOS", "how"]
+    assert _body_labels(out.stdout, "encoder.0.self_attn.h0.k_a") == ["hello", "world"]
+    csv = CliRunner().invoke(app, ["step", *sets, "--stage", path, "--format", "csv"])
+    assert [row.split(",")[0] for row in csv.stdout.splitlines()[1:]] == ["hello", "world"]

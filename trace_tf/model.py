@@ -228,7 +228,7 @@ def _bilinear(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
 def _additive(q: Array, k: Array, sw: ScoreWeights, tr: Tracer) -> Array:
     assert sw.W_a_q is not None and sw.W_a_k is not None and sw.v_a is not None
     q_a = tr.rec("q_a", q @ sw.W_a_q, "Q W_a_q", q, sw.W_a_q)
-    k_a = tr.rec("k_a", k @ sw.W_a_k, "K W_a_k", k, sw.W_a_k)
+    k_a = tr.rec("k_a", k @ sw.W_a_k, "K W_a_k", k, sw.W_a_k, rows="keys")
     feats = tr.rec(
         "tanh", ops.additive_features(q_a, k_a), "tanh(q_a[i] + k_a[j]), per feature", q_a, k_a
     )
