@@ -217,3 +217,20 @@ def test_the_rows_of_k_a_are_the_keys_in_cross_attention() -> None:
     assert _body_labels(out.stdout, "encoder.0.self_attn.h0.k_a") == ["hello", "world"]
     csv = CliRunner().invoke(app, ["step", *sets, "--stage", path, "--format", "csv"])
     assert [row.split(",")[0] for row in csv.stdout.splitlines()[1:]] == ["hello", "world"]
+
+
+def test_the_conventions_header_folds_a_long_word_rather_than_cut_it() -> None:
+    # At 40 columns the sampling convention read "numpy.random.default_rn…".
+    from typer.testing import CliRunner
+
+    from trace_tf.cli import app
+
+    args = ["generate", "--sample", "--max-tokens", "1"]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "40"})
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    panel = lines[: lines.index(next(x for x in lines if x.startswith("╰"))) + 1]
+    assert all(cell_len(x) == 40 for x in panel)
+    inner = "".join(x[1:-1].strip() for x in panel[1:-1])  # the lines of the panel, joined
+    assert "numpy.random.default_rng(0)," in inner
+    assert "…" not in inner

@@ -348,7 +348,7 @@ def header(
     """The conventions in force, so no number is a guess."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # a word wider than the column goes on, not "…"
     for key, value in conventions:
         table.add_row(key, value)
     body: list[RenderableType] = [table]
