@@ -234,3 +234,18 @@ def test_the_conventions_header_folds_a_long_word_rather_than_cut_it() -> None:
     inner = "".join(x[1:-1].strip() for x in panel[1:-1])  # the lines of the panel, joined
     assert "numpy.random.default_rng(0)," in inner
     assert "…" not in inner
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 83, 84, 120])
+def test_a_step_title_never_splits_its_shape(width: int) -> None:
+    # "encoder.0.self_attn.h0.masked   S / scale + M  (...)   [3 × 3]" at 80 columns
+    # wrapped inside its shape: "[3 ×" ended one line and "3]" began the next.
+    path, formula = "encoder.0.self_attn.h0.masked", "S / scale + M  (M additive: −inf masks)"
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None)
+    console.print(render.titled(path, formula, (3, 3), render.matrix_table(np.eye(3))))
+    lines = [x.rstrip() for x in out.getvalue().splitlines()]
+    heading = lines[: lines.index(next(x for x in lines if x.startswith("┏")))]
+    assert sum("[3 × 3]" in x for x in heading) == 1
+    assert " ".join(heading).split() == f"{path} {formula} [3 × 3]".split()
+    assert all(cell_len(x) <= width for x in heading)

@@ -289,10 +289,28 @@ def shape_text(shape: Sequence[int]) -> str:
 
 def titled(title: str, formula: str, shape: Sequence[int], body: RenderableType) -> Group:
     """A table under a one-line title: path, formula and shape (plain text, never markup)."""
-    heading = Text.assemble(
-        (title, "bold cyan"), "   ", (formula, "italic"), "   ", (f"[{shape_text(shape)}]", "dim")
-    )
-    return Group(heading, body)
+    return Group(_Heading(title, formula, f"[{shape_text(shape)}]"), body)
+
+
+class _Heading:
+    """A step's title line, `path   formula   [shape]`; where it does not fit, the shape
+    goes whole onto a line of its own (wrapped with the rest, it split at its spaces:
+    "[3 ×" ending one line and "3]" beginning the next)."""
+
+    def __init__(self, title: str, formula: str, shape: str) -> None:
+        self.head = Text.assemble((title, "bold cyan"), "   ", (formula, "italic"))
+        self.shape = Text(shape, style="dim")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.head.cell_len + 3 + self.shape.cell_len <= options.max_width:
+            yield Text.assemble(self.head, "   ", self.shape)
+        else:
+            yield self.head
+            yield self.shape
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        whole = self.head.cell_len + 3 + self.shape.cell_len
+        return Measurement(min(self.shape.cell_len, whole), whole)
 
 
 def step_table(step: Step, view: View = View()) -> RenderableType:
