@@ -249,3 +249,24 @@ def test_a_step_title_never_splits_its_shape(width: int) -> None:
     assert sum("[3 × 3]" in x for x in heading) == 1
     assert " ".join(heading).split() == f"{path} {formula} [3 × 3]".split()
     assert all(cell_len(x) <= width for x in heading)
+
+
+def test_the_total_of_the_rows_left_out_is_their_exact_sum_rounded() -> None:
+    # The "… N more" row summed in numpy's order: 0.1 then ten 1e-17 read 0.1, each
+    # 1e-17 lost in turn; their sum is 0.1 + 1e-16, and that is what 17 decimals show.
+    from fractions import Fraction
+
+    from rich.table import Table
+
+    p = np.array([0.2] * 10 + [0.1] + [1e-17] * 10)
+    vocab = [f"t{i}" for i in range(len(p))]
+    table = render.distribution_table(
+        [("p", p)], vocab, "t0", show=10, view=render.View(precision=17)
+    )
+    assert isinstance(table, Table)
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(table)
+    last = out.getvalue().splitlines()[-1].split()
+    exact = float(sum(Fraction(x) for x in p[10:]))
+    assert exact != 0.1 and f"{exact:.17f}" != f"{0.1:.17f}"
+    assert last[:3] == ["…", "11", "more"] and last[3] == f"{exact:.17f}"

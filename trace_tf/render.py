@@ -757,7 +757,9 @@ def distribution_table(
     rest = order[len(shown) :]
     cells = []
     for _, p in columns:
-        column = p[shown] if not len(rest) else np.append(p[shown], p[rest].sum())
+        # the rest's total correctly rounded (fsum): numpy's order of addition can be an
+        # ulp off, and 17 decimals show it
+        column = p[shown] if not len(rest) else np.append(p[shown], math.fsum(p[rest]))
         cells.append(_format_cells(column, view.precision))
     table = Table(box=None, padding=(0, 1), show_edge=False)
     # The ranks, tokens and numbers are kept whole (see keep_whole): on a narrow terminal
