@@ -1392,15 +1392,11 @@ def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
         )
         table.add_column("stage", style="bold cyan", no_wrap=True)
         table.add_column("formula · meaning · paths", overflow="fold", ratio=4)
-        # A shape wraps between its words, never inside one ("d_mode" / "l"): where a
-        # fifth of the room (rich's ratio, less its padding) is narrower than its longest
-        # word, the column takes that word's width (rich's ratios ignore a min_width).
+        # A shape wraps between its words, never inside one ("d_mode" / "l"): its longest
+        # word is the column's least width (for a ratio column rich reads that from
+        # `width`, not `min_width`).
         word = max(cell_len(w) for s in STAGES for w in s.shape.split())
-        stage = max(cell_len(s.name) for s in STAGES) + 2
-        if (c.width - stage - 4) // 5 - 2 < word:
-            table.add_column("shape", overflow="fold", width=word)
-        else:
-            table.add_column("shape", overflow="fold", ratio=1)
+        table.add_column("shape", overflow="fold", ratio=1, width=word)
         for s in STAGES:
             about = Text.assemble(
                 (s.formula, "bold"), "\n", s.meaning, "\n", ("   ".join(s.paths), "dim")
