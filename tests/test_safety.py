@@ -172,6 +172,28 @@ def test_output_never_replaces_a_file_the_command_reads(
     assert _digest(config) == before and (tmp_path / "link.yaml").is_symlink()
 
 
+def test_output_never_replaces_the_file_read_as_standard_input(tmp_path: Path) -> None:
+    """`trace-tf encode - < c.yaml --output c.yaml --force`: the config read through
+    `-` is the file too (it was replaced by the command's JSON)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text(GOOD)
+    before = _digest(config)
+    with open(config, "rb") as stdin:
+        proc = subprocess.run(
+            [sys.executable, "-m", "trace_tf", "encode", "-", "--output", str(config), "--force"],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert f"--output {config} is a file this command reads" in proc.stderr
+    assert _digest(config) == before
+
+
 def test_output_may_replace_a_file_an_earlier_command_read(tmp_path: Path) -> None:
     """The files read are the running command's: in one process (as here), a file
     an earlier command read is an ordinary output for the next."""

@@ -667,8 +667,9 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in examples_dir().glob("*.yaml"))
 
 
-# The files the running command has read, as (device, inode): its --output may not
-# replace one (the CLI empties this as each command starts).
+# The files the running command has read, as (device, inode), its config given by
+# name or as stdin: its --output may not replace one (the CLI empties this as each
+# command starts).
 FILES_READ: set[tuple[int, int]] = set()
 
 
@@ -679,8 +680,6 @@ def read_text(path: Path) -> str:
         raise InputError("is a directory, not a config file", file=name)
     try:
         with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            FILES_READ.add((st.st_dev, st.st_ino))
             return read_stream(fh, name)
     except FileNotFoundError:
         raise InputError("no such file", file=name) from None
@@ -689,7 +688,13 @@ def read_text(path: Path) -> str:
 
 
 def read_stream(fh: BinaryIO, name: str) -> str:
-    """The text of an open file or of stdin (`name` for messages), or an InputError."""
+    """The text of an open file or of stdin (`name` for messages), or an InputError.
+    The file is noted in FILES_READ (stdin too: `- < c.yaml` reads c.yaml)."""
+    try:
+        st = os.fstat(fh.fileno())
+        FILES_READ.add((st.st_dev, st.st_ino))
+    except (OSError, ValueError):  # a stream with no file (io.BytesIO), or closed
+        pass
     chunks: list[bytes] = []
     size = 0
     try:
