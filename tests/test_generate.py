@@ -1004,6 +1004,24 @@ def test_the_header_shows_eos_and_pad_as_quoted_text_not_raw(tmp_yaml: Any) -> N
     assert "x" * 100 not in masks and "(298 characters)" in masks
 
 
+def test_the_header_names_an_empty_pad_token_that_masks() -> None:
+    # The masks row tested the pad token's truth, not its presence: tokens.pad "" masked
+    # its key (-inf in the masked scores) while the header said "masks none".
+    from trace_tf.runner import conventions, run
+
+    cfg = config_from(
+        {
+            "model": {"d_model": 2, "n_heads": 1, "encoder_layers": 1, "decoder_layers": 0},
+            "vocab": ["", "a"],
+            "tokens": {"pad": ""},
+            "source": ["a", ""],
+        }
+    )
+    [masked] = [s for s in run(cfg) if s.path.endswith("self_attn.h0.masked")]
+    assert np.isneginf(masked.value[:, 1]).all()
+    assert dict(conventions(cfg))["masks"] == "pad token '' masked as a key"
+
+
 @pytest.mark.parametrize("width, precision", [(40, 4), (40, 10), (60, 17), (120, 4)])
 def test_a_sampling_table_keeps_every_rank_token_and_number_whole(
     width: int, precision: int

@@ -93,7 +93,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         else "RMSNorm x/√(mean(x²)+ε)·γ+β"
     )
     masks = ["decoder self-attention causal (0 / −inf, additive)"] if m.decoder_layers else []
-    if cfg.tokens.pad:
+    if cfg.tokens.pad is not None:  # ("" is a token too)
         masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
