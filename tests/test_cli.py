@@ -1339,3 +1339,20 @@ def test_generate_help_says_layer_and_head_need_trace(option: str) -> None:
     assert _option_help("generate", option).startswith(f"{option} <int range> [x>=0] With --trace")
     result = runner.invoke(app, ["generate", option, "0"])
     assert result.exit_code == 2 and "add --trace" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["encode", "check"])
+def test_a_warning_is_one_line_whatever_the_file_name_holds(command: str, tmp_path: Path) -> None:
+    # Errors were escaped to one line (text.printable), warnings not: a config named
+    # "we\nird.yaml" split "trace-tf: warning: we" from the rest of the line.
+    from trace_tf.config import resolve
+
+    config = tmp_path / "we\nird\x1b.yaml"
+    config.write_text(resolve(None).read_text(encoding="utf-8"))
+    args = [command, str(config), "--set", "model.embed_scale=1e308", "--format", "json"]
+    result = runner.invoke(app, args)
+    warnings = [x for x in result.stderr.splitlines() if x]
+    # (check: its steps fail against the infinities, exit 1)
+    assert result.exit_code == (1 if command == "check" else 0) and warnings, result.stderr
+    for w in warnings:
+        assert w.startswith("trace-tf: warning: ") and "we\\nird\\x1b.yaml" in w, w

@@ -583,7 +583,14 @@ def warn(c: Common, warnings: list[str], file: str | None = None) -> None:
     for w in warnings:
         if c.strict:
             raise NumericalError(w + " (--strict)", file=file)
-        typer.echo(f"trace-tf: warning: {f'{file}: ' if file else ''}{w}", err=True)
+        _warning(f"{file}: {w}" if file else w)
+
+
+def _warning(text: str) -> None:
+    """A warning on stderr, on one line whatever a file name in it holds (as errors are)."""
+    from trace_tf.text import printable
+
+    typer.echo(f"trace-tf: warning: {printable(text)}", err=True)
 
 
 # ---------------------------------------------------------------------------
@@ -786,7 +793,7 @@ def _check_warnings(c: Common, results: "list[CheckResult]") -> None:
         label = config + (f" (variant {variant})" if variant else "")
         if c.strict:
             raise NumericalError(w + " (--strict)", file=label)
-        typer.echo(f"trace-tf: warning: {label}: {w}", err=True)
+        _warning(f"{label}: {w}")
 
 
 @app.command()
@@ -941,7 +948,7 @@ def generate(
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
     for note in s.unused:
-        typer.echo(f"trace-tf: warning: {note}", err=True)
+        _warning(note)
     warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
