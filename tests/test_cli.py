@@ -1356,3 +1356,23 @@ def test_a_warning_is_one_line_whatever_the_file_name_holds(command: str, tmp_pa
     assert result.exit_code == (1 if command == "check" else 0) and warnings, result.stderr
     for w in warnings:
         assert w.startswith("trace-tf: warning: ") and "we\\nird\\x1b.yaml" in w, w
+
+
+@pytest.mark.parametrize("command", ["encode", "check", "diff"])
+def test_a_title_or_file_name_reaches_the_terminal_escaped(command: str, tmp_path: Path) -> None:
+    # The header's title (the config's title:, or its file name), check's and diff's
+    # file names went out raw: an escape character coloured what followed, a newline
+    # broke the panel's or the table's title line. (Tokens and messages were escaped.)
+    from trace_tf.config import resolve
+
+    config = tmp_path / "f\x1b[31m\n.yaml"
+    text = resolve(None).read_text(encoding="utf-8")
+    config.write_text('title: "T\\e[32m\\nU"\n' + text.split("\n", 1)[1])
+    args = [command, str(config)] + (
+        [str(config), "--set-b", "model.norm_eps=1"] * (command == "diff")
+    )
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code in (0, 1), result.output
+    assert "\x1b" not in result.stdout, result.stdout
+    shown = "T\\x1b[32m\\nU" if command == "encode" else "f\\x1b[31m\\n.yaml"
+    assert shown in result.stdout, result.stdout

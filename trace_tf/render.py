@@ -372,7 +372,7 @@ def header(
     body: list[RenderableType] = [table]
     for w in warnings:
         body.append(Text(f"warning: {w}", style="bold red"))
-    return Panel(Group(*body), title=Text(title or "trace-tf"), title_align="left")
+    return Panel(Group(*body), title=Text(printable(title or "trace-tf")), title_align="left")
 
 
 # ---------------------------------------------------------------------------
@@ -592,6 +592,11 @@ def _tolerance(atol: float, rtol: float) -> str:
     return (f"{exact(atol)}+" if atol else "") + f"{exact(rtol)}·|v|"
 
 
+def _config_name(r: CheckResult) -> str:
+    """A checked config's file name as shown: printable, so that it stays on its line."""
+    return printable(Path(r.config).name)
+
+
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
     """One row per `expect` entry, then why each failed one failed, in full, and each
     document error an entry records. A config or tolerance shared by every row goes in
@@ -600,7 +605,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     them, no column (they are in --format json)."""
     if not results:
         return [Text("trace-tf check: no `expect` entries to check", style="dim")]
-    configs = {Path(r.config).name for r in results}
+    configs = {_config_name(r) for r in results}
     tolerances = {(r.atol, r.rtol) for r in results}
     relative = any(r.rtol for r in results)
     title = "trace-tf check"
@@ -609,7 +614,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         atol, rtol = next(iter(tolerances))
         title += f"  (atol {exact(atol)}" + (f", rtol {exact(rtol)})" if rtol else ")")
     rows = [
-        [Path(r.config).name] * (len(configs) > 1)
+        [_config_name(r)] * (len(configs) > 1)
         + [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
         + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
         + [_tolerance(r.atol, r.rtol)] * (len(tolerances) > 1)
@@ -627,11 +632,11 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         styled[names.index("ok")] = (
             Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
         )
-        table.add_row(*styled, *([r.note] if room >= 12 else []))
+        table.add_row(*styled, *([printable(r.note)] if room >= 12 else []))
     out: list[RenderableType] = [table]
 
     def where(r: CheckResult) -> str:
-        return f"{Path(r.config).name}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
+        return f"{_config_name(r)}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
 
     for r in results:
         if r.problem:
@@ -1228,7 +1233,7 @@ def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Pan
     import json
 
     def side(s: Mapping[str, Any]) -> str:
-        parts = [str(s["config"])]
+        parts = [printable(str(s["config"]))]
         if s.get("variant") is not None:
             parts.append(f"variant {s['variant']}")
         parts.extend(f"{k}={json.dumps(v)}" for k, v in s.get("overrides", {}).items())

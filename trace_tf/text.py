@@ -13,10 +13,13 @@ def exact(x: float) -> str:
 def printable(text: str) -> str:
     """A token, label or message as printed: control characters (a newline token, a
     tab, an escape) written as escapes, so that it stays on its line and nothing is
-    sent to the terminal raw; anything else as it is."""
+    sent to the terminal raw; anything else as it is, a file name's bytes that are not
+    UTF-8 too (Python holds byte 0xNN as U+DCNN; they are written back as they were)."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    control = (c for c in text if not c.isprintable() and not "\udc80" <= c <= "\udcff")
+    escapes = {c: repr(c)[1:-1] for c in control}
+    return "".join(escapes.get(c, c) for c in text)
 
 
 def counted(n: int, noun: str) -> str:
