@@ -1105,7 +1105,15 @@ STRUCTURE = [
         "weights.encoder.1",
         12,
         "more encoder layers than model.encoder_layers (1)",
-        "expected at most 1 layers, found 2 layers",
+        "expected at most 1 layer, found 2 layers",  # (not "1 layers")
+    ),
+    case(
+        "more-heads-than-one",
+        attn("heads: [{}, {}]", base=SIZES.replace("n_heads: 2", "n_heads: 1")),
+        "weights.encoder.0.self_attn.heads.1",
+        "heads: [",
+        "more heads than model.n_heads (1)",
+        "expected at most 1 head, found 2 heads",  # (not "1 heads")
     ),
     case(
         "more-heads-than-the-model",

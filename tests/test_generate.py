@@ -1022,6 +1022,14 @@ def test_the_header_names_an_empty_pad_token_that_masks() -> None:
     assert dict(conventions(cfg))["masks"] == "pad token '' masked as a key"
 
 
+def test_the_header_counts_one_learned_position_in_the_singular() -> None:
+    from trace_tf.runner import conventions
+
+    model = {"d_model": 2, "n_heads": 1, "positional": "learned", "max_len": 1}
+    cfg = config_from({"model": model, "vocab": ["a"], "source": ["a"]})
+    assert "weights.positional (1 row), added" in dict(conventions(cfg))["positions"]
+
+
 @pytest.mark.parametrize("width, precision", [(40, 4), (40, 10), (60, 17), (120, 4)])
 def test_a_sampling_table_keeps_every_rank_token_and_number_whole(
     width: int, precision: int

@@ -1691,7 +1691,7 @@ class _Validator:
             raise self.ctx.err(
                 f"{p}.heads.{H}",
                 f"more heads than model.n_heads ({H})",
-                expected=f"at most {H} heads",
+                expected=f"at most {counted(H, 'head')}",
                 found_text=f"{len(heads_list)} heads",
             )
         heads = []
@@ -1760,7 +1760,7 @@ class _Validator:
             raise self.ctx.err(
                 f"{p}.{n}",
                 f"more {stack} layers than model.{stack}_layers ({n})",
-                expected=f"at most {n} layers",
+                expected=f"at most {counted(n, 'layer')}",
                 found_text=f"{len(value)} layers",
             )
         keys = ("self_attn", "cross_attn", "ffn") if stack == "decoder" else ("self_attn", "ffn")

@@ -12,7 +12,7 @@ from trace_tf import model
 from trace_tf.calc import run_op
 from trace_tf.config import Config, Document, OpConfig, build
 from trace_tf.errors import InputError, quoted
-from trace_tf.text import exact
+from trace_tf.text import counted, exact
 from trace_tf.trace import Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
@@ -97,7 +97,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
-        "learned": f"learned table weights.positional ({m.max_len} rows), added",
+        "learned": f"learned table weights.positional ({counted(m.max_len, 'row')}), added",
         "rope": f"RoPE on q and k in self-attention, pairs (2i, 2i+1), base {exact(m.pe_base)}",
         "none": "none",
     }[m.positional]
