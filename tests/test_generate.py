@@ -1058,6 +1058,18 @@ def test_a_sampling_table_keeps_every_rank_token_and_number_whole(
             assert shown in (f"{column[token]:.{precision}f}", f"{column[token]:.{precision}e}")
 
 
+@pytest.mark.parametrize("width", [40, 64, 80])
+def test_the_rest_s_total_stays_one_line_however_narrow(width: int) -> None:
+    # Its label, "(their total)", sits in the bars' column, which gives way down to the
+    # mark's two cells: it wrapped, and each line was cut again ("(…" over "t…").
+    args = ["generate", "--sample", "--seed", "1", "--max-tokens", "1", "--show", "3"]
+    out = runner.invoke(app, [*args, "--precision", "17"], env={"COLUMNS": str(width)})
+    assert out.exit_code == 0, out.output
+    lines = [x.strip("│ ") for x in out.stdout.splitlines()]
+    rest = next(k for k, x in enumerate(lines) if x.startswith("… ") and " more " in x)
+    assert lines[rest + 1].startswith("next "), lines[rest : rest + 2]
+
+
 @pytest.mark.parametrize("width, precision", [(40, 4), (40, 17), (80, 17), (120, 4)])
 def test_the_chosen_token_keeps_its_mark_however_narrow(width: int, precision: int) -> None:
     # The bars give way on a narrow terminal, and the mark of the chosen token, drawn in

@@ -790,7 +790,8 @@ def distribution_table(
             ELLIPSIS,
             Text(f"{len(rest)} more", style="dim"),
             *[column[-1] for column in cells],
-            Text("(their total)", style="dim"),
+            # (one line, cut: the column may be as narrow as the mark's two cells)
+            Text("(their total)", style="dim", no_wrap=True, overflow="ellipsis"),
         )
     return keep_whole(table)
 
