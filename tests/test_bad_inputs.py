@@ -1511,6 +1511,14 @@ SETS = [
         "{file}: model.new: unknown key 'new';",
         args=("encode", "{file}", "--set", "model.new.a=1", "--set", "model.new.b=2"),
     ),
+    case(  # one key set twice made it: that key is still named
+        "set-unknown-key-made-by-one-key-set-twice",
+        BASE,
+        "model.new",
+        None,
+        "{file}: model.new: unknown key 'new' (set by --set model.new.a);",
+        args=("encode", "{file}", "--set", "model.new.a=1", "--set", "model.new.a=2"),
+    ),
     case(
         "variant-unknown-key-made-by-a-deeper-key",
         BASE + "variants:\n  v:\n    model.nw.x: 1\n",

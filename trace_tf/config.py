@@ -714,11 +714,12 @@ class _Ctx:
             None,
         )
         # a key overrides made on their way (model.new of model.new.x) is not the file's:
-        # one override is named; several are not named alone, nor the file's line
+        # one override is named (a key set twice is one); several are not named alone,
+        # nor the file's line
         made = (
             []
             if self.lines.given(path)
-            else [k for k in self.overridden if k.startswith(path + ".")]
+            else list(dict.fromkeys(k for k in self.overridden if k.startswith(path + ".")))
         )
         if key is None and len(made) == 1:
             key = made[0]
