@@ -447,3 +447,24 @@ def test_a_full_device_outside_the_running_commands_is_exit_2(
             check=False,
         )
     assert (proc.returncode, proc.stderr) == (2, f"trace-tf: error: {message}\n")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "openpty"), reason="no terminals here")
+def test_npz_to_a_terminal_named_as_output_is_refused_as_with_output_dash() -> None:
+    # `--output -` on a terminal refused binary data, but `--output /dev/stdout` (or
+    # /dev/tty) wrote the zip's bytes to the terminal as they were.
+    import os
+
+    main, secondary = os.openpty()
+    try:
+        tty = os.ttyname(secondary)
+        args = ["pe", "--length", "2", "--d-model", "2", "--format", "npz", "--output", tty]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert f"--output {tty} would write binary data to the terminal" in result.stderr
+        os.set_blocking(main, False)
+        with pytest.raises(BlockingIOError):  # nothing reached the terminal
+            os.read(main, 100)
+    finally:
+        os.close(main)
+        os.close(secondary)

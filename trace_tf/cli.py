@@ -394,8 +394,7 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     half-written file, and an existing one is never lost (nor replaced without
     --force). A symbolic link is written through, as a shell's `>` does."""
     if c.to_stdout:
-        if binary and sys.stdout.isatty():
-            _fail("--output - would write binary data to the terminal; redirect it to a file")
+        _no_binary_to_terminal(sys.stdout, binary, "-")
         with _write_errors("standard output"):
             out = sys.stdout.buffer if binary else sys.stdout
             yield out
@@ -405,6 +404,7 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     assert path is not None
     if _is_stream(path):
         with _write_errors(f"--output {path}"), _open(path, binary, shown=path) as fh:
+            _no_binary_to_terminal(fh, binary, str(path))  # /dev/stdout, /dev/tty
             yield fh
         return
     _writable(path, c.force)
@@ -418,6 +418,11 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     finally:
         with suppress(OSError):  # (never made, when the name could not be)
             tmp.unlink(missing_ok=True)
+
+
+def _no_binary_to_terminal(out: Any, binary: bool, shown: str) -> None:
+    if binary and out.isatty():
+        _fail(f"--output {shown} would write binary data to the terminal; redirect it to a file")
 
 
 @contextmanager
