@@ -282,3 +282,14 @@ def test_a_warning_says_which_run_it_is_from() -> None:
     assert data["warnings"] == [
         "overflow: an infinity first appears in step encoder.0.self_attn.h0.q (in run B)"
     ]
+
+
+def test_a_one_step_run_is_counted_in_the_singular(tmp_path: Any) -> None:
+    """A calculator's file has one step: 'the 1 step agrees', 'of 1 step, 1 differs'."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("pe: {length: 3, d_model: 4}\n")
+    b.write_text("pe: {length: 3, d_model: 4, base: 100}\n")  # column 2: pos / 100, not / 10000
+    code, out, _ = invoke("diff", str(a), str(a))
+    assert code == 0 and "identical: the 1 step agrees within atol" in out
+    code, out, _ = invoke("diff", str(a), str(b))
+    assert code == 0 and "first difference: pe (differs); of 1 step 1 differs, 0 the same" in out

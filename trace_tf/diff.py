@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trace_tf.runner import abs_difference
-from trace_tf.text import exact
+from trace_tf.text import counted, exact
 from trace_tf.trace import Step, Trace
 
 SAME, DIFFERS, SHAPE, ONLY_A, ONLY_B = "same", "differs", "shape", "only in A", "only in B"
@@ -83,13 +83,19 @@ def verdict(diffs: list[StepDiff], atol: float, listed_same: bool = False) -> st
     """One line: identical, or where the runs part and how many steps are in each state."""
     first = first_difference(diffs)
     if first is None:
-        return f"identical: all {len(diffs)} steps agree within atol {exact(atol)}"
+        every = "the 1 step agrees" if len(diffs) == 1 else f"all {len(diffs)} steps agree"
+        return f"identical: {every} within atol {exact(atol)}"
     words = {DIFFERS: "differ", SHAPE: "change shape", ONLY_A: "only in A", ONLY_B: "only in B"}
-    counts = [(n, words[s]) for s in words if (n := sum(d.status == s for d in diffs))]
+    one = {DIFFERS: "differs", SHAPE: "changes shape"}  # the verb of a count of 1
+    counts = [
+        (n, one.get(s, w) if n == 1 else w)
+        for s, w in words.items()
+        if (n := sum(d.status == s for d in diffs))
+    ]
     n_same = sum(d.status == SAME for d in diffs)
     same = f"{n_same} the same" + ("" if listed_same else " (list them with --all)")
     return (
-        f"first difference: {first.path} ({first.status}); of {len(diffs)} steps "
+        f"first difference: {first.path} ({first.status}); of {counted(len(diffs), 'step')} "
         + ", ".join([*(f"{n} {w}" for n, w in counts), same])
         + f" (atol {exact(atol)})"
     )
