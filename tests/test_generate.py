@@ -703,6 +703,12 @@ def test_bad_options_exit_2(args: list[str], message: str) -> None:
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_an_unused_option_is_said_even_when_the_run_then_fails() -> None:
+    code, _, err = invoke("generate", "--seed", "1", "--set", "model.embed_scale=1e300")
+    assert code == 2
+    assert err.index("warning: --seed applies to --sample only") < err.index("error:")
+
+
 @pytest.mark.parametrize(
     ("args", "unused"),
     [

@@ -935,6 +935,8 @@ def generate(
         length_penalty=length_penalty,
         cache=cache,
     )
+    for note in s.unused:  # said at once: also when the run then stops on an error
+        _warning(note)
     if (stage is not None or layer is not None or head is not None) and not trace:
         _fail("--stage, --layer and --head select traced steps: add --trace")
     if c.fmt in ("npz", "csv") and not trace:
@@ -952,8 +954,6 @@ def generate(
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
-    for note in s.unused:
-        _warning(note)
     warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
