@@ -1092,3 +1092,15 @@ def test_the_chosen_token_keeps_its_mark_however_narrow(width: int, precision: i
         rows = lines[head + 1 : head + 11]
         marked = [x.split()[1] for x in rows if "◀" in x]
         assert marked == [it["next"]]
+
+
+def test_a_log_probability_near_zero_is_never_shown_as_zero() -> None:
+    """log p of a token of p = 1 - 8e-11 is -7.7e-11: '-0.0000' at 4 decimals hid it."""
+    bias = ["--set", "weights.output.b=[0,0,0,0,0,30,0,0,0,0]"]  # EOS far the likeliest
+    code, out, _ = invoke("generate", "--beam", "2", "--max-tokens", "1", *bias, "--format", "json")
+    logprob = json.loads(out)["result"]["logprob"]
+    assert code == 0 and -1e-10 < logprob < -1e-11
+    code, out, _ = invoke("generate", "--beam", "2", "--max-tokens", "1", *bias)
+    assert code == 0 and "-0.0000" not in out
+    shown = f"{logprob:.4e}"
+    assert f"(log p {shown}, cumulative {shown})" in out and f"finished, score {shown}" in out

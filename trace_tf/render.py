@@ -742,7 +742,9 @@ _STOPPED = {
 }
 
 
-def _p(x: float, precision: int) -> str:
+def _scalar(x: float, precision: int) -> str:
+    """One number as a matrix's would be: never a nonzero shown as zero (5e-7 at 6
+    decimals is 5.000000e-07, not 0.000000), `-inf` as a word."""
     return _format_cells(np.array([x]), precision)[0]
 
 
@@ -864,8 +866,8 @@ def iteration_view(
                 ("best extension ", "bold"),
                 f"beam {best.beam} + ",
                 (shown_token(best.token), "bold green"),
-                f"   (log p {best.token_logprob:.{view.precision}f}, "
-                f"cumulative {best.logprob:.{view.precision}f})",
+                f"   (log p {_scalar(best.token_logprob, view.precision)}, "
+                f"cumulative {_scalar(best.logprob, view.precision)})",
             )
         )
         title = f"iteration {it.index} · {len(it.beams)} live beam(s)"
@@ -880,12 +882,13 @@ def iteration_view(
             names["top_p"] = f"top-p {exact(s.top_p)}"
         columns += [(names[n], p) for n, p in it.stages]
         parts.append(distribution_table(columns, vocab, it.next, show, view))
+        assert it.u is not None  # (drawn at every sampling iteration)
+        u = _scalar(it.u, max(view.precision, 6))
         parts.append(
             Text.assemble(
                 ("next ", "bold"),
                 (shown_token(it.next), "bold green"),
-                f"   sampled: u = {it.u:.{max(view.precision, 6)}f}, the first token (vocabulary "
-                "order) whose cumulative p > u",
+                f"   sampled: u = {u}, the first token (vocabulary order) whose cumulative p > u",
             )
         )
     else:
@@ -895,7 +898,7 @@ def iteration_view(
             Text.assemble(
                 ("next ", "bold"),
                 (shown_token(it.next), "bold green"),
-                f"   greedy: the most probable, p = {_p(p, view.precision)}",
+                f"   greedy: the most probable, p = {_scalar(p, view.precision)}",
             )
         )
     return Panel(Group(*parts), title=Text(f"iteration {it.index}"), title_align="left")
@@ -915,7 +918,7 @@ def _beams_table(
     beams.add_column("logP", justify="right", no_wrap=True, min_width=0)
     for j, b in enumerate(it.beams):
         beams.add_row(
-            str(j), _prefix((*gen.start, *b.tokens), view), f"{b.logprob:.{view.precision}f}"
+            str(j), _prefix((*gen.start, *b.tokens), view), _scalar(b.logprob, view.precision)
         )
     keep_whole(beams)
     token_logp, totals, order = extensions(it.beams)
@@ -936,7 +939,9 @@ def _beams_table(
         if c is None:
             status = Text("dropped", style="dim")
         elif c.finished:
-            status = Text(f"finished, score {c.score:.{view.precision}f}", style="bold yellow")
+            status = Text(
+                f"finished, score {_scalar(c.score, view.precision)}", style="bold yellow"
+            )
         else:
             status = Text(f"→ beam {live}", style="bold green")
             live += 1
@@ -945,11 +950,9 @@ def _beams_table(
             str(rank),
             str(j),
             shown_token(vocab[i]),
-            _p(p, view.precision),
-            *(
-                f"{x:.{view.precision}f}" if math.isfinite(x) else "-inf"
-                for x in (float(token_logp[j, i]), float(totals[j, i]))
-            ),
+            _scalar(p, view.precision),
+            _scalar(float(token_logp[j, i]), view.precision),
+            _scalar(float(totals[j, i]), view.precision),
             Bar(p, 10),
             status,
         )
@@ -984,8 +987,8 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             (
                 _tokens(h.tokens),
                 str(len(h.tokens)),
-                f"{h.logprob:.{view.precision}f}",
-                f"{h.score:.{view.precision}f}",
+                _scalar(h.logprob, view.precision),
+                _scalar(h.score, view.precision),
                 how,
                 Text("◀ result", style="bold green") if h is gen.result else "",
             )
@@ -1130,9 +1133,9 @@ def _apart(a: float, b: float, precision: int) -> tuple[str, str]:
     them apart when they differ but would be written the same (0.5403 → 0.5403 for
     0.54030231 and 0.54030228); in full (repr) when even 17 decimals cannot."""
     if a == b or (math.isnan(a) and math.isnan(b)):
-        return _p(a, precision), _p(b, precision)
+        return _scalar(a, precision), _scalar(b, precision)
     for digits in range(precision, 18):
-        texts = _p(a, digits), _p(b, digits)
+        texts = _scalar(a, digits), _scalar(b, digits)
         if texts[0] != texts[1]:
             return texts
     return repr(a), repr(b)
