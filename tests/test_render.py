@@ -67,6 +67,30 @@ def test_columns_are_elided_until_the_grid_fits_the_width(width: int) -> None:
     assert len(_row(wider, 0)) - 2 >= shown  # more room never shows fewer columns
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_most_columns_that_fit_are_shown(seed: int) -> None:
+    """As many columns from each edge as fit the width, found by trying every count
+    (matrix_table estimates it from the widths of its first layout)."""
+    rng = np.random.default_rng(seed)
+    value = rng.normal(size=(3, 60)) * 10.0 ** rng.integers(-2, 6, size=60)
+    view = render.View(
+        precision=int(rng.integers(1, 9)),
+        max_cols=80,
+        col_edge=39,
+        width=int(rng.integers(60, 400)),
+    )
+    grid = render.matrix_table(value, view=view)
+    fits = [
+        e
+        for e in range(1, 40)
+        if render._layout(
+            value, 2, [0, 1, 2], render._edges(60, e), None, None, False, None, view
+        ).width
+        <= view.width
+    ]
+    assert len(_row(grid, 0)) - 2 == 2 * max(fits)  # the label and "…" apart
+
+
 def test_when_nothing_fits_the_narrowest_grid_is_given() -> None:
     value = np.arange(40.0).reshape(2, 20)
     view = render.View(precision=8, width=20)
