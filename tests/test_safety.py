@@ -275,6 +275,25 @@ def test_a_character_device_is_written_straight() -> None:
     assert _is_stream(Path(os.devnull))  # (checked, not written: never risk /dev/null)
 
 
+def test_npz_into_a_character_device_is_written() -> None:
+    # /dev/null is seekable but its position stays 0: zipfile, seeking and telling as
+    # on a file, computed negative offsets (struct.error, exit 3). Written straight, as
+    # into a pipe, it is an archive like any other.
+    import os
+    import stat
+
+    from trace_tf.cli import _is_stream
+
+    if not stat.S_ISCHR(os.stat(os.devnull).st_mode):
+        pytest.skip("no character device for os.devnull here")
+    assert _is_stream(Path(os.devnull))  # so written into, never replaced
+    for args in (["pe", "--length", "2", "--d-model", "2"], ["encode"]):
+        result = runner.invoke(app, [*args, "--format", "npz", "--output", os.devnull])
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == "" and result.stderr == ""
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "symlink"), reason="no symbolic links here")
 def test_output_through_a_symbolic_link_writes_its_target(tmp_path: Path) -> None:
     real, link = tmp_path / "real.json", tmp_path / "link.json"

@@ -405,7 +405,7 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     if _is_stream(path):
         with _write_errors(f"--output {path}"), _open(path, binary, shown=path) as fh:
             _no_binary_to_terminal(fh, binary, str(path))  # /dev/stdout, /dev/tty
-            yield fh
+            yield _InOrder(fh) if binary else fh
         return
     _writable(path, c.force)
     real = Path(os.path.realpath(path))
@@ -418,6 +418,26 @@ def _sink(c: Common, binary: bool = False) -> Iterator[Any]:
     finally:
         with suppress(OSError):  # (never made, when the name could not be)
             tmp.unlink(missing_ok=True)
+
+
+class _InOrder:
+    """A pipe or character device for bytes, neither seekable nor telling: zipfile (npz)
+    then writes in order, as into a pipe. (/dev/null is seekable but stays at position
+    0, which made zipfile's offsets negative.)"""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+
+    def write(self, data: bytes) -> int:
+        return int(self._out.write(data))
+
+    def read(self, size: int = -1) -> bytes:  # (numpy takes an object without it for a path)
+        import io
+
+        raise io.UnsupportedOperation("read")
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 def _no_binary_to_terminal(out: Any, binary: bool, shown: str) -> None:
