@@ -43,6 +43,21 @@ def test_encode_document_variant_prints_the_documents_K1() -> None:
     assert "6.84" in out and "9.99" in out
 
 
+def test_a_packaged_example_given_by_name_is_named_as_when_left_out() -> None:
+    # `check hello` named the example by its installed path (site-packages/.../hello.yaml),
+    # in messages and in JSON's "config", where `check` alone says "hello (packaged example)"
+    label = "hello (packaged example)"
+    for args in (["check"], ["check", "hello"]):
+        data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+        assert {r["config"] for r in data["results"]} == {label}
+    bad = ["--set", "model.n_heads=1"]
+    for name in ([], ["hello"]):
+        for args in (["encode", *name, *bad], ["diff", *name, *bad, "--set-b", "model.seed=1"]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 2, result.output
+            assert result.stderr.startswith(f"trace-tf: error: {label}:41: weights.encoder.0"), args
+
+
 def test_decode_json_matches_spec_section_5() -> None:
     code, out, err = invoke("decode", "--format", "json")
     assert code == 0, err

@@ -383,7 +383,9 @@ def read_document(name: str | None) -> Document:
         sys.stdin.close()
     else:
         path = resolve(name)
-        file = str(path) if name is not None else "hello (packaged example)"
+        # a packaged example is named by its name, not by where the package is installed
+        packaged = name is None or path != Path(name)
+        file = f"{path.stem} (packaged example)" if packaged else str(path)
         text = read_text(path)
     data, lines = parse_yaml(text, file)
     if data is None:
