@@ -4,6 +4,7 @@ substituted must be the right ones (checked against values built here by hand)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -113,6 +114,26 @@ def test_every_step_is_explained_and_its_arithmetic_gives_the_recorded_value(nam
             e = explain(cfg, trace, step, cell)
             assert e.agrees, (step.path, cell, e.value, e.result, e.lines())
             assert e.lines()[0].startswith(f"{step.path}[")
+
+
+def test_under_float32_the_arithmetic_agrees_within_float32_rounding() -> None:
+    # The recorded entries are float32, the arithmetic redone in float64: they differ in
+    # about the 8th digit, which was called a disagreement (a 1e-9 relative tolerance).
+    cfg = load(None, dtype="float32")
+    trace: Trace = run(cfg)
+    rng = np.random.default_rng(0)
+    differs = 0
+    for step in trace:
+        assert step.value.dtype == np.float32
+        for cell in _cells(step.shape, rng):
+            e = explain(cfg, trace, step, cell)
+            assert e.agrees, (step.path, cell, e.value, e.result)
+            differs += e.value != e.result
+    assert differs > 0  # (float32 rounding is there to be tolerated)
+    # and a difference beyond float32 rounding is still one
+    step = next(s for s in trace if s.path == "decoder.0.ffn.out")
+    e = explain(cfg, trace, step, (0, 1))
+    assert not dataclasses.replace(e, value=e.result * (1 + 1e-4)).agrees
 
 
 def test_the_documents_105_21() -> None:

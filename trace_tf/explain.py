@@ -55,6 +55,7 @@ class Explanation:
     operands: dict[str, list[float]]  # the numbers substituted, by symbol (full precision)
     inputs: tuple[str, ...]
     remarks: tuple[str, ...] = ()  # what the arithmetic depends on, beyond the numbers
+    rtol: float = 1e-9  # how near value and result must be: the step's dtype's rounding
 
     @property
     def lhs(self) -> str:
@@ -62,7 +63,7 @@ class Explanation:
 
     @property
     def agrees(self) -> bool:
-        return _same(self.value, self.result)
+        return _same(self.value, self.result, self.rtol)
 
     def lines(self) -> list[str]:
         """`lhs = a = b = c` on one line when it is short, else one `= …` per line."""
@@ -90,13 +91,20 @@ class Explanation:
         }
 
 
-def _same(a: float, b: float) -> bool:
-    """Equal to rounding (1e-9 relative); NaN only with NaN, an infinity only with itself."""
+def _same(a: float, b: float, rtol: float = 1e-9) -> bool:
+    """Equal to rounding (1e-9 relative, or `rtol`); NaN only with NaN, an infinity only
+    with itself."""
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
     if math.isinf(a) or math.isinf(b):
         return a == b
-    return abs(a - b) <= 1e-9 * max(1.0, abs(a))
+    return abs(a - b) <= rtol * max(1.0, abs(a))
+
+
+def _rtol(dtype: Any) -> float:
+    """The tolerance for a recorded value of this dtype against the arithmetic redone in
+    float64: 1e-9, or 16 units of the last place of a coarser float (float32: 1.9e-6)."""
+    return max(1e-9, 16 * float(np.finfo(dtype).eps))
 
 
 @dataclass
@@ -1105,9 +1113,11 @@ def explain(
     in_full = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
     value, result, fused, remarks = float(step.value[cell]), in_full.result, False, []
+    rtol = _rtol(step.value.dtype)
     if in_full.fused is not None and not _same(in_full.fused, result):
         remarks.append(_overflow_remark(f, result, in_full.fused))
-        if _same(in_full.fused, value) and not _same(result, value):  # the engine fused them
+        # the engine fused them
+        if _same(in_full.fused, value, rtol) and not _same(result, value, rtol):
             result, fused = in_full.fused, True
     # The result is written at `precision`; the numbers it comes from with as many more
     # decimals as it takes for them to give that result (68 / 1.73 = 39, not 68 / 2 = 39).
@@ -1130,6 +1140,7 @@ def explain(
         operands=in_full.operands,
         inputs=step.inputs,
         remarks=tuple(remarks),
+        rtol=rtol,
     )
 
 
