@@ -647,7 +647,7 @@ def test_check_says_in_full_why_an_entry_failed(tmp_yaml, monkeypatch: pytest.Mo
     name = Path(path).name
     assert code == 1
     assert f"FAIL {name}: encoder.0.self_attn.h0.nope: no such step" in out
-    assert f"FAIL {name}: encoder.embed: shape (2, 2) but expected (1, 3)" in out
+    assert f"FAIL {name}: encoder.embed: shape 2 x 2 but expected 1 x 3" in out
     assert out.splitlines()[0].rstrip() == f"trace-tf check  {name}  (atol 1e-06)"
 
 
@@ -1262,10 +1262,10 @@ def test_a_terminal_of_a_billion_columns_is_laid_out_a_thousand_wide(
 @pytest.mark.parametrize(
     ("step", "value", "verdict"),
     [
-        ("attn.scores", "[1, 0, 0, 1]", "shape (2, 2) but expected (4,)"),  # 2 x 2: not a vector
+        ("attn.scores", "[1, 0, 0, 1]", "shape 2 x 2 but expected 4"),  # 2 x 2: not a vector
         ("attn.scores", "[[1, 0], [0, 1]]", "ok"),
         ("attn.context", "[1, 0]", "ok"),  # a vector for its 2 x 1
-        ("attn.context", "[[1, 0]]", "shape (2, 1) but expected (1, 2)"),  # transposed
+        ("attn.context", "[[1, 0]]", "shape 2 x 1 but expected 1 x 2"),  # transposed
     ],
 )
 def test_check_takes_a_value_that_leaves_out_only_axes_of_length_1(

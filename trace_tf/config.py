@@ -31,7 +31,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
-from trace_tf.text import counted, exact
+from trace_tf.text import counted, exact, shape_text
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -878,8 +878,8 @@ class _Validator:
             raise self.ctx.err(
                 path,
                 "wrong shape",
-                expected=f"shape {_shape_text(shape)}" + (f" ({dims})" if dims else ""),
-                found_text=f"shape {_shape_text(tuple(arr.shape))}",
+                expected=f"shape {shape_text(shape, 'x')}" + (f" ({dims})" if dims else ""),
+                found_text=f"shape {shape_text(tuple(arr.shape), 'x')}",
             )
         return arr
 
@@ -918,8 +918,8 @@ class _Validator:
                 raise self.ctx.err(
                     join(path, i),
                     "ragged matrix: rows differ in length",
-                    expected=f"shape {_shape_text(first)} like row 0",
-                    found_text=f"shape {_shape_text(s)}",
+                    expected=f"shape {shape_text(first, 'x')} like row 0",
+                    found_text=f"shape {shape_text(s, 'x')}",
                 )
         return (len(value), *first)
 
@@ -977,7 +977,7 @@ class _Validator:
                 raise self.ctx.err(
                     where,
                     f"missing {key}: score {score} needs " + ", ".join(SCORE_WEIGHTS[score]),
-                    expected=f"shape {_shape_text(shapes[key])}"
+                    expected=f"shape {shape_text(shapes[key], 'x')}"
                     if d_a or key != "W_a_q"
                     else f"a {d_q} x d_a matrix",
                 )
@@ -1145,7 +1145,7 @@ class _Validator:
                     expected="a 3-D batch x channels x n array"
                     if want == 3
                     else "a non-empty matrix",
-                    found_text=f"shape {_shape_text(x.shape)}",
+                    found_text=f"shape {shape_text(x.shape, 'x')}",
                 )
             size = x.shape[1]
             gamma = (
@@ -1217,7 +1217,7 @@ class _Validator:
             if cols is not None:
                 want += f" ({counted(cols, 'column')})"
             raise self.ctx.err(
-                path, "wrong shape", expected=want, found_text=f"shape {_shape_text(arr.shape)}"
+                path, "wrong shape", expected=want, found_text=f"shape {shape_text(arr.shape, 'x')}"
             )
         return arr
 
@@ -1618,7 +1618,7 @@ class _Validator:
                         path,
                         "wrong shape for a numeric sequence",
                         expected=f"shape L x {d} (d_model {d})",
-                        found_text=f"shape {_shape_text(matrix.shape)}",
+                        found_text=f"shape {shape_text(matrix.shape, 'x')}",
                     )
                 return Sequence_(tokens=None, matrix=matrix)
             toks = value
@@ -1859,7 +1859,3 @@ def _token_text(tok: Any) -> str:
     if isinstance(tok, float) and tok.is_integer():
         return str(int(tok))
     return str(tok)
-
-
-def _shape_text(shape: Sequence[int]) -> str:
-    return " x ".join(str(s) for s in shape) if len(shape) else "scalar"

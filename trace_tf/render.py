@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trace_tf import __version__
-from trace_tf.text import exact, printable
+from trace_tf.text import exact, printable, shape_text
 from trace_tf.trace import Step
 
 if TYPE_CHECKING:
@@ -281,10 +281,6 @@ def _cells(text: str) -> int:
     """Terminal cells `text` takes: its length when ASCII (numbers always are), else
     rich's count (wide characters in a token take two)."""
     return len(text) if text.isascii() else cell_len(text)
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    return " × ".join(str(s) for s in shape) if shape else "scalar"
 
 
 def titled(title: str, formula: str, shape: Sequence[int], body: RenderableType) -> Group:

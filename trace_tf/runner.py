@@ -12,7 +12,7 @@ from trace_tf import model
 from trace_tf.calc import run_op
 from trace_tf.config import Config, Document, OpConfig, build
 from trace_tf.errors import InputError, quoted
-from trace_tf.text import counted, exact
+from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
@@ -286,7 +286,10 @@ def check(
                 expected = expected.reshape(actual.shape)
                 printed = None if printed is None else printed.reshape(actual.shape)
             else:
-                problem = f"shape {actual.shape} but expected {expected.shape}"
+                problem = (
+                    f"shape {shape_text(actual.shape, 'x')} but expected "
+                    f"{shape_text(expected.shape, 'x')}"
+                )
                 results.append(replace(entry, problem=problem))
                 continue
         ok = bool(within(actual, expected, e.atol, e.rtol).all())

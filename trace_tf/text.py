@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def exact(x: float) -> str:
     """The shortest text that reads back as `x` (1e-05, 10000, 1.23456789e-05), as
@@ -25,3 +27,9 @@ def printable(text: str) -> str:
 def counted(n: int, noun: str) -> str:
     """`1 number`, `2 numbers`: a count in a message, with its noun in the right number."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def shape_text(shape: Sequence[int], times: str = "×") -> str:
+    """`4 × 3`, as tables write a shape, or with `times="x"` `4 x 3`, as messages do;
+    `scalar` for no axes."""
+    return f" {times} ".join(str(s) for s in shape) if len(shape) else "scalar"
