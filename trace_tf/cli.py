@@ -432,8 +432,6 @@ class _InOrder:
         return int(self._out.write(data))
 
     def read(self, size: int = -1) -> bytes:  # (numpy takes an object without it for a path)
-        import io
-
         raise io.UnsupportedOperation("read")
 
     def flush(self) -> None:
@@ -810,15 +808,10 @@ def check(
 
 def _check_warnings(c: Common, results: "list[CheckResult]") -> None:
     """Each run's NaN or overflow once on stderr (an error with --strict)."""
-    from trace_tf.errors import NumericalError
-
     for config, variant, w in dict.fromkeys(
         (r.config, r.variant, w) for r in results for w in r.warnings
     ):
-        label = config + (f" (variant {variant})" if variant else "")
-        if c.strict:
-            raise NumericalError(w + " (--strict)", file=label)
-        _warning(f"{label}: {w}")
+        warn(c, [w], config + (f" (variant {variant})" if variant else ""))
 
 
 @app.command()

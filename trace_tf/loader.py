@@ -176,6 +176,7 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
 
 
 _BREAKS = "\r\n\x85\u2028\u2029"
+_BLANK = "\0 \t" + _BREAKS  # what may end a token: the end, a space, a tab, a break
 
 
 class _DepthLimitedLoader(
@@ -248,7 +249,7 @@ class _DepthLimitedLoader(
         return chunks
 
     def _document_marker(self) -> bool:
-        return self.prefix(3) in ("---", "...") and self.peek(3) in "\0 \t" + _BREAKS
+        return self.prefix(3) in ("---", "...") and self.peek(3) in _BLANK
 
     def scan_tag(self) -> yaml.TagToken:
         """PyYAML's own, but a tab may follow a tag as a space does (`!!str<tab>1`), as
@@ -268,13 +269,13 @@ class _DepthLimitedLoader(
                     self.get_mark(),
                 )
             self.forward()
-        elif ch in "\0 \t" + _BREAKS:
+        elif ch in _BLANK:
             handle = None
             suffix = "!"
             self.forward()
         else:
             length = 1
-            while ch not in "\0 \t" + _BREAKS and ch != "!":
+            while ch not in _BLANK and ch != "!":
                 length += 1
                 ch = self.peek(length)
             if ch == "!":
@@ -313,7 +314,7 @@ class _DepthLimitedLoader(
 
     def _blank_next(self, context: str, start_mark: yaml.Mark, expected: str) -> None:
         """PyYAML's error where a space, a tab or a line's end must come next."""
-        if self.peek() not in "\0 \t" + _BREAKS:
+        if self.peek() not in _BLANK:
             raise yaml.scanner.ScannerError(
                 context,
                 start_mark,
@@ -334,14 +335,13 @@ class _DepthLimitedLoader(
         start_mark = end_mark = self.get_mark()
         indent = self.indent + 1
         spaces: list[str] | None = []
-        blank = "\0 \t\r\n\x85\u2028\u2029"
         while self.peek() != "#":
             length = 0
             while True:
                 ch = self.peek(length)
-                if ch in blank or (self.flow_level and ch in ",[]{}"):
+                if ch in _BLANK or (self.flow_level and ch in ",[]{}"):
                     break
-                if ch == ":" and self.peek(length + 1) in blank + (
+                if ch == ":" and self.peek(length + 1) in _BLANK + (
                     ",[]{}" if self.flow_level else ""
                 ):
                     break
