@@ -18,9 +18,9 @@ The decoding rules (SPEC section 4, stated here once):
   crosses p included); then renormalise, once (SPEC section 4's order: where
   top-k keeps less than p, top-p keeps all it kept; Hugging Face and vLLM
   renormalise before top-p instead, which differs only when both are given).
-  One generator for the whole run, `numpy.random.default_rng(seed)`; each iteration draws u = rng.random() and
-  takes the first token, in vocabulary order, whose cumulative probability
-  exceeds u x (the total).
+  One generator for the whole run, `numpy.random.default_rng(seed)`; each
+  iteration draws u = rng.random() and takes the first token, in vocabulary
+  order, whose cumulative probability exceeds u x (the total).
 - beam (Jurafsky & Martin, 3rd ed., section 10.4): every extension of every
   live beam is ranked by its cumulative log-probability (ties: the earlier
   beam, then the earlier vocabulary entry); the best `slots` are kept, with

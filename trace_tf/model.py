@@ -2,8 +2,9 @@
 
 Every function is plain math on numpy arrays; each intermediate passes through
 `tr.rec(...)`, which records it (or, with NULL_TRACER, does nothing) and returns
-the array to go on with: the same numbers, perhaps the tracer's stored copy. One attention serves self- and cross-attention, called under two
-scopes; one add-and-norm serves every sublayer.
+the array to go on with: the same numbers, perhaps the tracer's stored copy. One
+attention serves self- and cross-attention, called under two scopes; one
+add-and-norm serves every sublayer.
 
 Shapes: L_q query positions, L_k key positions, d = d_model, H heads of d_k / d_v.
 """
