@@ -139,6 +139,16 @@ def test_bad_vary_is_exit_2() -> None:
         assert "--vary" in result.stderr
 
 
+def test_vary_takes_only_ascii_whole_numbers_between_its_commas() -> None:
+    # int() alone took `2_0` as 20 and Arabic-Indic `٣` as 3, and an empty item
+    # (`8,,16`, `8,`) was dropped without a word
+    for bad in ("L=8,,16", "L=8,", "L=,8", "L=2_0", "L=\u0663", "D=+8", "L=1e3"):
+        result = runner.invoke(app, ["cost", "--vary", bad])
+        assert result.exit_code == 2, (bad, result.output)
+        assert "malformed --vary" in result.stderr and repr(bad) in result.stderr
+    assert cost.parse_vary(" l = 2 , 4 ") == ("L", [2, 4])
+
+
 def test_repeat_is_bounded() -> None:
     # a mistyped --repeat 1000000 would time the runs for hours
     result = runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "101"])

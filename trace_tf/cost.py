@@ -13,6 +13,7 @@ written twice here.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -260,13 +261,12 @@ def parse_vary(text: str) -> tuple[str, list[int]]:
     expected = "L=N,N,... (sequence length) or D=N,N,... (d_model), whole numbers >= 1"
     if not sep or name not in VARY:
         raise InputError("malformed --vary", expected=expected, found=quoted(text))
-    try:
-        numbers = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise InputError("malformed --vary", expected=expected, found=quoted(text)) from None
-    if not numbers or min(numbers) < 1:
+    # ASCII digits only, each between commas: not int()'s `2_0` or other scripts' digits,
+    # and not an empty item (`8,,16`), which would be dropped unseen
+    items = [v.strip() for v in values.split(",")]
+    if not all(re.fullmatch(r"[0-9]+", v) for v in items) or min(map(int, items)) < 1:
         raise InputError("malformed --vary", expected=expected, found=quoted(text))
-    return name, numbers
+    return name, [int(v) for v in items]
 
 
 def _cycled(items: Sequence[Any], n: int) -> list[Any]:
