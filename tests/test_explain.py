@@ -313,6 +313,11 @@ def test_explain_command_table_and_json() -> None:
         (("probs", "--cell", "0"), "--cell needs 2 indices"),
         (("probs", "--cell", "0,10"), "--cell 0,10 is outside probs"),
         (("probs", "--cell", "a,b"), "--cell must be whole numbers"),
+        # int() alone took these as 0,1 and 0,3: not what was typed, or not ASCII digits
+        (("probs", "--cell", "0,+1"), "--cell must be whole numbers"),
+        (("probs", "--cell", "0,\u0663"), "--cell must be whole numbers"),
+        (("probs", "--cell", "0_0,1"), "--cell must be whole numbers"),
+        (("probs", "--cell", "-1,0"), "--cell -1,0 is outside probs"),
     ],
 )
 def test_explain_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:

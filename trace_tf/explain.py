@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -1067,14 +1068,16 @@ def parse_cell(text: str | None, step: Step) -> tuple[int, ...]:
     shape = step.shape
     if text is None:
         return tuple(0 for _ in shape)
-    try:
-        cell = tuple(int(part) for part in text.replace(" ", "").split(","))
-    except ValueError:
+    parts = text.replace(" ", "").split(",")
+    # ASCII digits (a sign only to be told it is outside): int() alone would take `1_0`
+    # as 10 and other scripts' digits
+    if not all(re.fullmatch(r"-?[0-9]+", part) for part in parts):
         raise InputError(
             "--cell must be whole numbers separated by commas",
             expected="e.g. --cell 0,1",
             found=quoted(text),
-        ) from None
+        )
+    cell = tuple(int(part) for part in parts)
     dims = " × ".join(str(n) for n in shape)
     if len(cell) != len(shape):
         raise InputError(
