@@ -149,6 +149,23 @@ def test_vary_takes_only_ascii_whole_numbers_between_its_commas() -> None:
     assert cost.parse_vary(" l = 2 , 4 ") == ("L", [2, 4])
 
 
+def test_a_vary_value_the_model_cannot_take_is_named(tmp_yaml: Any) -> None:
+    # the file is fine: the message says which --vary value broke it, and for D does not
+    # advise an explicit model.d_k, which --vary D drops
+    result = runner.invoke(app, ["cost", "--vary", "D=4,3"])
+    assert result.exit_code == 2, result.output
+    assert "with --vary D=3: d_model 3 is not divisible by n_heads 2" in result.stderr
+    assert "expected --vary D values divisible by model.n_heads (2)" in result.stderr
+    assert "explicit model.d_k" not in result.stderr
+    path = tmp_yaml(yaml.safe_dump({**SMALL, "model": {**SMALL["model"],
+                                    "positional": "learned", "max_len": 4}}))  # fmt: skip
+    result = runner.invoke(app, ["cost", path, "--vary", "L=2,8"])
+    assert result.exit_code == 2, result.output
+    assert "with --vary L=8: longer than model.max_len (4)" in result.stderr
+    result = runner.invoke(app, ["cost", "--vary", "L=100000000"])
+    assert result.exit_code == 2 and "with --vary L=100000000: too large" in result.stderr
+
+
 def test_repeat_is_bounded() -> None:
     # a mistyped --repeat 1000000 would time the runs for hours
     result = runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "101"])

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,7 +291,8 @@ def resized(
     """
     d = overridden(doc, sets, variant)
     if name == "L":
-        check_size(d, base.model, len(base.vocab), [value], max_elements)  # before the list
+        with _naming_the_value(name, value, base):  # before the list is made
+            check_size(d, base.model, len(base.vocab), [value], max_elements)
         for key, seq in (("source", base.source), ("target", base.target)):
             if key == "target" and base.model.decoder_layers:
                 seq = model.target_of(base)
@@ -316,9 +318,23 @@ def resized(
             m.pop(key, None)
         for key in ("embeddings", "weights"):
             d.data.pop(key, None)
-    cfg = build(d, (), None, max_elements, dtype)
+    with _naming_the_value(name, value, base):
+        cfg = build(d, (), None, max_elements, dtype)
     assert isinstance(cfg, Config)
     return cfg
+
+
+@contextmanager
+def _naming_the_value(name: str, value: int, base: Config) -> Iterator[None]:
+    """The file was fine: an error building it resized says which --vary value did it."""
+    try:
+        yield
+    except InputError as exc:
+        exc.message = f"with --vary {name}={value}: {exc.message}"
+        if name == "D" and exc.path == "model.n_heads":  # d_k follows D / n_heads: the
+            # message's "or an explicit model.d_k" cannot help, --vary D drops it
+            exc.expected = f"--vary D values divisible by model.n_heads ({base.model.n_heads})"
+        raise
 
 
 @dataclass(frozen=True)
