@@ -168,6 +168,8 @@ class Reference:
         self.tokens[name] = toks
         emb = {t: self.draw(f"embeddings.{t}", (self.d,)) for t in dict.fromkeys(toks)}
         x = self.a[f"{name}.embed"] = np.array([emb[t] for t in toks])
+        if self.m.get("embed_scale") == "sqrt_d_model":  # the paper's × √d_model
+            x = x * math.sqrt(self.d)
         if self.pos == "sinusoidal":
             pe = np.zeros((L, self.d))
             for pos in range(L):
@@ -237,6 +239,10 @@ CASES = {
     "gaussian_decoder_only_rope_odd_d_k": _case(
         {"d_model": 6, "n_heads": 2, "d_k": 3, "encoder_layers": 0, "decoder_layers": 2,
          "positional": "rope", "score": "gaussian"}, None, ["S", "a", "P", "b"]),
+    "pre_no_final_norm_embed_scale": _case(
+        {"d_model": 4, "n_heads": 2, "decoder_layers": 2, "encoder_layers": 2,
+         "norm_position": "pre", "final_norm": False, "embed_scale": "sqrt_d_model"},
+        ["b", "a"], ["S", "c", "a"]),
 }  # fmt: skip
 
 
