@@ -666,3 +666,28 @@ def test_a_token_with_control_characters_is_shown_escaped(tmp_yaml) -> None:  # 
         app, ["explain", "encoder.embed", path, "--cell", "0,0", "--format", "json"]
     )
     assert f"embedding['{odd}']" in json.loads(result.stdout)["operands"]
+
+
+def test_fused_projections_are_named_by_the_column_of_the_given_matrix() -> None:
+    """A fused W_q (d_model x H·d_k) gives head h its columns h·d_k.. (SPEC §2): head 1's
+    column 1 is column 3 of the W_q in the file, which has no `heads.1.W_q`."""
+    W_q = np.arange(1.0, 17.0).reshape(4, 4)
+    b_q = np.array([100.0, 200.0, 300.0, 400.0])
+    data = {
+        "model": {"d_model": 4, "n_heads": 2, "encoder_layers": 1},
+        "vocab": ["a", "b"],
+        "source": ["a", "b"],
+        "weights": {"encoder": [{"self_attn": {"W_q": W_q.tolist(), "b_q": b_q.tolist()}}]},
+    }
+    cfg = config_from(data)
+    x = run(cfg).value("encoder.input")
+    e = explained(cfg, "encoder.0.self_attn.h1.q", (1, 1))
+    assert e.operands["W_q[:,1]"] == W_q[:, 3].tolist() and e.operands["b_q[1]"] == [400.0]
+    assert e.value == pytest.approx(x[1] @ W_q[:, 3] + 400.0, rel=1e-12)
+    where = "\n".join(e.where)
+    assert "column 3 of weights.encoder.0.self_attn.W_q (head 1's 2..3)" in where
+    assert "b_q[1] = entry 3 of weights.encoder.0.self_attn.b_q (head 1's 2..3)" in where
+    assert "heads.1" not in where
+    # the per-head form is named as given
+    drawn = explained(config_from({**data, "weights": {}}), "encoder.0.self_attn.h1.q", (1, 1))
+    assert "column 1 of weights.encoder.0.self_attn.heads.1.W_q" in "\n".join(drawn.where)

@@ -373,6 +373,19 @@ def _bias_of(ctx: _Ctx, weight: str) -> tuple[str, np.ndarray] | None:
 Explainer = Callable[[_Ctx, Step, tuple[int, ...]], _Parts]
 
 
+def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
+    """Where entry (or column) j of a weight is in the file, with a note: a per-head
+    `weights.<block>.heads.<h>.W_q` given fused is head h's columns of
+    `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j there."""
+    block, sep, rest = name.partition(".heads.")
+    h, _, key = rest.partition(".")
+    if sep and isinstance(ctx.cfg, Config) and f"{block[len('weights.') :]}.{key}" in ctx.cfg.fused:
+        width = ctx.get(name).shape[-1]
+        first = int(h) * width
+        return f"{block}.{key}", first + j, f" (head {h}'s {first}..{first + width - 1})"
+    return name, j, ""
+
+
 def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """y[i,j] = x_i · W[:,j] + b[j]."""
     i, j = cell
@@ -381,9 +394,10 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, ws = _symbol(x_name), _symbol(w_name)
     text, total, fused = _dot(ctx.f, x[i], W[:, j])
     chain = [f"{xs}{i} · {ws}[:,{j}]"]
+    w_key, w_col, w_note = _given_as(ctx, w_name, j)
     where = [
         f"{xs}{i} = {ctx.row_of(x_name, i)} = {ctx.f.vec(x[i])}",
-        f"{ws}[:,{j}] = column {j} of {w_name} = {ctx.f.vec(W[:, j])}",
+        f"{ws}[:,{j}] = column {w_col} of {w_key}{w_note} = {ctx.f.vec(W[:, j])}",
     ]
     operands = {f"{xs}{i}": x[i].tolist(), f"{ws}[:,{j}]": W[:, j].tolist()}
     bias = _bias_of(ctx, w_name)
@@ -394,7 +408,12 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         text += f" + {ctx.f.fac(float(b[j]))}"
         total = total + float(b[j])
         fused = None if fused is None else fused + float(b[j])
-        where.append(f"{bs} = {b_name}")
+        b_key, b_at, b_note = _given_as(ctx, b_name, j)
+        where.append(
+            f"{bs} = {b_name}"
+            if b_key == b_name
+            else f"{bs}[{j}] = entry {b_at} of {b_key}{b_note}"
+        )
         operands[f"{bs}[{j}]"] = [float(b[j])]
     return _Parts([*chain, text], total, where, operands, fused)
 
