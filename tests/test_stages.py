@@ -83,7 +83,7 @@ def test_the_embedding_scale_is_named_in_the_formula_and_valued_after_it() -> No
     model = {"d_model": 4, "n_heads": 1, "embed_scale": "sqrt_d_model"}
     cfg = config_from({"model": model, "vocab": ["a"], "source": ["a"]})
     step = run(cfg, "encode")["encoder.input"]
-    assert step.formula == "X = E · sqrt(d_model) + PE, sqrt(d_model) = 2"
+    assert step.formula == "X = E · sqrt(d_model) + PE,  sqrt(d_model) = 2"
 
 
 def test_stages_table_keeps_the_words_of_each_shape_whole() -> None:

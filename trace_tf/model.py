@@ -44,6 +44,14 @@ def _plus(bias: Array | None, name: str) -> str:
     return f" + {name}" if bias is not None else ""
 
 
+def named(text: str) -> tuple[str, str]:
+    """A constant as a formula names it, and its value said after the formula, so that
+    `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) = 1.73205" ->
+    ("sqrt(d_k)", ",  sqrt(d_k) = 1.73205"); a plain number, "30" -> ("30", "")."""
+    name, sep, _ = text.partition(" = ")
+    return name, f",  {text}" if sep else ""
+
+
 def norm_formula(m: ModelConfig, of: str) -> str:
     if m.norm == "rms":
         return f"{of} / √(mean({of}²) + ε) · γ + β,  ε = {exact(m.norm_eps)}"
@@ -69,10 +77,9 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
             "embed", np.stack([cfg.embeddings[t] for t in seq.tokens]), "E = embedding[token]"
         )
     x = e * m.embed_scale if m.embed_scale != 1.0 else e
-    # `E · 2` or `E · sqrt(d_model)`, its value said after the formula, not inside it
-    name, _, value = m.embed_scale_text.partition(" = ")
+    name, where = named(m.embed_scale_text)  # `E · 2` or `E · sqrt(d_model)`
     scale = f" · {name}" if m.embed_scale != 1.0 else ""
-    where = f", {m.embed_scale_text}" if value and scale else ""
+    where = where if scale else ""
     L = len(seq)
     if m.positional == "sinusoidal":
         pe = tr.rec(
@@ -284,7 +291,8 @@ def attend(
     paper's scaled dot product Q Kᵀ / √d_k (eq. 1).
     """
     scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
-    scaled = tr.rec("scaled", scores / scale, f"S / {scale_text}", scores, cols="keys")
+    name, where = named(scale_text)
+    scaled = tr.rec("scaled", scores / scale, f"S / {name}{where}", scores, cols="keys")
     if mask is not None:
         with np.errstate(invalid="ignore"):
             scaled = tr.rec(

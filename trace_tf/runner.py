@@ -116,7 +116,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         (
             "attention",
             score_text(m.score, m.d_a)
-            + f"; scores / {m.scale_text}"
+            + "; scores / {}{}".format(*model.named(m.scale_text))
             + (f", softmax temperature {exact(m.temperature)}" if m.temperature != 1 else "")
             + "; stable row softmax",
         ),
