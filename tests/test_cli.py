@@ -160,8 +160,16 @@ def test_internal_error_exits_3_and_debug_shows_traceback(monkeypatch: pytest.Mo
     monkeypatch.setattr(trace_tf.runner, "run", boom)
     code, _, err = invoke("encode")
     assert code == 3 and "internal error" in err and "--debug" in err and "Traceback" not in err
-    result = runner.invoke(app, ["encode", "--debug"])
-    assert isinstance(result.exception, ZeroDivisionError)
+    # --debug adds the traceback, never changes the code: Python's own 1 would read as
+    # a check's mismatch (SPEC section 6)
+    code, _, err = invoke("encode", "--debug")
+    assert code == 3 and "Traceback" in err and "ZeroDivisionError: boom" in err
+
+
+def test_bad_input_under_debug_still_exits_2(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = invoke("encode", tmp_yaml("model: {d_model: 0}\n"), "--debug")
+    assert code == 2 and out == "" and "Traceback" in err
+    assert err.rstrip().splitlines()[-1].startswith("trace-tf: error: ")
 
 
 def test_fully_masked_row_warns_and_strict_fails(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
@@ -413,8 +421,9 @@ def test_internal_error_in_every_command(
         "trace-tf: internal error (KeyError: 'a bug'); this is a bug. "
         "Run again with --debug to see the traceback.\n"
     )
-    result = runner.invoke(app, [*args, "--debug"])
-    assert isinstance(result.exception, KeyError)
+    code, out, err = invoke(*args, "--debug")
+    assert code == 3 and out == "" and "Traceback" in err
+    assert err.endswith("trace-tf: internal error (KeyError: 'a bug'); this is a bug.\n")
 
 
 def test_every_command_is_guarded() -> None:

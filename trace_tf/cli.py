@@ -330,6 +330,17 @@ OUT_OF_MEMORY = (
 )
 
 
+def _end(code: int, message: str, debug: bool) -> NoReturn:
+    """End a command: with --debug the traceback first; the exit code is the same either
+    way (a bug is 3 with or without --debug, never Python's 1, which is a check's mismatch)."""
+    if debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+    typer.echo(message, err=True)
+    raise typer.Exit(code) from None
+
+
 @contextmanager
 def guarded(debug: bool) -> Iterator[None]:
     """Bad input: one line on stderr, exit 2. A bug: one line, exit 3 (--debug: traceback)."""
@@ -340,10 +351,7 @@ def guarded(debug: bool) -> Iterator[None]:
     try:
         yield
     except InputError as exc:
-        if debug:
-            raise
-        typer.echo(f"trace-tf: error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        _end(2, f"trace-tf: error: {exc}", debug)
     except (typer.Exit, typer.Abort):
         raise
     except KeyboardInterrupt:
@@ -352,33 +360,26 @@ def guarded(debug: bool) -> Iterator[None]:
         raise typer.Exit(130) from None
     except MemoryError:
         # Not a bug: a config within a raised --max-elements can still exceed the machine.
-        if debug:
-            raise
-        typer.echo(OUT_OF_MEMORY, err=True)
-        raise typer.Exit(2) from None
+        _end(2, OUT_OF_MEMORY, debug)
     except ImportError as exc:
         # Not a bug either: numpy (loaded when a command first needs it) is broken or
         # missing, or the process may not map more memory (`ulimit -v`). numpy's own
         # message is a page long; its last line says what failed.
-        if debug:
-            raise
         lines = str(exc).strip().splitlines()
         detail = lines[-1].removeprefix("Original error was: ") if lines else ""
-        typer.echo(
+        _end(
+            3,
             f"trace-tf: error: cannot load {exc.name or 'a library it needs'} ({detail}); "
             "expected a working installation and the memory to load it",
-            err=True,
+            debug,
         )
-        raise typer.Exit(3) from None
     except Exception as exc:
-        if debug:
-            raise
-        typer.echo(
-            f"trace-tf: internal error ({type(exc).__name__}: {exc}); this is a bug. "
-            "Run again with --debug to see the traceback.",
-            err=True,
+        hint = "" if debug else " Run again with --debug to see the traceback."
+        _end(
+            3,
+            f"trace-tf: internal error ({type(exc).__name__}: {exc}); this is a bug.{hint}",
+            debug,
         )
-        raise typer.Exit(3) from None
 
 
 # ---------------------------------------------------------------------------
