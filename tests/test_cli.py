@@ -85,6 +85,56 @@ def test_json_writes_infinities_as_strings(tmp_yaml) -> None:  # type: ignore[no
     assert mask["value"] == [[0.0, "-inf"], [0.0, 0.0]]
 
 
+PADDED = """\
+model: {d_model: 4, n_heads: 2, decoder_layers: 1}
+vocab: [a, b, P, S, E]
+tokens: {bos: S, eos: E, pad: P}
+source: [a, P]
+target: [S, P]
+expect:
+  - {step: decoder.cross_mask, value: [[0, -.inf], [0, -.inf]]}
+"""
+MASK = ["--q", "1; 2", "--k", "1; 3", "--v", "1; 2"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["encode", "{c}"],
+        ["decode", "{c}"],
+        ["step", "{c}", "--stage", "masked"],
+        ["generate", "{c}", "--greedy", "--max-tokens", "2", "--trace"],
+        ["generate", "{c}", "--sample", "--max-tokens", "2", "--trace"],
+        ["generate", "{c}", "--beam", "2", "--max-tokens", "2", "--trace"],
+        ["diff", "{c}", "--set-b", "source=[P, a]"],  # the pad moves: -inf against a number
+        ["explain", "decoder.cross_mask", "{c}", "--cell", "0,1"],
+        ["cost", "{c}"],
+        ["check", "{c}"],
+        ["attend", *MASK, "--mask", "0 -inf; -inf -inf"],
+        ["norm", "--x", "1 1", "--eps", "0"],
+        ["pe", "--length", "2", "--d-model", "3"],
+        ["stages"],
+    ],
+    ids=lambda a: "-".join(a[:3]),
+)
+def test_every_json_command_prints_one_strict_json_object(tmp_yaml, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    # SPEC section 5: one JSON object on stdout and nothing else; no infinities or NaN
+    # as bare tokens (json.loads would take them; a strict reader does not)
+    def refuse(token: str) -> None:
+        raise AssertionError(f"bare {token} in JSON")
+
+    path = tmp_yaml(PADDED)
+    code, out, err = invoke(*[a.replace("{c}", path) for a in args], "--format", "json")
+    assert code == 0, err
+    data = json.loads(out, parse_constant=refuse)
+    assert isinstance(data, dict) and data["trace_tf"] == "0.1.0"
+    assert out.count("\n") == 1 and out.endswith("}\n")
+    if args[0] in ("encode", "decode", "step", "generate", "diff", "explain", "attend"):
+        assert '"-inf"' in out  # the pad masks, written as strings
+    if args[0] in ("attend", "norm"):
+        assert '"nan"' in out  # a fully masked row; a constant row with eps 0
+
+
 def test_step_selects_by_stage_layer_and_head() -> None:
     code, out, _ = invoke("step", "--stage", "softmax", "--head", "1", "--format", "json")
     assert code == 0
