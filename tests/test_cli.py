@@ -6,9 +6,11 @@ import json
 import math
 import signal
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import FIXTURES, shows
 from typer.testing import CliRunner
@@ -68,11 +70,49 @@ def test_decode_json_matches_spec_section_5() -> None:
     assert paths[0] == "encoder.embed" and paths[-2:] == ["logits", "probs"]
     q = next(s for s in data["steps"] if s["path"] == "encoder.0.self_attn.h0.q")
     assert q["stage"] == "q" and q["formula"] == "Q = X W_q" and q["shape"] == [2, 3]
+    assert set(q) == {"path", "stage", "formula", "shape", "inputs", "value"}
+    assert q["inputs"] == ["encoder.input", "weights.encoder.0.self_attn.heads.0.W_q"]
+    # SPEC section 3: cross-attention's keys and values come from encoder.output
+    k = next(s for s in data["steps"] if s["path"] == "decoder.0.cross_attn.h1.k")
+    assert k["inputs"] == ["encoder.output", "weights.decoder.0.cross_attn.heads.1.W_k"]
     assert q["value"][0] == [8.0, 3.0, 3.0]  # hello + PE(0) = [1, 3, 3, 5] times W_q1
     mask = next(s for s in data["steps"] if s["path"] == "decoder.mask")
     assert mask["value"] == [[0.0]]
     probs = data["steps"][-1]["value"][0]
     assert math.isclose(sum(probs), 1.0, abs_tol=1e-12) and len(probs) == 10
+
+
+def test_what_a_file_leaves_out_takes_the_spec_defaults(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # SPEC section 2, black-box: only d_model given. One head of d_k = d_v = d_model,
+    # d_ff 4 d_model, one encoder layer and no decoder (logits read the encoder), sinusoidal
+    # positions of base 10000, embeddings unscaled, scores / sqrt(d_k), post-norm without
+    # a final norm, every array drawn with seed 0 and std 1, output.W drawn (not tied).
+    def drawn(path: str, shape: tuple[int, ...]) -> Any:
+        return np.random.default_rng([0, zlib.crc32(path.encode())]).standard_normal(shape)
+
+    code, out, err = invoke(
+        "encode",
+        tmp_yaml("model: {d_model: 4}\nvocab: [a, b]\nsource: [b, a, b]\n"),
+        "--format",
+        "json",
+    )
+    assert code == 0, err
+    steps = {s["path"]: np.array(s["value"]) for s in json.loads(out)["steps"]}
+    assert not any(".h1." in p or "final_norm" in p or "decoder" in p for p in steps)
+    E = np.array([drawn(f"embeddings.{t}", (4,)) for t in ("b", "a", "b")])
+    pos, i = np.arange(3)[:, None], np.arange(4)[None, :]
+    angle = pos / 10000 ** ((i - i % 2) / 4)
+    pe = np.where(i % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_array_equal(steps["encoder.embed"], E)
+    np.testing.assert_allclose(steps["encoder.input"], E + pe, rtol=0, atol=1e-15)
+    x = steps["encoder.input"]
+    q = x @ drawn("encoder.0.self_attn.heads.0.W_q", (4, 4))
+    k = x @ drawn("encoder.0.self_attn.heads.0.W_k", (4, 4))
+    np.testing.assert_allclose(steps["encoder.0.self_attn.h0.scaled"], q @ k.T / 2, rtol=1e-13)
+    assert steps["encoder.0.ffn.hidden"].shape == (3, 16)
+    np.testing.assert_allclose(
+        steps["logits"], steps["encoder.output"] @ drawn("output.W", (4, 2)), rtol=1e-13
+    )
 
 
 def test_json_writes_infinities_as_strings(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
