@@ -353,3 +353,45 @@ def test_attend_size_limit_is_an_upper_bound_of_what_its_steps_hold(tmp_yaml: An
     assert sum(int(np.prod(s["shape"])) for s in json.loads(out)["steps"]) == 108
     code, _, err = invoke("attend", path, "--max-elements", "107")
     assert code == 2 and "too large" in err, err
+
+
+CONTEXT_13 = [[(math.e + 2 * math.e**3) / (math.e + math.e**3)]]  # softmax([1, 3]) @ [[1], [2]]
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "want"),
+    [
+        (
+            ["attend", "--set", "attention={Q: [[1]], K: [[1], [3]], V: [[1], [2]], scale: 1}"],
+            "attn.context",
+            CONTEXT_13,
+        ),
+        (
+            [
+                "attend",
+                "--q",
+                "1",
+                "--k",
+                "1; 3",
+                "--set",
+                "attention.V=[[1], [2]]",
+                "--scale",
+                "1",
+            ],
+            "attn.context",
+            CONTEXT_13,
+        ),
+        (["norm", "--set", "norm.x=[[1, 3]]", "--set", "norm.eps=0"], "norm.out", [[-1, 1]]),
+        (["pe", "--set", "pe.length=2", "--set", "pe.d_model=1"], "pe", [[0], [math.sin(1)]]),
+    ],
+)
+def test_set_can_give_a_calculators_inputs(args: list[str], path: str, want: Any) -> None:
+    # SPEC section 4: every running command takes --set; with no FILE it writes into the
+    # command line's own section, so it can give what --q/--x/--length would. (Refused as
+    # "attend needs --q, --k and --v" before.)
+    np.testing.assert_allclose(steps_of(*args)[path], want, rtol=1e-15, atol=0)
+
+
+def test_set_giving_part_of_a_calculators_inputs_names_the_one_missing() -> None:
+    code, _, err = invoke("attend", "--set", "attention.Q=[[1]]", "--k", "1")
+    assert code == 2 and "attention.V: missing V" in err

@@ -1020,6 +1020,14 @@ def _scale_value(text: str) -> float | str:
     return value
 
 
+def _set_into(c: Common, kind: str) -> bool:
+    """Whether a --set writes into the single-operation section `kind` (--set
+    attention.Q=[[1]]): it then stands in for the command's own input options."""
+    from trace_tf.config import parse_set
+
+    return any(parse_set(s)[0].split(".")[0] == kind for s in c.sets)
+
+
 def _op_config(
     command: str, kind: str, file: str | None, options: list[tuple[str, str, Any]], c: Common
 ) -> "OpConfig":
@@ -1119,7 +1127,7 @@ def attend(
     """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
     from trace_tf.config import parse_matrix
 
-    if file is None and (q is None or k is None or v is None):
+    if file is None and (q is None or k is None or v is None) and not _set_into(c, "attention"):
         _fail("attend needs --q, --k and --v (or a FILE with an 'attention:' section)")
     options: list[tuple[str, str, Any]] = []
     for key, option, text in (("Q", "--q", q), ("K", "--k", k), ("V", "--v", v)):
@@ -1170,7 +1178,7 @@ def norm(
     """One normalisation (layer, rms, batch, instance): its statistics, then its output."""
     from trace_tf.config import parse_matrix
 
-    if file is None and x is None:
+    if file is None and x is None and not _set_into(c, "norm"):
         _fail("norm needs --x (or a FILE with a 'norm:' section)")
     options: list[tuple[str, str, Any]] = []
     if x is not None:
@@ -1217,7 +1225,7 @@ def pe(
     ] = None,
 ) -> None:
     """The positional encoding matrix (sinusoidal), or RoPE's rotation angles."""
-    if file is None and (length is None or d_model is None):
+    if file is None and (length is None or d_model is None) and not _set_into(c, "pe"):
         _fail("pe needs --length and --d-model (or a FILE with a 'pe:' section)")
     options: list[tuple[str, str, Any]] = [
         (key, option, value)
