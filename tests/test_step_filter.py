@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,3 +248,18 @@ def test_the_cross_group_is_everything_under_decoder_l_cross_attn_and_nothing_el
     assert paths and all(re.match(r"t\d+\.decoder\.\d+\.cross_attn\.", p) for p in paths)
     result = CliRunner().invoke(app, ["step", *pads, "--stage", "cross_mask", "--format", "json"])
     assert [s["path"] for s in json.loads(result.stdout)["steps"]] == ["decoder.cross_mask"]
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms", "batch"])
+def test_add_norm_selects_every_step_of_the_norm_calculator(tmp_path: Path, kind: str) -> None:
+    # As `attention` selects all of attend's attn.* steps, add_norm selects all of the norm
+    # calculator's: it selected its statistics (norm.mean, norm.var) but not its output.
+    path = tmp_path / "n.yaml"
+    path.write_text("norm: {kind: KIND, x: [[1, 2], [3, 5]]}\n".replace("KIND", kind))
+    every = CliRunner().invoke(app, ["step", str(path), "--stage", "*", "--format", "json"])
+    assert every.exit_code == 0, every.output
+    paths = [s["path"] for s in json.loads(every.stdout)["steps"]]
+    assert "norm.out" in paths and len(paths) >= 2
+    group = CliRunner().invoke(app, ["step", str(path), "--stage", "add_norm", "--format", "json"])
+    assert group.exit_code == 0, group.output
+    assert [s["path"] for s in json.loads(group.stdout)["steps"]] == paths

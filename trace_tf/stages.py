@@ -332,7 +332,7 @@ STAGES: tuple[Stage, ...] = (
 # What each group of SPEC section 3 selects (trace.GROUPS holds the predicates).
 GROUP_MEANINGS = {
     "qkv": "q, k, v of every head (and q_raw, k_raw with rope)",
-    "add_norm": "residual and norm, with the norm's mean, var or rms; final_norm",
+    "add_norm": "residual and norm, with the norm's mean, var or rms; final_norm; all of `norm`'s steps",
     "ffn": "everything under <stack>.<l>.ffn",
     "cross": "everything under decoder.<l>.cross_attn",
     "attention": "everything under self_attn, cross_attn and attn, and the masks",

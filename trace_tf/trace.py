@@ -48,8 +48,10 @@ class Step:
 # Groups of stage names (SPEC section 3), each a predicate on a path.
 GROUPS: dict[str, Callable[[str], bool]] = {
     "qkv": lambda p: p.rsplit(".", 1)[-1] in {"q", "k", "v", "q_raw", "k_raw"},
+    # ... and every step of the norm calculator, as `attention` holds attend's
     "add_norm": lambda p: bool(
         re.search(r"(^|\.)(residual|norm|final_norm)(\.(mean|var|rms))?$", p)
+        or p.startswith("norm.")
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
     # Everything under decoder.<l>.cross_attn (SPEC section 3), and only that: the mask
