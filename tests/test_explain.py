@@ -691,3 +691,19 @@ def test_fused_projections_are_named_by_the_column_of_the_given_matrix() -> None
     # the per-head form is named as given
     drawn = explained(config_from({**data, "weights": {}}), "encoder.0.self_attn.h1.q", (1, 1))
     assert "column 1 of weights.encoder.0.self_attn.heads.1.W_q" in "\n".join(drawn.where)
+
+
+def test_the_tied_output_weights_column_is_named_by_its_token() -> None:
+    # "column 2 of embeddings (tied, transposed)" left the reader to count the vocabulary
+    import yaml
+
+    doc = yaml.safe_load((FIXTURES / "hello.yaml").read_text())
+    token = doc["vocab"][2]
+    args = ["explain", "logits", "--cell", "0,2", "--set", "model.tie_embeddings=true"]
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    where = json.loads(result.stdout)["where"][1]
+    vector = ", ".join(str(x) for x in doc["embeddings"][token])
+    assert where.endswith(
+        f"column 2 of embeddings (tied, transposed), the embedding of '{token}' = [{vector}]"
+    )

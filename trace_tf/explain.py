@@ -376,7 +376,10 @@ Explainer = Callable[[_Ctx, Step, tuple[int, ...]], _Parts]
 def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
     """Where entry (or column) j of a weight is in the file, with a note: a per-head
     `weights.<block>.heads.<h>.W_q` given fused is head h's columns of
-    `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j there."""
+    `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j there; the
+    tied output weight's column j is the embedding of the j-th vocabulary token."""
+    if name == "embeddings (tied, transposed)" and isinstance(ctx.cfg, Config):
+        return name, j, f", the embedding of {quoted(ctx.cfg.vocab[j])}"
     block, sep, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
     if sep and isinstance(ctx.cfg, Config) and f"{block[len('weights.') :]}.{key}" in ctx.cfg.fused:
