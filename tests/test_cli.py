@@ -1502,3 +1502,33 @@ def test_a_title_or_file_name_reaches_the_terminal_escaped(command: str, tmp_pat
     assert "\x1b" not in result.stdout, result.stdout
     shown = "T\\x1b[32m\\nU" if command == "encode" else "f\\x1b[31m\\n.yaml"
     assert shown in result.stdout, result.stdout
+
+
+def test_the_two_apostrophe_token_and_the_ellipsis_token_show_as_themselves(
+    tmp_yaml: Any,
+) -> None:
+    # hello.yaml with the tokens '' (two apostrophes) and … in place of hello and world
+    text = (FIXTURES / "hello.yaml").read_text(encoding="utf-8")
+    for old, new in [
+        ("vocab: [hello, mundo, world,", 'vocab: ["\'\'", mundo, "…",'),
+        ("  hello: [1, 2, 3, 4]", "  \"''\": [1, 2, 3, 4]"),
+        ("  world: [2, 3, 4, 5]", '  "…": [2, 3, 4, 5]'),
+        ("source: [hello, world]", 'source: ["\'\'", "…"]'),
+    ]:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_yaml(text)
+    code, out, err = invoke("encode", path)
+    assert code == 0, err
+    assert "│ \"''\" │ 1.0000 │ 2.0000 │ 3.0000 │ 4.0000 │" in out  # encoder.embed, row 0
+    assert "│ '…'  │ 2.0000 │ 3.0000 │ 4.0000 │ 5.0000 │" in out  # and row 1
+    code, out, err = invoke("generate", path, "--max-tokens", "1")
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines()]
+    assert any(r[2:3] == ["\"''\""] for r in rows) and any(r[2:3] == ["'…'"] for r in rows)
+    code, out, err = invoke("explain", "encoder.embed", path, "--cell", "0,1")
+    assert code == 0, err
+    assert "embedding[\"''\"][1] = 2" in out and "row 0 is the token \"''\";" in out
+    code, out, err = invoke("explain", "encoder.0.self_attn.h0.q", path, "--cell", "1,1")
+    assert code == 0, err
+    assert "row 1 ('…') of encoder.input" in out

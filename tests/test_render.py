@@ -107,7 +107,7 @@ def test_full_ignores_the_width() -> None:
 def test_control_characters_in_labels_are_escaped() -> None:
     # a newline token, a tab: each label stays on its row, written as an escape
     grid = render.matrix_table(np.eye(2), rows=["a\nb", "c\td"], cols=["\x00", "é"])
-    assert [_row(grid, k)[0] for k in (0, 1)] == ["a\\nb", "c\\td"]
+    assert [_row(grid, k)[0] for k in (0, 1)] == ["'a\\nb'", "'c\\td'"]
     header = "".join(s.text for s in grid.lines[1])
     assert "\\x00" in header and "é" in header
     assert all("\n" not in s.text and "\t" not in s.text for line in grid.lines for s in line)
@@ -115,9 +115,50 @@ def test_control_characters_in_labels_are_escaped() -> None:
 
 
 def test_an_empty_or_all_space_token_is_quoted() -> None:
-    grid = render.matrix_table(np.eye(3), rows=["", " ", " a "], cols=["", "  ", "b"])
+    grid = render.matrix_table(np.eye(3), rows=["", " ", "a"], cols=["", "  ", "b"])
     assert [_row(grid, k)[0] for k in (0, 1, 2)] == ["''", "' '", "a"]  # (cells stripped)
     assert _header(grid)[1:] == ["''", "'  '", "b"]
+
+
+@pytest.mark.parametrize(
+    ("token", "shown"),
+    [
+        ("''", "\"''\""),  # the two-apostrophe token, not the empty one
+        ("'", '"\'"'),
+        ('"', "'\"'"),
+        ("'a'", "\"'a'\""),
+        ("…", "'…'"),  # not the mark of an elided axis
+        (" a ", "' a '"),  # its spaces, lost in a cell's padding, kept in quotes
+        ("a\nb", "'a\\nb'"),  # the newline token ...
+        ("a\\nb", "'a\\\\nb'"),  # ... and the four characters a, backslash, n, b
+        ("it's", "it's"),  # a quote inside: nothing to confuse, as it is
+        ("a…b", "a…b"),
+        ("New York", "New York"),
+        ("你好", "你好"),
+    ],
+)
+def test_a_token_that_could_be_misread_is_quoted_as_python_writes_it(
+    token: str, shown: str
+) -> None:
+    assert render.shown_token(token) == shown
+    grid = render.matrix_table(np.eye(2), rows=[token, "x"], cols=[token, "x"])
+    assert _row(grid, 0)[0] == shown and _header(grid)[1] == shown
+
+
+def test_every_shown_token_tells_the_tokens_apart() -> None:
+    tokens = ["", "''", " ", "' '", "…", "'…'", "a\nb", "a\\nb", "a", " a", "a ", '"', "'"]
+    assert len({render.shown_token(t) for t in tokens}) == len(tokens)
+    # and the elision mark of an axis is never taken for a token
+    words = ["…", "a"] * 10
+    grid = render.matrix_table(np.zeros((20, 2)), rows=words, view=render.View(width=200))
+    labels = [_row(grid, k)[0] for k in range(len(grid.lines) - 4)]
+    assert labels.count("…") == 1 and "[0] '…'" in labels
+
+
+def test_a_long_token_keeps_both_its_quotes_when_shortened() -> None:
+    shown = render.shown_token("'" + "x" * 300)
+    assert shown.startswith("\"'x") and shown.endswith('x"') and "…" in shown
+    assert cell_len(shown) == render.LABEL_CELLS
 
 
 def _header(grid: render.Grid) -> list[str]:

@@ -340,7 +340,7 @@ class _Ctx:
         if labels is None:
             step = self.trace.steps.get(name)
             labels = step.rows if step is not None else None
-        label = f" ('{labels[i]}')" if labels is not None else ""
+        label = f" ({quoted(labels[i])})" if labels is not None else ""
         return f"row {i}{label} of {name}"
 
 
@@ -903,13 +903,12 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         )
     token = step.rows[i] if step.rows is not None else "?"
     v = float(ctx.cfg.embeddings[token][j])
+    entry = f"embedding[{quoted(token)}]"
     return _Parts(
-        [f"embedding['{token}'][{j}]"],
+        [f"{entry}[{j}]"],
         v,
-        [
-            f"row {i} is the token '{token}'; embedding['{token}'] = {ctx.f.vec(ctx.cfg.embeddings[token])}"
-        ],
-        {f"embedding['{token}']": ctx.cfg.embeddings[token].tolist()},
+        [f"row {i} is the token {quoted(token)}; {entry} = {ctx.f.vec(ctx.cfg.embeddings[token])}"],
+        {f"embedding['{token}']": ctx.cfg.embeddings[token].tolist()},  # (JSON: as it is)
     )
 
 
@@ -982,12 +981,12 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     causal = step.path.endswith("decoder.mask")
     key = step.cols[j] if step.cols is not None else None
-    pad = ctx.cfg.tokens.pad is not None and key == ctx.cfg.tokens.pad
+    pad = key if key is not None and key == ctx.cfg.tokens.pad else None  # ("" is a token)
     reasons = []
     if causal and j > i:
         reasons.append(f"key {j} comes after query {i} (causal)")
-    if pad:
-        reasons.append(f"key {j} is the pad token '{key}'")
+    if pad is not None:
+        reasons.append(f"key {j} is the pad token {quoted(pad)}")
     total = -math.inf if reasons else 0.0
     why = " and ".join(reasons) or (
         f"query {i} may look at key {j}" + (" (j ≤ i, not a pad)" if causal else " (not a pad)")
@@ -1171,7 +1170,8 @@ def explain(
 
 def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
     """The explanation as the documents write it, with where each number comes from.
-    A token in it is shown as the tables show it: control characters escaped."""
+    A token in it is quoted as Python writes it, as in messages; control characters
+    escaped."""
     f = _Fmt(precision)
     body: list[RenderableType] = [Text(e.formula, style="italic")]  # (wraps, unlike a title)
     body.extend(Text(printable(line), style="bold") for line in e.lines())

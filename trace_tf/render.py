@@ -271,10 +271,27 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
 
 
 def shown_token(token: str) -> str:
-    """A token as every table and line shows it: printable (an empty or all-space
-    token quoted, '' or ' ', so that it shows), and shortened in its middle when
-    longer than a label (the JSON output keeps it whole)."""
-    return shortened(printable(token) if token.strip(" ") else f"'{token}'")
+    """A token as every table and line shows it: as it is, unless it could be misread
+    as another (README, "how a token is shown"); then as Python's repr writes it, in
+    quotes. Shortened in its middle when longer than a label (JSON keeps it whole)."""
+    return shortened(repr(token) if _misreadable(token) else token)
+
+
+def _misreadable(token: str) -> bool:
+    """Whether `token`, printed as it is, could be taken for another token or for
+    nothing: empty, or beginning or ending with a space (lost in a cell's padding)
+    or a quote mark (the token `''` would read as the empty one); `…` (an elided
+    axis's mark); holding a character that cannot be printed (a newline, written
+    as the escape backslash-n) or a backslash (quoted, the two differ: 'a\\nb' is
+    the newline token, 'a\\\\nb' the four characters)."""
+    return (
+        token == ""
+        or token[0] in " '\""
+        or token[-1] in " '\""
+        or token == ELLIPSIS
+        or "\\" in token
+        or not token.isprintable()
+    )
 
 
 def _cells(text: str) -> int:
