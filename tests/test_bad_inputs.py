@@ -1051,7 +1051,7 @@ SIZES_ = [
             path,
             line,
             "beyond the range of float32, the model's dtype",
-            f"expected a number of magnitude at most 3.40282e+38, or float64, found {found}",
+            f"expected a number of magnitude at most 3.4028234663852886e+38, or float64, found {found}",
             args=args,
         )
         for name, text, path, line, found, args in (

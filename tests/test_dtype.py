@@ -4,6 +4,8 @@ precision of the float64 run (issue 6)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -135,12 +137,36 @@ def test_a_divisor_float32_would_round_to_0_is_refused_with_its_key() -> None:
 def test_the_float32_divisor_message_states_the_bound_it_enforces() -> None:
     # It said "expected a number of at least 1e-45", yet 8e-46 ran: float32 rounds
     # anything above half its smallest number, 2^-149 / 2 = 2^-150, up to 2^-149.
+    # Then "a number above 7.0065e-46", rounded: the next number above 2^-150 ran
+    # though below that bound. Now the bound is exact: refused at or below, run above.
     half = 2.0**-150  # 7.0064923e-46, itself rounded to 0 (ties to even)
-    assert np.float32(half) == 0 and np.float32(7.0065e-46) == 2.0**-149
+    above = float(np.nextafter(half, 1.0))
+    assert np.float32(half) == 0 and np.float32(above) == 2.0**-149
+    args = ["encode", "--dtype", "float32", "--set"]
     for key in ("temperature", "scale"):
-        args = ["encode", "--dtype", "float32", "--set"]
-        refused = runner.invoke(app, [*args, f"model.{key}={half!r}"])
-        assert refused.exit_code == 2
-        assert "expected a number above 7.0065e-46" in refused.stderr, refused.stderr
-        for taken in (7.0065e-46, 8e-46, 1e-45):  # (the message's bound, and above)
+        for value in (float(np.nextafter(half, 0.0)), half, 7.00649e-46):
+            refused = runner.invoke(app, [*args, f"model.{key}={value!r}"])
+            assert refused.exit_code == 2, refused.stdout[-300:]
+            found = re.search(r"expected a number above ([0-9.e+-]+)", refused.stderr)
+            assert found is not None, refused.stderr
+            bound = float(found[1])
+            assert value <= bound, refused.stderr  # the refused number visibly not above
+        for taken in (above, 7.0064924e-46, 7.0065e-46, 8e-46):
             assert runner.invoke(app, [*args, f"model.{key}={taken!r}"]).exit_code == 0
+            assert taken > bound
+
+
+def test_the_float32_range_message_states_the_bound_it_enforces() -> None:
+    # It said "a number of magnitude at most 3.40282e+38", rounded down: float32's
+    # largest, 3.4028234663852886e+38, ran though above it. Now the bound is exact.
+    largest = float(np.finfo(np.float32).max)
+    beyond = float(np.nextafter(largest, math.inf))
+    args = ["encode", "--dtype", "float32", "--set"]
+    refused = runner.invoke(app, [*args, f"model.scale={beyond!r}"])
+    assert refused.exit_code == 2, refused.stdout[-300:]
+    found = re.search(r"expected a number of magnitude at most ([0-9.e+-]+)", refused.stderr)
+    assert found is not None, refused.stderr
+    bound = float(found[1])
+    assert beyond > bound  # the refused number visibly above
+    assert runner.invoke(app, [*args, f"model.scale={largest!r}"]).exit_code == 0
+    assert largest <= bound

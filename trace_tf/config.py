@@ -757,6 +757,9 @@ def _ctx(doc: Document) -> _Ctx:
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# float32 rounds a positive number up to its smallest, 2^-149, from just above half of
+# it; half itself (ties to even) and below round to 0
+FLOAT32_ZERO = 2.0**-150
 
 OBJECT_COST = 128  # numbers (1 KiB) charged to the size limit for each array or step kept
 
@@ -893,7 +896,7 @@ class _Validator:
             path,
             "beyond the range of float32, the model's dtype",
             value,
-            f"a number of magnitude at most {FLOAT32_MAX:.6g}, or float64",
+            f"a number of magnitude at most {exact(FLOAT32_MAX)}, or float64",  # (not rounded)
         )
 
     def _shape(self, value: Any, path: str) -> tuple[int, ...]:
@@ -1382,13 +1385,13 @@ class _Validator:
                 if abs(getattr(config, key)) > FLOAT32_MAX:
                     raise self.beyond_float32(p + key, getattr(config, key))
             for key in ("scale", "temperature"):  # divisors, > 0: rounded to 0, a division by 0
-                if np.float32(getattr(config, key)) == 0:
+                if getattr(config, key) <= FLOAT32_ZERO:
                     raise self.ctx.err(
                         p + key,
                         "below the range of float32, the model's dtype (it would be 0)",
                         getattr(config, key),
-                        # (float32 rounds up from half its smallest, 1.4e-45)
-                        "a number above 7.0065e-46, or float64",
+                        # exact, not rounded: the refused number is never above the bound
+                        f"a number above {exact(FLOAT32_ZERO)} (2^-150), or float64",
                     )
         return config
 
