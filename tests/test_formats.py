@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +166,7 @@ def _help(command: str) -> str:
     [
         (["step", "--stage", "encoder.0.self_attn.h0.softmax"], "select it with --stage PATH"),
         (["generate", "--trace", "--stage", "t0.probs"], "select it with --trace --stage PATH"),
-        (["pe", "--length", "2", "--d-model", "2"], "csv (its one step, pe)"),
+        (["pe", "--length", "2", "--d-model", "2"], "csv (its one step, pe:"),
     ],
 )
 def test_format_help_says_how_this_command_writes_its_csv_step(args: list[str], hint: str) -> None:
@@ -175,3 +176,53 @@ def test_format_help_says_how_this_command_writes_its_csv_step(args: list[str], 
     result = runner.invoke(app, [*args, "--format", "csv"])
     assert result.exit_code == 0, result.output
     assert "select it with `step --stage PATH`" in _help("encode")
+
+
+@pytest.mark.parametrize(
+    ("args", "paths"),
+    [
+        (("attend", "--q", "1 0", "--k", "1 0; 0 1", "--v", "1 2; 3 4"), "attn.scores, "
+         "attn.scaled, attn.softmax and attn.context"),
+        (("norm", "--x", "1 2; 3 5"), "norm.mean, norm.var, norm.centered and norm.out"),
+        (("norm", "--x", "1 2; 3 5", "--kind", "rms"), "norm.rms and norm.out"),
+    ],
+)  # fmt: skip
+def test_a_calculator_without_csv_says_so_and_names_the_steps_it_records(
+    args: tuple[str, ...], paths: str
+) -> None:
+    # norm's and attend's --format help did not mention csv, and refusing it they said
+    # "csv writes one traced step": now the help says why there is none, naming the
+    # steps the command records, and those are the steps it writes
+    text = _help(args[0])
+    assert "; no csv (it writes a single matrix, and " in text and paths in text, text
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    recorded = [s["path"] for s in json.loads(result.stdout)["steps"]]
+    assert paths == ", ".join(recorded[:-1]) + " and " + recorded[-1]
+    result = runner.invoke(app, [*args, "--format", "csv"])
+    assert result.exit_code == 2
+    assert "(csv writes a single step's matrix, and this command has" in result.stderr
+
+
+@pytest.mark.parametrize(("kind", "columns"), [("sinusoidal", 6), ("rope", 3)])
+def test_pe_csv_writes_what_its_help_says(kind: str, columns: int) -> None:
+    # pe's help said csv writes "its one step, pe"; it now says how that step is laid out
+    text = _help("pe")
+    assert (
+        "or csv (its one step, pe: a header row, pe and the column indices, then a row per "
+        "position, pos 0, pos 1, ..., of its d numbers, or with rope of its angles, one a pair)"
+    ) in text, text
+    args = ["pe", "--length", "3", "--d-model", "6", "--kind", kind, "--format", "csv"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [line.split(",") for line in result.stdout.splitlines()]
+    assert rows[0] == ["pe", *map(str, range(columns))]
+    assert [r[0] for r in rows[1:]] == ["pos 0", "pos 1", "pos 2"]
+    assert all(len(r) == columns + 1 for r in rows)
+    pos, i = 2, columns - 1  # the last column of the last row, computed here
+    expected = (
+        math.cos(pos / 10000 ** (2 * (i // 2) / 6))
+        if kind == "sinusoidal"
+        else pos * 10000 ** (-2 * i / 6)
+    )
+    assert float(rows[3][-1]) == pytest.approx(expected, rel=1e-15)

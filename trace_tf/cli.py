@@ -109,32 +109,26 @@ FORMATS = ("table", "json", "npz", "csv")
 CSV_BY_STEP = "one step: select it with `step --stage PATH`"  # how a command's csv step is chosen
 
 
-def _format_opt(csv: str, npz: str = "every step") -> Any:
-    """--format offering every format; `npz` says which steps npz writes, `csv` which
-    step csv writes, and how it is chosen."""
+def _format_opt(csv: str, npz: str = "every step", offers_csv: bool = True) -> Any:
+    """--format offering table, json, npz and, if `offers_csv`, csv; `npz` says which
+    steps npz writes, `csv` which step csv writes and how it is chosen (or, without
+    csv, why there is none)."""
+    npz_text = f"npz ({npz} under its path, for numpy.load; needs --output, - for stdout)"
     return Annotated[
         str,
         typer.Option(
             "--format",
-            help=f"table, json, npz ({npz} under its path, for numpy.load; needs --output, "
-            f"- for stdout) or csv ({csv}).",
+            help=f"table, json, {npz_text} or csv ({csv})."
+            if offers_csv
+            else f"table, json or {npz_text}; no csv ({csv}).",
         ),
     ]
 
 
 FormatOpt = _format_opt(CSV_BY_STEP)
 NO_CSV = ("table", "json", "npz")  # several steps, and no --stage to choose one
-NpzOpt = Annotated[
-    str,
-    typer.Option(
-        "--format",
-        help="table, json or npz (every step under its path, for numpy.load; needs --output, "
-        "- for stdout).",
-    ),
-]
 REPORTS = ("table", "json")  # no traced steps to write
 ReportFormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
-_FORMAT_OPTS = {NO_CSV: NpzOpt, REPORTS: ReportFormatOpt}  # (FORMATS: _format_opt)
 DtypeOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
@@ -259,7 +253,7 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
 
     fmt = kw["fmt"]
     if fmt not in formats:
-        why = {"npz": "traced steps", "csv": "one traced step"}.get(fmt)
+        why = {"npz": "traced steps", "csv": "a single step's matrix"}.get(fmt)
         _fail(
             f"--format must be one of {', '.join(formats)}, not {fmt!r}"
             + (
@@ -290,12 +284,15 @@ def running(
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A command that runs the model: it takes the common options (SPEC section 4),
     with --format offering `formats` (its help saying what npz and csv write: `npz`,
-    `csv`) and --dtype in its help only if `dtype`, receives them as `c: Common`, and
+    `csv`; or, where `formats` has no csv, `csv` why not) and --dtype in its help only if `dtype`, receives them as `c: Common`, and
     has its errors turned into exit codes."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
-        fmt = _format_opt(csv, npz) if formats == FORMATS else _FORMAT_OPTS[formats]
+        if formats == REPORTS:
+            fmt = ReportFormatOpt
+        else:
+            fmt = _format_opt(csv, npz, offers_csv=formats == FORMATS)
         options = {**_COMMON_OPTIONS, "fmt": (fmt, "table")}
         if not dtype:  # the calculators compute in float64, as their inputs are written
             options["dtype"] = (NoDtypeOpt, None)
@@ -1080,7 +1077,12 @@ def _run_op(cfg: "OpConfig", c: Common) -> None:
 
 
 @app.command()
-@running(NO_CSV, dtype=False)
+@running(
+    NO_CSV,
+    dtype=False,
+    csv="it writes a single matrix, and attend records four, attn.scores, attn.scaled, "
+    "attn.softmax and attn.context",
+)
 def attend(
     c: Common,
     file: Annotated[
@@ -1147,7 +1149,12 @@ def attend(
 
 
 @app.command()
-@running(NO_CSV, dtype=False)
+@running(
+    NO_CSV,
+    dtype=False,
+    csv="it writes a single matrix, and norm records its statistics and its output: "
+    "norm.mean, norm.var, norm.centered and norm.out, or for rms norm.rms and norm.out",
+)
 def norm(
     c: Common,
     file: Annotated[
@@ -1200,7 +1207,11 @@ def norm(
 
 
 @app.command()
-@running(dtype=False, csv="its one step, pe")
+@running(
+    dtype=False,
+    csv="its one step, pe: a header row, pe and the column indices, then a row per "
+    "position, pos 0, pos 1, ..., of its d numbers, or with rope of its angles, one a pair",
+)
 def pe(
     c: Common,
     file: Annotated[
