@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -335,3 +336,25 @@ def test_the_total_of_the_rows_left_out_is_their_exact_sum_rounded() -> None:
     exact = float(sum(Fraction(x) for x in p[10:]))
     assert exact != 0.1 and f"{exact:.17f}" != f"{0.1:.17f}"
     assert last[:3] == ["…", "11", "more"] and last[3] == f"{exact:.17f}"
+
+
+def _printed(renderable: Any, width: int) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(renderable)
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [40, 41, 42, 60])
+def test_a_panel_title_too_long_for_the_border_is_shown_whole_inside(width: int) -> None:
+    # rich cut a title to the border silently: at 40 columns "Hello World (The Random
+    # Transformer)" lost its ")", and a longer one whole words, with no mark
+    title = "Hello World (The Random Transformer)"  # 36 cells: the border holds 34 at 40
+    lines = _printed(render.header(title, [("model", "d_model 4")]), width)
+    assert all(cell_len(x) <= width for x in lines)
+    if len(title) + 6 <= width:  # "╭─ " title " ─╮": on the border, as before
+        assert lines[0].startswith(f"╭─ {title} ─")
+    else:
+        assert set(lines[0]) <= set("╭─╮") and lines[1].strip("│ ") == title
+    long = "a step title " * 6  # wraps inside, every word kept
+    text = " ".join(x.strip("│ ╭╮─") for x in _printed(render.titled_panel("body", long), width))
+    assert " ".join(long.split()) in " ".join(text.split())

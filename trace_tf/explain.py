@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 from rich.console import Group, RenderableType
-from rich.panel import Panel
 from rich.text import Text
 
 from trace_tf.calc import NORM_AXES, op_arrays
@@ -1187,4 +1186,6 @@ def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
             style="bold red",
         )
     body.append(check)
-    return Panel(Group(*body), title=Text(e.lhs, style="bold cyan"), title_align="left")
+    from trace_tf.render import titled_panel
+
+    return titled_panel(Group(*body), Text(e.lhs, style="bold cyan"))

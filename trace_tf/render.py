@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from copy import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -370,7 +371,31 @@ def step_with_inputs(
         elif name != "?":
             parts.append(Text(f"input {name}"))
     parts.append(step_table(step, view))
-    return Panel(Group(*parts), title=Text(step.path), title_align="left")
+    return titled_panel(Group(*parts), step.path)
+
+
+class _TitledPanel(Panel):
+    """A panel titled on its top border, left; where the title does not fit there
+    (rich would cut it, unmarked: "(The Random Transformer" for "... Transformer)"),
+    it goes whole into the panel instead, its first line, wrapped."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        title = self.title
+        assert isinstance(title, Text)
+        # (rich's room for a title: the width less its corners, dashes and spaces)
+        if title.cell_len + 6 <= options.max_width:
+            yield from super().__rich_console__(console, options)
+            return
+        inside = copy(self)
+        inside.title = None
+        inside.renderable = Group(Text(title.plain, style=title.style or "bold"), self.renderable)
+        yield from Panel.__rich_console__(inside, console, options)
+
+
+def titled_panel(body: RenderableType, title: str | Text) -> Panel:
+    """A panel with `title` (plain text, never markup), kept whole on a narrow terminal."""
+    text = title if isinstance(title, Text) else Text(title)
+    return _TitledPanel(body, title=text, title_align="left")
 
 
 def header(
@@ -385,7 +410,7 @@ def header(
     body: list[RenderableType] = [table]
     for w in warnings:
         body.append(Text(f"warning: {w}", style="bold red"))
-    return Panel(Group(*body), title=Text(printable(title or "trace-tf")), title_align="left")
+    return titled_panel(Group(*body), printable(title or "trace-tf"))
 
 
 # ---------------------------------------------------------------------------
@@ -884,7 +909,7 @@ def iteration_view(
             )
         )
         title = f"iteration {it.index} · {len(it.beams)} live beam(s)"
-        return Panel(Group(*parts), title=Text(title), title_align="left")
+        return titled_panel(Group(*parts), title)
     parts.append(Text.assemble(("prefix ", "bold"), _prefix(it.prefix, view)))
     if s.strategy == "sample":
         columns = [("model p", it.model_probs)]
@@ -914,7 +939,7 @@ def iteration_view(
                 f"   greedy: the most probable, p = {_scalar(p, view.precision)}",
             )
         )
-    return Panel(Group(*parts), title=Text(f"iteration {it.index}"), title_align="left")
+    return titled_panel(Group(*parts), f"iteration {it.index}")
 
 
 def _beams_table(
@@ -1034,7 +1059,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             view.width, least_width(plain) + 4
         )
         parts.append(hypotheses(spaced=wraps))
-    return Panel(Group(*parts), title=Text("generated"), title_align="left")
+    return titled_panel(Group(*parts), "generated")
 
 
 def generation_view(
@@ -1262,4 +1287,4 @@ def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Pan
     grid.add_row("A", Text(side(a)))
     grid.add_row("B", Text(side(b)))
     grid.add_row("result", Text(verdict))
-    return Panel(grid, title="trace-tf diff", title_align="left")
+    return titled_panel(grid, "trace-tf diff")
