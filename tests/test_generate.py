@@ -1104,3 +1104,35 @@ def test_a_log_probability_near_zero_is_never_shown_as_zero() -> None:
     assert code == 0 and "-0.0000" not in out
     shown = f"{logprob:.4e}"
     assert f"(log p {shown}, cumulative {shown})" in out and f"finished, score {shown}" in out
+
+
+STATUS = r"(→ beam \d+|dropped|finished, score -?\d\.\d+(e-?\d+)?)"
+
+
+@pytest.mark.parametrize("width", [40, 60, 80])
+@pytest.mark.parametrize(
+    "extra", [(), ("--set", "weights.output.b=[0,0,0,0,0,3,0,0,0,0]")]
+)  # (the second: EOS likely, beams finish)
+def test_each_beam_status_stays_on_its_row_however_narrow(
+    width: int, extra: tuple[str, ...]
+) -> None:
+    # At 40 columns the status column wrapped: "→ beam" over "0", and the row of the
+    # extensions not shown as "10" over "more," over "dropped".
+    import re
+
+    args = ["generate", "--beam", "2", "--max-tokens", "3", *extra]
+    out = runner.invoke(app, args, env={"COLUMNS": str(width)})
+    assert out.exit_code == 0, out.output
+    lines = [x.strip("│ ") for x in out.stdout.splitlines()]
+    heads = [k for k, x in enumerate(lines) if x.startswith("# ")]
+    assert heads
+    statuses = 0
+    for head in heads:
+        for row in itertools.takewhile(lambda x: not x.startswith("best "), lines[head + 1 :]):
+            if row.startswith("… "):
+                assert re.fullmatch(r"… \d+ more, dropped", row), row
+            else:
+                assert re.fullmatch(rf"\d+ +\d+ +\S+ +(-?\d\.\d+ +){{3}}\S* *{STATUS}", row), row
+                statuses += "→ beam" in row or "finished" in row
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert statuses == sum(len(it["candidates"]) for it in data["iterations"])

@@ -965,9 +965,9 @@ def _beams_table(
     table = Table(box=None, padding=(0, 1), show_edge=False)
     for k, col in enumerate(("#", "beam", "+ token", "p", "log p", "logP", "", "")):
         left = col in ("+ token", "")
-        if k < 6:  # numbers and tokens, kept whole
+        if k != 6:  # numbers, tokens and statuses ("→ beam 1"), kept whole
             table.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=0)
-        else:  # the bars give way first (see Bar), then the statuses wrap
+        else:  # the bars give way (see Bar)
             table.add_column(col, overflow="fold")
     shown = order if view.full else order[: max(show, len(it.candidates))]
     live = 0
@@ -994,13 +994,16 @@ def _beams_table(
             Bar(p, 10),
             status,
         )
-    if len(order) > len(shown):
-        more = Text(f"{len(order) - len(shown)} more, dropped", style="dim")
-        table.add_row(ELLIPSIS, *[""] * 6, more)
-    statuses = [c.plain for c in table.columns[7].cells if isinstance(c, Text)]
-    table.columns[7].min_width = max(cell_len(w) for x in statuses for w in x.split())
     keep_whole(table)
-    return Group(Text("live beams", style="bold"), beams, Text("extensions", style="bold"), table)
+    parts: list[RenderableType] = [
+        Text("live beams", style="bold"),
+        beams,
+        Text("extensions", style="bold"),
+        table,
+    ]
+    if len(order) > len(shown):  # (a line of its own: as a status it widened the column)
+        parts.append(Text(f"{ELLIPSIS} {len(order) - len(shown)} more, dropped", style="dim"))
+    return Group(*parts)
 
 
 def generation_summary(gen: Generation, view: View) -> Panel:
