@@ -358,3 +358,13 @@ def test_a_panel_title_too_long_for_the_border_is_shown_whole_inside(width: int)
     long = "a step title " * 6  # wraps inside, every word kept
     text = " ".join(x.strip("│ ╭╮─") for x in _printed(render.titled_panel("body", long), width))
     assert " ".join(long.split()) in " ".join(text.split())
+
+
+def test_the_diff_header_folds_a_long_path_rather_than_cut_it() -> None:
+    # At 40 columns the verdict's first differing step read "encoder.0.self_attn.h0.soft…"
+    side = {"config": "hello (packaged example)", "overrides": {}}
+    verdict = "first difference: encoder.0.self_attn.h0.softmax (differs)"
+    lines = _printed(render.diff_header(side, side, verdict), 40)
+    assert all(cell_len(x) <= 40 for x in lines)
+    text = "".join("".join(x.strip("│╭╮╰╯─ ").split()) for x in lines)
+    assert "…" not in text and "encoder.0.self_attn.h0.softmax(differs)" in text

@@ -1286,7 +1286,7 @@ def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Pan
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a path wider than the column goes on, not "…"
     grid.add_row("A", Text(side(a)))
     grid.add_row("B", Text(side(b)))
     grid.add_row("result", Text(verdict))
