@@ -284,8 +284,9 @@ def running(
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A command that runs the model: it takes the common options (SPEC section 4),
     with --format offering `formats` (its help saying what npz and csv write: `npz`,
-    `csv`; or, where `formats` has no csv, `csv` why not) and --dtype in its help only if `dtype`, receives them as `c: Common`, and
-    has its errors turned into exit codes."""
+    `csv`; or, where `formats` has no csv, `csv` why not) and --dtype in its help only
+    if `dtype`, receives them as `c: Common`, and has its errors turned into exit
+    codes."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "c"]
