@@ -330,21 +330,35 @@ class _Heading:
 def step_table(step: Step, view: View = View()) -> RenderableType:
     """A step as a table titled with its path, formula and shape (3-D: one table per slice)."""
     heat = step.stage in HEATMAP_STAGES or step.path in HEATMAP_STAGES
-    if step.value.ndim <= 2:
-        body: RenderableType = matrix_table(
-            step.value, rows=step.rows, cols=step.cols, heatmap=heat, view=view
-        )
-    else:
-        parts: list[RenderableType] = []
-        for i in _keep(step.value.shape[0], view.max_rows, view.row_edge, view.full):
-            if i is None:
-                parts.append(Text(ELLIPSIS))
-                continue
-            label = f"  ({shown_token(step.rows[i])})" if step.rows is not None else ""
-            parts.append(Text(f"[{i}]{label}", style="bold"))
-            parts.append(matrix_table(step.value[i], heatmap=heat, view=view))
-        body = Group(*parts)
+    body = array_view(step.value, step.rows, step.cols, view, heatmap=heat)
     return titled(step.path, step.formula, step.shape, body)
+
+
+def array_view(
+    value: np.ndarray,
+    rows: Sequence[str] | None,
+    cols: Sequence[str] | None,
+    view: View,
+    *,
+    heatmap: bool = False,
+    highlight: np.ndarray | None = None,
+) -> RenderableType:
+    """An array of any number of axes up to 3 as tables: a matrix as one, a 3-D array as
+    one per slice along its first axis, headed by its index and its row's token."""
+    if value.ndim <= 2:
+        return matrix_table(
+            value, rows=rows, cols=cols, heatmap=heatmap, view=view, highlight=highlight
+        )
+    parts: list[RenderableType] = []
+    for i in _keep(value.shape[0], view.max_rows, view.row_edge, view.full):
+        if i is None:
+            parts.append(Text(ELLIPSIS))
+            continue
+        label = f"  ({shown_token(rows[i])})" if rows is not None else ""
+        parts.append(Text(f"[{i}]{label}", style="bold"))
+        marked = None if highlight is None else highlight[i]
+        parts.append(matrix_table(value[i], heatmap=heatmap, view=view, highlight=marked))
+    return Group(*parts)
 
 
 def trace_view(steps: Iterable[Step], view: View = View()) -> Group:
@@ -1236,20 +1250,7 @@ def diff_detail(d: StepDiff, view: View = View(), delta: bool = False) -> Render
         "   ",
         (f"max |B − A| = {d.max_abs:.3g} at {_cell(d.where)}", "dim"),
     )
-    if value.ndim <= 2:
-        body: RenderableType = matrix_table(
-            value, rows=d.b.rows, cols=d.b.cols, view=view, highlight=d.differing
-        )
-    else:
-        parts: list[RenderableType] = []
-        for i in _keep(value.shape[0], view.max_rows, view.row_edge, view.full):
-            if i is None:
-                parts.append(Text(ELLIPSIS))
-                continue
-            parts.append(Text(f"[{i}]", style="bold"))
-            parts.append(matrix_table(value[i], view=view, highlight=d.differing[i]))
-        body = Group(*parts)
-    return Group(heading, body)
+    return Group(heading, array_view(value, d.b.rows, d.b.cols, view, highlight=d.differing))
 
 
 def diff_json(d: StepDiff) -> dict[str, Any]:
