@@ -165,7 +165,10 @@ StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Make NaN and overflow warnings errors (exit 2).")
 ]
 DebugOpt = Annotated[
-    bool, typer.Option("--debug", help="Show the Python traceback of an internal error.")
+    bool,
+    typer.Option(
+        "--debug", help="Show the Python traceback of an error (the exit code is unchanged)."
+    ),
 ]
 MaxElementsOpt = Annotated[
     int,
