@@ -71,7 +71,7 @@ def test_columns_are_elided_until_the_grid_fits_the_width(width: int) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_the_most_columns_that_fit_are_shown(seed: int) -> None:
     """As many columns from each edge as fit the width, found by trying every count
-    (matrix_table estimates it from the widths of its first layout)."""
+    (matrix_table measures each count without laying its grid out)."""
     rng = np.random.default_rng(seed)
     value = rng.normal(size=(3, 60)) * 10.0 ** rng.integers(-2, 6, size=60)
     view = render.View(
@@ -90,6 +90,107 @@ def test_the_most_columns_that_fit_are_shown(seed: int) -> None:
         <= view.width
     ]
     assert len(_row(grid, 0)) - 2 == 2 * max(fits)  # the label and "…" apart
+
+
+def _by_laying_out_each(
+    value: np.ndarray,
+    *,
+    rows: list[str] | None,
+    cols: list[str] | None,
+    heatmap: bool,
+    view: render.View,
+    highlight: np.ndarray | None,
+) -> render.Grid:
+    """matrix_table the straightforward way, the oracle of its measuring: lay the grid
+    out with the view's columns, then with one fewer from each edge, until it fits."""
+    m = np.atleast_2d(value) if value.ndim < 2 else value
+    marked = None if highlight is None else highlight.reshape(m.shape)
+    row_idx = render._keep(m.shape[0], view.max_rows, view.row_edge, view.full)
+    first = render._keep(m.shape[1], view.max_cols, view.col_edge, view.full)
+    shown = len(first) - (None in first)
+    for col_idx in [first] + [render._edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]:
+        grid = render._layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view)
+        if view.full or view.width is None or grid.width <= view.width:
+            break
+    return grid
+
+
+_TOKENS = ["a", "the", "", " ", "a\nb", "é", "你好", "你" * 40, "start" + "x" * 290 + "end", "w999"]
+_ODD = [0.0, -0.0, np.nan, np.inf, -np.inf, 0.5, -0.5, 5e-7, 1e8, 99999999.99995, 1e-300, 9.99995]
+
+
+def _random_matrix(
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, list[str] | None, list[str] | None]:
+    """A 0-, 1- or 2-D array whose numbers span many magnitudes (each column its own, or
+    each number), with zeros, NaN, infinities and numbers at the edge of a notation
+    sprinkled in; and tokens for its rows and columns, or none."""
+    ndim = int(rng.choice([0, 1, 2, 2, 2]))
+    shape = tuple(int(rng.choice([0, 1, 2, 3, 7, 13, 30, 61, 150])) for _ in range(ndim))
+    value = np.asarray(rng.normal(size=shape))
+    if rng.random() < 0.5:  # each number its own magnitude
+        value *= 10.0 ** rng.integers(-12, 13, size=shape)
+    elif ndim == 2:  # each column its own, or a few columns far from the rest
+        far = 10.0 ** rng.choice([-12, -9, -5, 8, 9, 12], size=shape[1])
+        value *= np.where(rng.random(size=shape[1]) < 0.1, far, 10.0 ** rng.integers(-3, 5))
+    if value.size and rng.random() < 0.7:
+        odd = rng.random(size=shape) < rng.choice([0.01, 0.1, 0.5])
+        value[odd] = rng.choice(_ODD, size=int(odd.sum()))
+    if rng.random() < 0.2:
+        value = value.astype(np.float32)
+    labels: list[list[str] | None] = [None, None]
+    if ndim == 2 and rng.random() < 0.6:
+        labels[0] = [str(rng.choice(_TOKENS)) for _ in range(shape[0])]
+    if ndim >= 1 and rng.random() < 0.6:
+        labels[1] = [str(rng.choice(_TOKENS)) for _ in range(shape[-1])]
+    return value, labels[0], labels[1]
+
+
+@pytest.mark.parametrize("seed", range(500))
+def test_the_measured_columns_give_the_grid_laying_out_each_count_gives(seed: int) -> None:
+    """matrix_table measures each count of columns instead of laying each out: the
+    same grid, segment for segment and style for style, for any matrix and view."""
+    rng = np.random.default_rng(seed)
+    value, rows, cols = _random_matrix(rng)
+    max_rows, max_cols = int(rng.integers(1, 16)), int(rng.integers(1, 120))
+    view = render.View(
+        precision=int(rng.integers(0, 9)),
+        max_rows=max_rows,
+        row_edge=int(rng.integers(1, max_rows // 2 + 2)),
+        max_cols=max_cols,
+        col_edge=int(rng.integers(1, max_cols // 2 + 2)),
+        full=bool(rng.random() < 0.05),
+        width=None if rng.random() < 0.05 else int(40 * 25 ** rng.random()),  # 40 to 1000
+    )
+    heatmap = bool(rng.random() < 0.3)
+    highlight = rng.random(size=value.shape) < 0.2 if rng.random() < 0.3 else None
+    args = dict(rows=rows, cols=cols, heatmap=heatmap, view=view, highlight=highlight)
+    got, want = render.matrix_table(value, **args), _by_laying_out_each(value, **args)
+    assert (got.width, got.lines) == (want.width, want.lines)
+
+
+def test_a_table_is_laid_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a wide terminal a large model's tables were laid out again and again, a
+    # column fewer a side each time, until one fitted: `encode` of d_model 512 at
+    # 1000 columns laid its 418 tables out 2638 times; this one, 6 times.
+    laid_out, grid = [], render._grid
+    monkeypatch.setattr(render, "_grid", lambda *a: laid_out.append(a) or grid(*a))
+    value = np.random.default_rng(0).normal(size=(128, 512))
+    view = render.View(max_cols=110, col_edge=54, width=1000)  # as `COLUMNS=1000` has it
+    render.matrix_table(value, view=view)
+    assert len(laid_out) == 1
+
+
+def test_fewer_columns_can_change_the_notation_and_so_every_width() -> None:
+    # One column of 1e9 puts the whole grid in scientific notation, 10 cells a number;
+    # once it is dropped the numbers are 6 cells ("1.0000"), and more of them fit.
+    value = np.ones((1, 60))
+    value[0, 30] = 1e9
+    view = render.View(max_cols=80, width=200)
+    cells = _row(render.matrix_table(value, view=view), 0)[1:]
+    # label "0" and "…" (1 + 3 cells each), e numbers a side (6 + 3 each), the last "│":
+    # 4 + 18 e + 4 + 1 <= 200 at e = 10
+    assert cells == ["1.0000"] * 10 + ["…"] + ["1.0000"] * 10
 
 
 def test_when_nothing_fits_the_narrowest_grid_is_given() -> None:

@@ -51,19 +51,33 @@ class View:
     width: int | None = None  # cells a matrix may take: fewer columns until it fits
 
 
-def _format_cells(values: np.ndarray, precision: int) -> list[str]:
-    """Numbers of one matrix in one notation, like numpy: scientific when fixed would hide them
-    (one at 1e8 or more, or one that fixed notation rounds to zero: 0.5 at precision 0)."""
-    flat = values.ravel()
-    finite = flat[np.isfinite(flat)]
-    nonzero = np.abs(finite[finite != 0])
+def _magnitudes(values: np.ndarray, axis: int | None = None) -> tuple[Any, Any]:
+    """The largest and the smallest nonzero finite |x| of `values` (or of each column,
+    axis 0): 0 and inf where there is none. All that decides a notation (_scientific)."""
+    size = np.abs(np.asarray(values, dtype=np.float64))  # (exact for any float or int)
+    counted = np.isfinite(size) & (size != 0)
+    return (
+        np.max(size, axis=axis, where=counted, initial=0.0),
+        np.min(size, axis=axis, where=counted, initial=np.inf),
+    )
+
+
+def _scientific(largest: float, smallest: float, precision: int) -> bool:
+    """Whether numbers whose nonzero magnitudes run from `smallest` to `largest` (0 when
+    there is none) are written in scientific notation, like numpy: when fixed would hide
+    them (one at 1e8 or more, or one that fixed notation rounds to zero: 0.5 at precision 0)."""
     # Asked of the formatting itself: a threshold (x < 0.5·10^-p) misses a double just
     # below a half, 5e-07 at precision 6, and the halves that round to even, 0.5 to "0".
-    sci = bool(nonzero.size) and (
-        nonzero.max() >= 1e8 or float(f"{nonzero.min():.{precision}f}") == 0
-    )
+    return largest > 0 and (largest >= 1e8 or float(f"{smallest:.{precision}f}") == 0)
+
+
+def _format_cells(values: np.ndarray, precision: int, sci: bool | None = None) -> list[str]:
+    """Numbers of one matrix in one notation: scientific if `sci`, by default where
+    _scientific says so of these numbers."""
+    if sci is None:
+        sci = _scientific(*_magnitudes(values), precision)
     out = []
-    for x in flat.tolist():
+    for x in values.ravel().tolist():
         if math.isnan(x):
             out.append("nan")
         elif math.isinf(x):
@@ -110,17 +124,78 @@ def matrix_table(
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
     row_idx = _keep(m.shape[0], view.max_rows, view.row_edge, view.full)
-    first = _keep(m.shape[1], view.max_cols, view.col_edge, view.full)
-    shown = len(first) - (None in first)
-    for col_idx in [first] + [_edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]:
-        grid = _layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view)
-        if view.full or view.width is None or grid.width <= view.width:
-            break
-    return grid
+    col_idx = _keep(m.shape[1], view.max_cols, view.col_edge, view.full)
+    cells = None
+    if not view.full and view.width is not None:
+        labels = _row_labels(rows, row_idx, value.ndim)
+        choices = _narrowing(m.shape[1], col_idx)
+        col_idx, cells = _fitting(m, row_idx, choices, labels, cols, view.precision, view.width)
+    return _layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view, cells)
 
 
 def _edges(n: int, edge: int) -> list[int | None]:
     return [*range(edge), None, *range(n - edge, n)]
+
+
+def _narrowing(n: int, first: list[int | None]) -> list[list[int | None]]:
+    """The columns `first` of n, then fewer and fewer: one fewer from each edge each
+    time, down to one a side around the ellipsis."""
+    shown = len(first) - (None in first)
+    return [first] + [_edges(n, e) for e in range((shown - 1) // 2, 0, -1)]
+
+
+def _fitting(
+    m: np.ndarray,
+    row_idx: list[int | None],
+    choices: list[list[int | None]],
+    row_labels: list[str],
+    cols: Sequence[str] | None,
+    precision: int,
+    width: int,
+) -> tuple[list[int | None], list[str]]:
+    """The first of `choices` (columns, each among the first's) whose grid is at most
+    `width` wide, else the last, with the texts of its numbers (_layout's `cells`).
+
+    Each grid's width is summed from its columns' widest texts, as _grid measures
+    them, without laying one out: the numbers are formatted once in each notation
+    they are needed in, and a choice's notation follows from the largest and the
+    smallest magnitude of its columns (_magnitudes, _scientific). Dropping columns
+    can change the notation, so every number's width; each choice is measured in its own."""
+    first = [j for j in choices[0] if j is not None]
+    at = {j: k for k, j in enumerate(first)}  # a column's place among the first's
+    shown = m[np.ix_([i for i in row_idx if i is not None], first)]
+    largest, smallest = _magnitudes(shown, axis=0)
+    texts: dict[bool, np.ndarray] = {}  # in each notation, the numbers' texts
+    widths: dict[bool, np.ndarray] = {}  # and each column's widest
+    labels: dict[bool, np.ndarray] = {}  # each column's label's width, without and with "…"
+    label_width = max(map(_cells, row_labels), default=0)
+    for col_idx in choices:
+        ks = [at[j] for j in col_idx if j is not None]
+        sci = _scientific(largest[ks].max(initial=0.0), smallest[ks].min(initial=np.inf), precision)
+        elided = None in col_idx
+        if sci not in texts:
+            formatted = _format_cells(shown, precision, sci)
+            texts[sci] = np.array(formatted, dtype=object).reshape(shown.shape)
+            widths[sci] = (
+                np.fromiter(map(len, formatted), int, len(formatted))
+                .reshape(shown.shape)
+                .max(axis=0, initial=0)
+            )
+        if elided not in labels:
+            labels[elided] = np.array([_cells(_label(cols, j, col_idx)) for j in first], dtype=int)
+        # a column as wide as its widest number or its label (a "…" row's is no wider),
+        # between the rows' labels and the ellipsis's column
+        columns = np.maximum(widths[sci][ks], labels[elided][ks]).tolist()
+        if _grid_width([label_width, *columns, *[1] * elided]) <= width:
+            break
+    return col_idx, texts[sci][:, ks].ravel().tolist()  # (none fits: the last, narrowest)
+
+
+def _row_labels(rows: Sequence[str] | None, row_idx: list[int | None], ndim: int) -> list[str]:
+    """The first column's text on each row shown: its label (none for a 1-D array), or "…"."""
+    return [
+        ELLIPSIS if i is None else _label(rows, i, row_idx) if ndim >= 2 else "" for i in row_idx
+    ]
 
 
 def _label(labels: Sequence[str] | None, i: int, shown: list[int | None]) -> str:
@@ -172,19 +247,21 @@ def _layout(
     heatmap: bool,
     marked: np.ndarray | None,
     view: View,
+    cells: list[str] | None = None,
 ) -> Grid:
-    """The grid of the chosen rows and columns of a 2-D array (None: an ellipsis)."""
+    """The grid of the chosen rows and columns of a 2-D array (None: an ellipsis);
+    `cells`, the shown numbers' texts when already formatted."""
     shown = m[np.ix_([i for i in row_idx if i is not None], [j for j in col_idx if j is not None])]
-    cells = _format_cells(shown, view.precision)
+    if cells is None:
+        cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
     header = [""] + [ELLIPSIS if j is None else _label(cols, j, col_idx) for j in col_idx]
     body: list[list[tuple[str, Style | None]]] = []
     r = 0
-    for i in row_idx:
+    for i, label in zip(row_idx, _row_labels(rows, row_idx, ndim), strict=True):
         if i is None:
             body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
-        label = _label(rows, i, row_idx) if ndim >= 2 else ""
         line: list[tuple[str, Style | None]] = [(label, None)]
         c = 0
         for j in col_idx:
@@ -257,7 +334,12 @@ def _grid(header: list[str], body: list[list[tuple[str, Style | None]]]) -> Grid
             line.append(Segment("│"))
         lines.append(line)
     lines.append(rule("└", "┴", "┘", "─"))
-    return Grid(lines, sum(widths) + 3 * len(widths) + 1)  # "│ cell " per column, then "│"
+    return Grid(lines, _grid_width(widths))
+
+
+def _grid_width(widths: Sequence[int]) -> int:
+    """Cells a grid whose columns' texts are `widths` wide takes: "│ text " per column, then "│"."""
+    return sum(widths) + 3 * len(widths) + 1
 
 
 def _through_panels(renderable: RenderableType, width: Callable[[RenderableType], int]) -> int:
