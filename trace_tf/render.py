@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import copy
 from dataclasses import dataclass, replace
@@ -598,12 +599,90 @@ def _count(n: int) -> str:
 _LEAST_TEXT = 8  # the fewest cells a text column that gives way is cut to ("…softmax")
 
 
+PATH_BREAKS, FORMULA_BREAKS = r"\.", r" |·(?!\d)"
+
+
+class Wrapped:
+    """A cell's text that goes onto more lines only where it may break: at its newlines,
+    and after each match of `breaks` (PATH_BREAKS: a path after its dots, "encoder.0." /
+    "self_attn.h0." / "softmax"; FORMULA_BREAKS: a formula at its spaces and after a
+    product's "·" between symbols, never inside "2·4·3"), never inside a word; and,
+    in a piece wider than the column, after each match of `within` (paths set apart
+    by spaces, each kept on one line where it fits, and broken after its dots where not).
+    Nothing is added to the text (no zero-width marks to end up in copied text): a line
+    is a run of it. Its least width is its widest piece, which `keep_whole` gives the
+    column; only where a table is printed narrower still is a piece folded."""
+
+    def __init__(self, text: str | Text, breaks: str = " ", within: str | None = None) -> None:
+        self.text = text if isinstance(text, Text) else Text(text)
+        self.breaks, self.within = breaks, within  # (regular expressions)
+
+    def _pieces(self, width: int = 0) -> list[list[Text]]:
+        """Each line of the text, as the pieces between its break opportunities (a
+        piece keeps the character it breaks after); those wider than `width` divided
+        at `within`."""
+
+        def divide(text: Text, pattern: str) -> list[Text]:
+            cuts = [m.end() for m in re.finditer(pattern, text.plain)]
+            return [p for p in text.divide(cuts) if p.plain] or [text]
+
+        out: list[list[Text]] = []
+        for line in self.text.split("\n"):
+            pieces = divide(line, self.breaks)
+            if self.within is not None:
+                within = self.within
+                pieces = [
+                    q
+                    for p in pieces
+                    for q in (divide(p, within) if _cells(p.plain.rstrip(" ")) > width else [p])
+                ]
+            out.append(pieces)
+        return out
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        lines = self._pieces()
+        least = max(_cells(p.plain.rstrip(" ")) for line in lines for p in line)
+        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
+        return Measurement(least, most)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines: list[Text] = []
+        for pieces in self._pieces(options.max_width):
+            line = Text()
+            for piece in pieces:
+                if (
+                    line.plain
+                    and _cells((line.plain + piece.plain).rstrip(" ")) > options.max_width
+                ):
+                    line.rstrip()
+                    lines.append(line)
+                    line = Text()
+                line.append_text(piece)
+            line.rstrip()
+            lines.append(line)
+        text = Text("\n").join(lines)
+        text.overflow = "fold"  # (a piece wider than the column: only when printed narrower)
+        yield text
+
+
 def keep_whole(table: Table) -> Table:
     """Raise the min_width of every column that is never wrapped and has one (numbers,
     short codes) to its widest cell, so that rich narrows only the text columns: a
-    number is never cut. Where even so the table cannot fit, `least_width` says how
-    wide it must be printed."""
+    number is never cut; and that of every column that wraps to its widest word (a
+    `Wrapped` cell's widest piece, a header's widest word: "multiply-adds"), so that
+    no word is split across lines. Where even so the table cannot fit, `least_width`
+    says how wide it must be printed."""
+    console = _measuring_console()
     for column in table.columns:
+        if not column.no_wrap and (column.width is None or column.ratio is not None):
+            words = max(
+                Measurement.get(console, console.options, c).minimum
+                for c in (column.header, *column.cells)
+            )
+            if column.ratio is not None:  # (rich reads a ratio column's least from `width`)
+                column.width = max(column.width or 0, words)
+            elif words:
+                column.min_width = max(column.min_width or 0, words)
         if column.no_wrap and column.min_width is not None:
             cells = [column.header, *column.cells]
             widest = max(
@@ -646,7 +725,7 @@ def least_width(renderable: RenderableType) -> int:
         return renderable.width
     if isinstance(renderable, Table):
         columns = renderable.columns
-        if not any(c.no_wrap and c.min_width is not None for c in columns):
+        if not any(c.min_width is not None or c.width is not None for c in columns):
             return 0
         console = _measuring_console()
         options = console.options
@@ -681,6 +760,7 @@ def _fitted(
     rows: list[list[str]],
     width: int,
     give_way: Sequence[tuple[str, int]],
+    wrap: str | None = None,
     **table: Any,
 ) -> tuple[Table, int]:
     """A plain table (no borders, two spaces between columns) of `rows`, its columns
@@ -688,7 +768,9 @@ def _fitted(
     does not fit, the `give_way` columns narrow in turn, each to its least, their
     texts cut so that a path keeps its end, and its start where there is room
     ("encoder.0.self…h0.softmax", "…softmax": see _cut);
-    the others (verdicts, numbers) keep their width. Columns of numbers (a name
+    the others (verdicts, numbers) keep their width. The `wrap` column is not cut
+    but narrows to its widest piece, its paths going onto lines after their dots
+    (the caller adds its cells as `Wrapped`). Columns of numbers (a name
     with `|`, `atol`, `tolerance`, `cells`) are right-aligned."""
     widths = (
         [
@@ -700,6 +782,16 @@ def _fitted(
     )
     room = width - sum(widths) - 2 * len(widths)
     whole = [list(row) for row in rows]  # each cut is made from the whole text
+    if wrap is not None and room < 0:
+        i = names.index(wrap)
+        console = _measuring_console()
+        pieces = (
+            Measurement.get(console, console.options, Wrapped(r[i], PATH_BREAKS)) for r in rows
+        )
+        least = max([cell_len(wrap), *(m.minimum for m in pieces)])
+        cut = min(-room, max(0, widths[i] - least))
+        widths[i] -= cut
+        room += cut
     # Each in turn to its least; when that is not enough, each further, to _LEAST_TEXT.
     for name, least in [*give_way, *((name, _LEAST_TEXT) for name, _ in give_way)]:
         if room < 0 and name in names:
@@ -794,13 +886,16 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
 def cost_ledger(costs: Iterable[Cost]) -> Table:
     """Every step with its shape and multiply-adds (formula in symbols and in numbers)."""
     table = Table(title="multiply-adds of every step", title_justify="left")
-    table.add_column("step", overflow="fold")  # on a narrow terminal, over two lines
+    # On a narrow terminal a path goes over lines after its dots, a formula at its
+    # spaces and between its symbols (see Wrapped): never inside a word.
+    table.add_column("step")
     table.add_column("shape", justify="right", no_wrap=True, min_width=0)
-    table.add_column("multiply-adds", overflow="fold")
+    table.add_column("multiply-adds")
     table.add_column("count", justify="right", no_wrap=True, min_width=0)
     for c in costs:
         terms = " = " + "·".join(str(t) for t in c.terms) if c.terms else ""
-        table.add_row(c.path, shape_text(c.shape), c.formula + terms, _count(c.macs))
+        formula = Wrapped(c.formula + terms, FORMULA_BREAKS)
+        table.add_row(Wrapped(c.path, PATH_BREAKS), shape_text(c.shape), formula, _count(c.macs))
     return keep_whole(table)
 
 
@@ -1307,15 +1402,21 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     names = ["step", "status", "max |B−A|", "at", "cells"]
     width = view.width if view.width is not None else 10**6
     table, room = _fitted(
-        names, rows, width, (("step", 16),), title="steps, in A's order (then B's own)"
+        names, rows, width, (), wrap="step", title="steps, in A's order (then B's own)"
     )
     there = max((cell_len(c) for c in ["A → B there", *changes]), default=0)
     if room >= there:
         table.add_column("A → B there", no_wrap=True)
     style = {SAME: "green", DIFFERS: "bold yellow", SHAPE: "bold red"}
-    for d, row, change in zip(diffs, rows, changes, strict=True):
+    # A path over lines would read as several rows: blank lines set the rows apart.
+    step = table.columns[0].max_width or 0
+    spaced = any(cell_len(row[0]) > step for row in rows)
+    for k, (d, row, change) in enumerate(zip(diffs, rows, changes, strict=True)):
         cells: list[RenderableType] = list(row)
+        cells[0] = Wrapped(row[0], PATH_BREAKS)
         cells[1] = Text(row[1], style=style.get(d.status, "magenta"))
+        if spaced and k:
+            table.add_row()
         table.add_row(*cells, *([change] if room >= there else []))
     return table
 

@@ -1,0 +1,99 @@
+"""Report tables at narrow terminals: a path goes onto lines after its dots, a formula
+at its spaces, and no word, path part or number is split across lines (rich's fold
+split "self_attn" into "self_a" / "ttn", and "multiply-adds" into "multiply" / "-adds";
+the diff summary cut paths to "…softmax", h0's and h1's rows alike)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+WORD = re.compile(r"[A-Za-z0-9_]+")
+DIFF = ["diff", "hello", "--set-b", "model.scale=30"]
+
+
+def shown(args: list[str], columns: int) -> str:
+    result = runner.invoke(app, args, env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def data(args: list[str]) -> dict:  # type: ignore[type-arg]
+    return json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+
+
+def words(*texts: str) -> set[str]:
+    return {w for t in texts for w in WORD.findall(t)}
+
+
+def assert_no_word_split(text: str, allowed: set[str]) -> None:
+    """Every run of word characters printed is a whole word of the report's texts: a
+    word split across lines leaves pieces ("ttn", "caled") that are none of them."""
+    split = sorted(w for w in words(text) - allowed if not w.isdigit())  # (numbers: below)
+    assert not split, split
+
+
+def box_cells(text: str, column: int, key: int) -> list[str]:
+    """Column `column` of a boxed table's body, a row's lines joined; a row starts on a
+    line whose column `key` is not empty."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[key]:
+            rows.append(cells[column])
+        else:
+            rows[-1] += cells[column]
+    return rows
+
+
+@pytest.mark.parametrize("columns", [40, 50, 60])
+def test_cost_wraps_paths_at_dots_and_formulas_at_spaces(columns: int) -> None:
+    out = shown(["cost"], columns)
+    ledger = data(["cost"])["ledger"]
+    allowed = words(
+        *(c["path"] + " " + c["formula"] for c in ledger),
+        "multiply adds of every step shape count totals stage or kind share grows as",
+        "total projection attention ffn output O L D d_ff V 100",
+    )
+    assert_no_word_split(out, allowed)
+    assert any("multiply-adds" in line for line in out.splitlines()[:4])  # its header
+    # every path, its lines joined; the formula with its terms; every count whole
+    first = box_cells(out, 0, 1)[: len(ledger)]
+    assert first == [c["path"] for c in ledger]
+    formulas = box_cells(out, 2, 1)[: len(ledger)]
+    for c, formula in zip(ledger, formulas, strict=True):
+        terms = " = " + "·".join(map(str, c["terms"])) if c["terms"] else ""
+        assert formula.replace(" ", "") == (c["formula"] + terms).replace(" ", "")
+    counts = box_cells(out, 3, 1)[: len(ledger)]
+    assert counts == [f"{c['macs']:,}" if c["macs"] else "—" for c in ledger]
+
+
+@pytest.mark.parametrize("columns", [40, 50, 60])
+def test_diff_summary_keeps_every_path_whole_over_lines(columns: int) -> None:
+    out = shown(DIFF, columns)
+    steps = [s for s in data(DIFF)["steps"] if s["status"] != "same"]
+    lines = out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("steps, in A's order")) + 2
+    rows: list[list[str]] = []
+    for line in lines[start:]:
+        if not line.strip():
+            continue
+        cells = line.split()
+        if len(cells) > 1:
+            rows.append(cells)
+        else:
+            rows[-1][0] += cells[0]
+    rows = rows[: len(steps)]
+    assert [r[0] for r in rows] == [s["path"] for s in steps]  # h0's and h1's told apart
+    for r, s in zip(rows, steps, strict=True):
+        assert r[2] == f"{s['max_abs_diff']:.3g}"  # whole
+        assert r[3] == "[" + ",".join(map(str, s["at"])) + "]"
+        assert r[4].startswith(f"{s['cells_differing']}/")
