@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
+from trace_tf.stages import GROUP_MEANINGS, STAGES
 
 runner = CliRunner()
 WORD = re.compile(r"[A-Za-z0-9_]+")
@@ -77,23 +78,47 @@ def test_cost_wraps_paths_at_dots_and_formulas_at_spaces(columns: int) -> None:
 
 
 @pytest.mark.parametrize("columns", [40, 50, 60])
+def test_stages_wraps_paths_at_dots_and_text_at_spaces(columns: int) -> None:
+    out = shown(["stages"], columns)
+    allowed = words(
+        *(f"{s.name} {s.formula} {s.meaning} {' '.join(s.paths)} {s.shape}" for s in STAGES),
+        *(f"{k} {v}" for k, v in GROUP_MEANINGS.items()),
+        "stages select with stage NAME formula meaning and the paths recorded shape",
+        "groups also group selects",
+    )
+    assert_no_word_split(out, allowed)
+    # each path, where broken, is broken after a dot: its lines joined give it back
+    about = "".join(box_cells(out, 1, 0))
+    for s in STAGES:
+        for p in s.paths:
+            assert p in about, p
+    assert "…" not in out.replace("cos(…)", "").replace("| … |", "")  # nothing cut
+
+
+@pytest.mark.parametrize("columns", [40, 50, 60])
 def test_diff_summary_keeps_every_path_whole_over_lines(columns: int) -> None:
     out = shown(DIFF, columns)
     steps = [s for s in data(DIFF)["steps"] if s["status"] != "same"]
     lines = out.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("steps, in A's order")) + 2
-    rows: list[list[str]] = []
+    rows: list[list[str]] = []  # each row's cells, its path as the lines it is shown on
+    pieces: list[list[str]] = []
     for line in lines[start:]:
-        if not line.strip():
-            continue
         cells = line.split()
         if len(cells) > 1:
             rows.append(cells)
-        else:
-            rows[-1][0] += cells[0]
-    rows = rows[: len(steps)]
-    assert [r[0] for r in rows] == [s["path"] for s in steps]  # h0's and h1's told apart
+            pieces.append([cells[0]])
+        elif cells and rows:
+            pieces[-1].append(cells[0])
+    rows, pieces = rows[: len(steps)], pieces[: len(steps)]
+    # every path whole, its lines joined: h0's and h1's rows told apart
+    assert ["".join(p) for p in pieces] == [s["path"] for s in steps]
+    for p in pieces:  # broken only after a dot
+        assert all(x.endswith(".") for x in p[:-1]), p
+    assert any(len(p) > 1 for p in pieces)  # (this width does break paths)
     for r, s in zip(rows, steps, strict=True):
-        assert r[2] == f"{s['max_abs_diff']:.3g}"  # whole
+        assert r[2] == f"{s['max_abs_diff']:.3g}"  # numbers whole
         assert r[3] == "[" + ",".join(map(str, s["at"])) + "]"
         assert r[4].startswith(f"{s['cells_differing']}/")
+    if columns >= 50:
+        assert max(len(x) for x in lines) <= columns  # and it fits the terminal

@@ -599,7 +599,7 @@ def _count(n: int) -> str:
 _LEAST_TEXT = 8  # the fewest cells a text column that gives way is cut to ("…softmax")
 
 
-PATH_BREAKS, FORMULA_BREAKS = r"\.", r" |·(?!\d)"
+PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
 
 
 class Wrapped:
@@ -613,7 +613,7 @@ class Wrapped:
     is a run of it. Its least width is its widest piece, which `keep_whole` gives the
     column; only where a table is printed narrower still is a piece folded."""
 
-    def __init__(self, text: str | Text, breaks: str = " ", within: str | None = None) -> None:
+    def __init__(self, text: str | Text, breaks: str = " +", within: str | None = None) -> None:
         self.text = text if isinstance(text, Text) else Text(text)
         self.breaks, self.within = breaks, within  # (regular expressions)
 
@@ -674,14 +674,12 @@ def keep_whole(table: Table) -> Table:
     says how wide it must be printed."""
     console = _measuring_console()
     for column in table.columns:
-        if not column.no_wrap and (column.width is None or column.ratio is not None):
+        if not column.no_wrap and column.width is None:
             words = max(
                 Measurement.get(console, console.options, c).minimum
                 for c in (column.header, *column.cells)
             )
-            if column.ratio is not None:  # (rich reads a ratio column's least from `width`)
-                column.width = max(column.width or 0, words)
-            elif words:
+            if words:
                 column.min_width = max(column.min_width or 0, words)
         if column.no_wrap and column.min_width is not None:
             cells = [column.header, *column.cells]
