@@ -122,3 +122,18 @@ def test_diff_summary_keeps_every_path_whole_over_lines(columns: int) -> None:
         assert r[4].startswith(f"{s['cells_differing']}/")
     if columns >= 50:
         assert max(len(x) for x in lines) <= columns  # and it fits the terminal
+
+
+def test_diff_header_breaks_its_first_differing_path_after_a_dot() -> None:
+    # At 40 columns its panel read "encoder.0.self_attn.h0.scale" / "d (differs)".
+    out = shown(DIFF, 40)
+    panel = out[: out.index("╰")]
+    first = data(DIFF)["first_difference"]
+    allowed = words(
+        first,
+        "trace tf diff A B hello packaged example model scale 30 result first difference",
+        "differs of 87 steps 52 differ 35 the same list them with all atol 1e 12",
+    )
+    assert_no_word_split(panel, allowed)
+    result = [x.strip("│ ") for x in panel.splitlines() if x.strip("│ ")][3:]
+    assert first in "".join(x.removeprefix("result").strip() for x in result)

@@ -1471,5 +1471,5 @@ def diff_header(a: Mapping[str, Any], b: Mapping[str, Any], verdict: str) -> Pan
     grid.add_column(overflow="fold")  # a path wider than the column goes on, not "…"
     grid.add_row("A", Text(side(a)))
     grid.add_row("B", Text(side(b)))
-    grid.add_row("result", Text(verdict))
+    grid.add_row("result", Wrapped(verdict, within=PATH_BREAKS))  # (its first differing step)
     return titled_panel(grid, "trace-tf diff")
