@@ -1136,3 +1136,26 @@ def test_each_beam_status_stays_on_its_row_however_narrow(
                 statuses += "→ beam" in row or "finished" in row
     data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
     assert statuses == sum(len(it["candidates"]) for it in data["iterations"])
+
+
+def test_a_token_with_a_space_is_quoted_in_a_sequence_but_not_in_a_table(tmp_path: Any) -> None:
+    # "start SOS New York (none)" read as four tokens, or as no tokens after SOS New York:
+    # on a line of tokens, one with a space inside and the token "(none)" are quoted
+    path = tmp_path / "ny.yaml"
+    path.write_text(
+        "model: {d_model: 4, n_heads: 1, encoder_layers: 1, decoder_layers: 1}\n"
+        "vocab: [SOS, EOS, New York, '(none)', is]\n"
+        "tokens: {bos: SOS, eos: EOS}\nsource: [New York, is]\n"
+    )
+    prefix = ["--set", "target=[SOS, New York, '(none)']", "--max-tokens", "1"]
+    env = {"COLUMNS": "100"}
+    out = CliRunner().invoke(app, ["generate", str(path), "--greedy", *prefix], env=env)
+    assert out.exit_code == 0, out.output
+    assert "prefix SOS 'New York' '(none)'" in out.stdout
+    assert "start     SOS 'New York' '(none)'" in out.stdout
+    # in the distribution table each token has its own cell: shown as it is
+    rows = [line for line in out.stdout.splitlines() if "New York" in line]
+    assert any("'New York'" not in line for line in rows)
+    beam = CliRunner().invoke(app, ["generate", str(path), "--beam", "2", *prefix], env=env)
+    assert beam.exit_code == 0, beam.output
+    assert "SOS 'New York' '(none)'" in beam.stdout  # the live beam's prefix

@@ -354,11 +354,16 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
     return width(renderable)
 
 
-def shown_token(token: str) -> str:
+def shown_token(token: str, among_others: bool = False) -> str:
     """A token as every table and line shows it: as it is, unless it could be misread
     as another (README, "how a token is shown"); then as Python's repr writes it, in
-    quotes. Shortened in its middle when longer than a label (JSON keeps it whole)."""
-    return shortened(repr(token) if _misreadable(token) else token)
+    quotes. Shortened in its middle when longer than a label (JSON keeps it whole).
+
+    `among_others`: one of a sequence written on a line, space between tokens (a
+    prefix, a hypothesis), where a space inside a token would read as two tokens
+    ("New York"), and the token "(none)" as no token: those are quoted too."""
+    misread = _misreadable(token) or (among_others and (" " in token or token == NO_TOKENS))
+    return shortened(repr(token) if misread else token)
 
 
 def _misreadable(token: str) -> bool:
@@ -1059,8 +1064,11 @@ class Bar:
         yield text
 
 
+NO_TOKENS = "(none)"  # an empty sequence of tokens, as shown
+
+
 def _tokens(tokens: Sequence[str]) -> str:
-    return " ".join(map(shown_token, tokens)) if tokens else "(none)"
+    return " ".join(shown_token(t, among_others=True) for t in tokens) if tokens else NO_TOKENS
 
 
 PREFIX_HEAD, PREFIX_TAIL = 4, 16  # a longer prefix is shown by these ends
@@ -1139,7 +1147,7 @@ def _beams_table(
     from trace_tf.generate import extensions
 
     beams = Table(box=None, padding=(0, 1), show_edge=False)
-    words = [shown_token(t) for b in it.beams for t in (*gen.start, *b.tokens)]
+    words = [shown_token(t, among_others=True) for b in it.beams for t in (*gen.start, *b.tokens)]
     beams.add_column("beam", justify="right", no_wrap=True, min_width=0)
     beams.add_column("prefix", overflow="fold", min_width=max(map(cell_len, ["prefix", *words])))
     beams.add_column("logP", justify="right", no_wrap=True, min_width=0)
@@ -1212,7 +1220,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         rule = f"logP / ((5 + n) / 6)^{exact(s.length_penalty)}" if s.length_penalty else "logP"
         title = f"hypotheses (n produced tokens; score = {rule})"
         ended = [(h, "eos") for h in gen.finished] + [(h, "cut") for h in gen.unfinished]
-        words = [shown_token(t) for h, _ in ended for t in h.tokens]
+        words = [shown_token(t, among_others=True) for h, _ in ended for t in h.tokens]
         rows = [
             (
                 _tokens(h.tokens),
