@@ -768,12 +768,11 @@ def _fitted(
 ) -> tuple[Table, int]:
     """A plain table (no borders, two spaces between columns) of `rows`, its columns
     as wide as their texts, and the room left of `width` for one more column. When it
-    does not fit, the `give_way` columns narrow in turn, each to its least, their
-    texts cut so that a path keeps its end, and its start where there is room
-    ("encoder.0.self…h0.softmax", "…softmax": see _cut);
-    the others (verdicts, numbers) keep their width. The `wrap` column is not cut
-    but narrows to its widest piece, its paths going onto lines after their dots
-    (the caller adds its cells as `Wrapped`). Columns of numbers (a name
+    does not fit, the `wrap` column (of step paths) narrows first, to its widest
+    part, its paths going onto lines after their dots (the caller adds the rows with
+    `_add_rows`); then the `give_way` columns (names) in turn, each to its least,
+    their texts cut in the middle (see _cut); the others (verdicts, numbers) keep
+    their width. Columns of numbers (a name
     with `|`, `atol`, `tolerance`, `cells`) are right-aligned."""
     widths = (
         [
@@ -811,6 +810,18 @@ def _fitted(
             name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
         )
     return out, room
+
+
+def _add_rows(table: Table, rows: Sequence[Sequence[RenderableType]], paths: int) -> None:
+    """Add `rows` to a `_fitted` table, column `paths` (its `wrap`) going over lines
+    after the dots of its paths where the column is narrower than they are; a path
+    over lines would read as several rows, so blank lines then set the rows apart."""
+    width = table.columns[paths].max_width or 0
+    spaced = any(cell_len(str(row[paths])) > width for row in rows)
+    for k, row in enumerate(rows):
+        if spaced and k:
+            table.add_row()
+        table.add_row(*row[:paths], Wrapped(str(row[paths]), PATH_BREAKS), *row[paths + 1 :])
 
 
 def _tolerance(atol: float, rtol: float) -> str:
@@ -852,16 +863,17 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
     names += ["tolerance" if relative else "atol"] * (len(tolerances) > 1)
     table, room = _fitted(
-        names, rows, width, (("step", 16), ("variant", 8), ("config", 10)), title=title
+        names, rows, width, (("variant", 8), ("config", 10)), wrap="step", title=title
     )
     if room >= 12:
         table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
+    styled: list[list[RenderableType]] = []
     for r, cells in zip(results, rows, strict=True):
-        styled: list[RenderableType] = list(cells)
-        styled[names.index("ok")] = (
+        styled.append([*cells, *([printable(r.note)] if room >= 12 else [])])
+        styled[-1][names.index("ok")] = (
             Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
         )
-        table.add_row(*styled, *([printable(r.note)] if room >= 12 else []))
+    _add_rows(table, styled, names.index("step"))
     out: list[RenderableType] = [table]
 
     def where(r: CheckResult) -> str:
@@ -1382,7 +1394,7 @@ def _apart(a: float, b: float, precision: int) -> tuple[str, str]:
 def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     """One row per step: its status, the largest |B − A|, where, the two values there,
     and how many cells differ. On a narrow terminal the values there are left out
-    and step paths are cut at their start (see `_fitted`)."""
+    and step paths go over lines after their dots (see `_add_rows`)."""
     from trace_tf.diff import DIFFERS, SAME, SHAPE
 
     rows, changes = [], []
@@ -1414,16 +1426,11 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     if room >= there:
         table.add_column("A → B there", no_wrap=True)
     style = {SAME: "green", DIFFERS: "bold yellow", SHAPE: "bold red"}
-    # A path over lines would read as several rows: blank lines set the rows apart.
-    step = table.columns[0].max_width or 0
-    spaced = any(cell_len(row[0]) > step for row in rows)
-    for k, (d, row, change) in enumerate(zip(diffs, rows, changes, strict=True)):
-        cells: list[RenderableType] = list(row)
-        cells[0] = Wrapped(row[0], PATH_BREAKS)
-        cells[1] = Text(row[1], style=style.get(d.status, "magenta"))
-        if spaced and k:
-            table.add_row()
-        table.add_row(*cells, *([change] if room >= there else []))
+    styled: list[list[RenderableType]] = []
+    for d, row, change in zip(diffs, rows, changes, strict=True):
+        styled.append([*row, *([change] if room >= there else [])])
+        styled[-1][1] = Text(row[1], style=style.get(d.status, "magenta"))
+    _add_rows(table, styled, 0)
     return table
 
 
