@@ -22,15 +22,6 @@ def config_from(data: dict[str, Any], **kw: Any) -> Config | OpConfig:
     return build(Document("test.yaml", data, Lines()), **kw)
 
 
-def shows(cell: str, path: str) -> bool:
-    """Whether a table cell shows step `path`: whole, or cut around one "…" to its end
-    and perhaps its start (render._cut), with something of its end kept."""
-    if "…" not in cell:
-        return cell == path
-    head, _, tail = cell.partition("…")
-    return "…" not in tail and bool(tail) and path.startswith(head) and path.endswith(tail)
-
-
 @pytest.fixture
 def tmp_yaml(tmp_path: Path):  # type: ignore[no-untyped-def]
     def write(text: str, name: str = "c.yaml") -> str:
