@@ -300,27 +300,27 @@ def test_a_long_token_is_shortened_in_its_middle_so_the_numbers_show() -> None:
     assert render.shortened("x" * render.LABEL_CELLS) == "x" * render.LABEL_CELLS  # fits: kept
 
 
-def test_a_path_cut_to_fit_keeps_its_end_and_where_there_is_room_its_start() -> None:
+def test_a_name_cut_to_fit_keeps_its_end_and_where_there_is_room_its_start() -> None:
+    # Names give way in check's table (a config's file name, a variant); step paths
+    # are never cut, they wrap after their dots.
     from trace_tf.render import _cut
 
-    path = "encoder.0.self_attn.h0.softmax"  # 30 characters
-    assert _cut(path, 30) == path
-    assert _cut(path, 24) == "encoder.0.sel…h0.softmax"  # its last two parts whole
-    assert _cut(path, 12) == "e…h0.softmax"
-    assert _cut(path, 9) == "e…softmax"  # its last part whole
-    assert _cut(path, 8) == "…softmax"  # no room for any start: its end
-    assert _cut("encoder.embed", 10) == "enco…embed"
-    assert _cut("document_scale30", 10) == "…t_scale30"  # not a path: its end
+    name = "enc_dec.post_norm.yaml"  # 22 characters
+    assert _cut(name, 22) == name
+    assert _cut(name, 18) == "enc…post_norm.yaml"  # its last two parts whole
+    assert _cut(name, 15) == "enc_dec.po…yaml"  # its last part whole
+    assert _cut(name, 5) == "…yaml"  # no room for any start: its end
+    assert _cut("document_scale30", 10) == "…t_scale30"  # no dot: its end
 
 
-def test_a_path_cut_twice_is_cut_from_its_whole_text_once() -> None:
+def test_a_name_cut_twice_is_cut_from_its_whole_text_once() -> None:
     # A column that gives way is narrowed twice (to its least, then to _LEAST_TEXT);
-    # cutting the already cut text again read "encode……scaled" or "enc…s…h0.k".
-    path = "encoder.0.self_attn.h0.scaled"  # 29 characters
-    rows = [[path, "1"]]
-    render._fitted(["step", "n"], rows, 19, [("step", 16)])  # cuts `rows` in place
-    # 19 cells: the step column gives 13 (to 16), then 2 more (to 14): 14 + 2 + 1 + 2
-    assert rows[0][0] == "enco…h0.scaled"
+    # cutting the already cut text again read "…oder_sel…yaml" (its dot was gone).
+    name = "encoder_self_attention.yaml"  # 27 characters
+    rows = [[name, "1"]]
+    render._fitted(["config", "n"], rows, 19, [("config", 16)])  # cuts `rows` in place
+    # 19 cells: the config column gives 11 (to 16), then 2 more (to 14): 14 + 2 + 1 + 2
+    assert rows[0][0] == "encoder_s…yaml"
 
 
 def test_a_cut_text_fits_its_cells_when_its_letters_are_wide() -> None:

@@ -601,7 +601,7 @@ def _count(n: int) -> str:
     return f"{n:,}" if n else "—"
 
 
-_LEAST_TEXT = 8  # the fewest cells a text column that gives way is cut to ("…softmax")
+_LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("lon…yaml")
 
 
 PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
@@ -743,11 +743,12 @@ def least_width(renderable: RenderableType) -> int:
 
 
 def _cut(text: str, cells: int) -> str:
-    """`text` in `cells` terminal cells, cut in the middle: a step path keeps its last
-    two parts whole ("h0.softmax") and as much of its start as there is room for
-    ("decoder.0.cros…h0.scaled": the side, the layer, the block); where not even its
-    last part fits, only its end ("…softmax"). Cut `text` whole: a cut text cut again
-    would keep its first "…" ("encode……scaled")."""
+    """`text` (a name that gives way in `_fitted`: a config's file name, a variant) in
+    `cells` terminal cells, cut in the middle: its last two dot-separated parts kept
+    whole where it has more ("run.v2.yaml" -> "r…v2.yaml"), else its last ("long_na…yaml"),
+    with as much of its start as there is room for; where no start fits besides, only
+    its end ("…yaml"). Cut `text` whole: a cut text cut again would keep its first
+    "…" ("long……yaml"). (Step paths are never cut: they wrap, see `_add_rows`.)"""
     if _cells(text) <= cells:
         return text
     parts = text.split(".")
