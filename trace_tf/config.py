@@ -31,7 +31,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
-from trace_tf.text import counted, exact, shape_text
+from trace_tf.text import counted, exact, shape_text, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -522,7 +522,7 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
         if isinstance(node, list):
-            if not (part.isascii() and part.isdigit()):
+            if not whole_number(part):
                 raise InputError(
                     f"cannot set {key}: {'.'.join(parts[:i])} is a list",
                     path=key,
@@ -558,7 +558,7 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
             else:
                 if node.get(part) is None:
                     nxt = parts[i + 1]
-                    node[part] = [] if nxt.isascii() and nxt.isdigit() else {}
+                    node[part] = [] if whole_number(nxt) else {}
                 node = node[part]
         if not last and not isinstance(node, dict | list):
             line = doc.lines.get(here) if here not in doc.overridden else None

@@ -13,7 +13,6 @@ written twice here.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from trace_tf import model
 from trace_tf.config import Config, Document, build, check_size, overridden
 from trace_tf.errors import InputError, quoted
 from trace_tf.stages import stage_of
+from trace_tf.text import whole_number
 from trace_tf.trace import Labels, Tracer
 
 Shape = tuple[int, ...]
@@ -262,10 +262,9 @@ def parse_vary(text: str) -> tuple[str, list[int]]:
     expected = "L=N,N,... (sequence length) or D=N,N,... (d_model), whole numbers >= 1"
     if not sep or name not in VARY:
         raise InputError("malformed --vary", expected=expected, found=quoted(text))
-    # ASCII digits only, each between commas: not int()'s `2_0` or other scripts' digits,
-    # and not an empty item (`8,,16`), which would be dropped unseen
+    # a whole number between each two commas, none empty (`8,,16` would drop one unseen)
     items = [v.strip() for v in values.split(",")]
-    if not all(re.fullmatch(r"[0-9]+", v) for v in items) or min(map(int, items)) < 1:
+    if not all(map(whole_number, items)) or min(map(int, items)) < 1:
         raise InputError("malformed --vary", expected=expected, found=quoted(text))
     return name, [int(v) for v in items]
 

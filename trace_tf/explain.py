@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -28,7 +27,7 @@ from trace_tf.calc import NORM_AXES, op_arrays
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError, quoted
 from trace_tf.stages import Stage, stage_of
-from trace_tf.text import exact, printable
+from trace_tf.text import exact, printable, whole_number
 from trace_tf.trace import Step, Trace
 
 MAX_TERMS = 6  # longer sums show their first 3 and last 2 terms around "…"
@@ -1089,9 +1088,8 @@ def parse_cell(text: str | None, step: Step) -> tuple[int, ...]:
     if text is None:
         return tuple(0 for _ in shape)
     parts = text.replace(" ", "").split(",")
-    # ASCII digits (a sign only to be told it is outside): int() alone would take `1_0`
-    # as 10 and other scripts' digits
-    if not all(re.fullmatch(r"-?[0-9]+", part) for part in parts):
+    # (signed only to be told that a negative index is outside)
+    if not all(whole_number(part, signed=True) for part in parts):
         raise InputError(
             "--cell must be whole numbers separated by commas",
             expected="e.g. --cell 0,1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -33,3 +34,10 @@ def shape_text(shape: Sequence[int], times: str = "×") -> str:
     """`4 × 3`, as tables write a shape, or with `times="x"` `4 x 3`, as messages do;
     `scalar` for no axes."""
     return f" {times} ".join(str(s) for s in shape) if len(shape) else "scalar"
+
+
+def whole_number(text: str, signed: bool = False) -> bool:
+    """Whether `text` is a whole number in ASCII digits ("12"; with `signed`, "-1" too),
+    as the user's indices and counts must be: int() alone also takes `1_0` as 10, `+1`,
+    ` 1` and other scripts' digits."""
+    return re.fullmatch(r"-?[0-9]+" if signed else "[0-9]+", text) is not None
