@@ -1427,42 +1427,10 @@ def explain(
 def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
     """Every stage the engine records: its paths, formula, shape and meaning; and the groups."""
     with guarded(debug):
-        from rich.cells import cell_len
-        from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
-
-        from trace_tf.render import PATH_BREAKS, Wrapped, keep_whole
+        from trace_tf.render import stages_view
         from trace_tf.stages import GROUP_MEANINGS, STAGES
 
         c = _common(REPORTS, fmt=fmt, debug=debug)
-        table = Table(
-            title="stages (select with --stage NAME): formula, meaning, and the paths recorded",
-            title_justify="left",
-            expand=True,
-        )
-        table.add_column("stage", style="bold cyan", no_wrap=True, min_width=0)
-        table.add_column("formula · meaning · paths", ratio=4)
-        # A shape wraps between its words, never inside one ("d_mode" / "l"): its longest
-        # word is the column's least width (for a ratio column rich reads that from
-        # `width`, not `min_width`).
-        word = max(cell_len(w) for s in STAGES for w in s.shape.split())
-        table.add_column("shape", overflow="fold", ratio=1, width=word)
-        for s in STAGES:
-            # Text wraps between its words, a path (too long for its line) after its
-            # dots: never inside a word (keep_whole: the column's least width).
-            about = Group(
-                Wrapped(Text(s.formula, style="bold")),
-                Wrapped(s.meaning),
-                Wrapped(Text("   ".join(s.paths), style="dim"), within=PATH_BREAKS),
-            )
-            table.add_row(s.name, about, Text(s.shape))
-        keep_whole(table)
-        groups = Table(title="groups (also --stage)", title_justify="left")
-        groups.add_column("group", style="bold cyan", no_wrap=True)
-        groups.add_column("selects", overflow="fold")
-        for name, meaning in GROUP_MEANINGS.items():
-            groups.add_row(name, Text(meaning))
         data = {
             "trace_tf": _version(),
             "stages": [
@@ -1478,7 +1446,7 @@ def stages(fmt: ReportFormatOpt = "table", debug: DebugOpt = False) -> None:
             ],
             "groups": GROUP_MEANINGS,
         }
-        emit(c, [table, groups], data)
+        emit(c, stages_view(STAGES, GROUP_MEANINGS), data)
 
 
 # ---------------------------------------------------------------------------

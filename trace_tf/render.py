@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trace_tf.diff import StepDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
     from trace_tf.runner import CheckResult
+    from trace_tf.stages import Stage
 
 HEATMAP_STAGES = {"softmax", "probs", "attn.softmax"}
 ELLIPSIS = "…"
@@ -974,6 +975,43 @@ def _si(n: int) -> str:
             x = rounded / 10**power
             return f"{x:,.0f}{prefix}" if x >= 1000 else f"{x:.3g}{prefix}"
     return str(n)  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------
+# stages: the registry
+# ---------------------------------------------------------------------------
+
+
+def stages_view(stages: Sequence[Stage], groups: Mapping[str, str]) -> list[RenderableType]:
+    """Every stage (its name; formula, meaning and paths; shape), then the groups."""
+    table = Table(
+        title="stages (select with --stage NAME): formula, meaning, and the paths recorded",
+        title_justify="left",
+        expand=True,
+    )
+    table.add_column("stage", style="bold cyan", no_wrap=True, min_width=0)
+    table.add_column("formula · meaning · paths", ratio=4)
+    # A shape wraps between its words, never inside one ("d_mode" / "l"): its longest
+    # word is the column's least width (for a ratio column rich reads that from
+    # `width`, not `min_width`).
+    word = max(cell_len(w) for s in stages for w in s.shape.split())
+    table.add_column("shape", overflow="fold", ratio=1, width=word)
+    for s in stages:
+        # Text wraps between its words, a path (too long for its line) after its
+        # dots: never inside a word (keep_whole: the column's least width).
+        about = Group(
+            Wrapped(Text(s.formula, style="bold")),
+            Wrapped(s.meaning),
+            Wrapped(Text("   ".join(s.paths), style="dim"), within=PATH_BREAKS),
+        )
+        table.add_row(s.name, about, Text(s.shape))
+    keep_whole(table)
+    listed = Table(title="groups (also --stage)", title_justify="left")
+    listed.add_column("group", style="bold cyan", no_wrap=True)
+    listed.add_column("selects", overflow="fold")
+    for name, meaning in groups.items():
+        listed.add_row(name, Text(meaning))
+    return [table, listed]
 
 
 # ---------------------------------------------------------------------------
