@@ -645,11 +645,13 @@ class Wrapped:
             out.append(pieces)
         return out
 
+    def least(self) -> int:
+        """The cells its widest piece takes: the fewest it is printed in unfolded."""
+        return max(_cells(p.plain.rstrip(" ")) for line in self._pieces() for p in line)
+
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        lines = self._pieces()
-        least = max(_cells(p.plain.rstrip(" ")) for line in lines for p in line)
-        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
-        return Measurement(least, most)
+        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in self._pieces())
+        return Measurement(self.least(), most)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines: list[Text] = []
@@ -788,11 +790,7 @@ def _fitted(
     whole = [list(row) for row in rows]  # each cut is made from the whole text
     if wrap is not None and room < 0:
         i = names.index(wrap)
-        console = _measuring_console()
-        pieces = (
-            Measurement.get(console, console.options, Wrapped(r[i], PATH_BREAKS)) for r in rows
-        )
-        least = max([cell_len(wrap), *(m.minimum for m in pieces)])
+        least = max([cell_len(wrap), *(Wrapped(r[i], PATH_BREAKS).least() for r in rows)])
         cut = min(-room, max(0, widths[i] - least))
         widths[i] -= cut
         room += cut
