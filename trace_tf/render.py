@@ -50,7 +50,7 @@ class View:
     max_cols: int = 10  # beyond this, the first and last `col_edge` columns around it
     col_edge: int = 4
     full: bool = False  # show whole matrices, however large
-    width: int | None = None  # cells a matrix may take: fewer columns until it fits
+    width: int | None = None  # cells a matrix may take: as many columns as fit (_fitting)
 
 
 def _magnitudes(values: np.ndarray, axis: int | None = None) -> tuple[Any, Any]:
@@ -118,9 +118,9 @@ def matrix_table(
 ) -> Grid:
     """One 0-, 1- or 2-D array as a table: labelled rows and columns, elided when large.
 
-    Columns are elided to the view's count, then, while the table is still wider than
-    `view.width` (long labels, many digits), to fewer: a row is never cut at the edge
-    of the screen. `highlight` (bool, the array's shape) marks cells to stand out,
+    Columns are elided to the view's count, then, where the table would be wider than
+    `view.width` (long labels, many digits), to the most that fit, measured before the
+    grid is laid out once (see _fitting): a row is never cut at the edge of the screen. `highlight` (bool, the array's shape) marks cells to stand out,
     e.g. where two runs differ.
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
