@@ -717,8 +717,10 @@ def _natural_width(renderable: RenderableType) -> int:
 
 def least_width(renderable: RenderableType) -> int:
     """The fewest terminal cells `renderable` can be printed in without cutting a column
-    kept whole (never wrapped, with a min_width: numbers, short codes); 0 when it has
-    no such column. A line may be wider than the terminal rather than cut a number.
+    kept whole (never wrapped, with a min_width: numbers, short codes) or splitting a
+    word of one that wraps (its min_width or width: its widest word, see keep_whole);
+    0 when it has no such column. A line may be wider than the terminal rather than
+    cut a number or a word.
 
     This follows how rich narrows a table that is too wide: the wrapable columns only,
     the widest first, down to a common width; that width must leave each of them its
