@@ -256,7 +256,7 @@ class Config:
     drawn: tuple[str, ...] = ()  # key paths of the arrays drawn rather than given
     # key paths (below `weights`) of projections given fused, every head's side by side
     # (`encoder.0.self_attn.W_q`); the model reads each head's columns as its own
-    fused: tuple[str, ...] = ()
+    given_fused: tuple[str, ...] = ()
     variant: str | None = None
     overrides: tuple[str, ...] = ()
 
@@ -790,7 +790,7 @@ class _Validator:
         self.ctx = ctx
         self.max_elements = max_elements
         self.drawn: list[str] = []
-        self.fused: list[str] = []
+        self.given_fused: list[str] = []
         self.seed = 0
         self.init_std = 1.0
         self.dtype = "float64"  # the model's, once read: given numbers must fit it
@@ -1539,7 +1539,7 @@ class _Validator:
             output_b=output_b,
             expect=self.expect(data.get("expect"), variants),
             drawn=tuple(self.drawn),
-            fused=tuple(self.fused),
+            given_fused=tuple(self.given_fused),
             variant=variant,
             overrides=tuple(self.ctx.overridden),
         )
@@ -1693,7 +1693,7 @@ class _Validator:
             dims = f"n_heads·{names[k]}"
             dims = f"d_model x {dims}" if k.startswith("W") else dims
             fused[k] = self.array(a[k], f"{p}.{k}", shape, dims=dims)
-            self.fused.append(f"{path}.{k}")
+            self.given_fused.append(f"{path}.{k}")
         if heads_raw is not None and not isinstance(heads_raw, list):
             raise self.ctx.err(
                 f"{p}.heads", "not a list", heads_raw, f"a list of {H} (one entry per head)"

@@ -380,7 +380,11 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
         return name, j, f", the embedding of {quoted(ctx.cfg.vocab[j])}"
     block, sep, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
-    if sep and isinstance(ctx.cfg, Config) and f"{block[len('weights.') :]}.{key}" in ctx.cfg.fused:
+    if (
+        sep
+        and isinstance(ctx.cfg, Config)
+        and f"{block[len('weights.') :]}.{key}" in ctx.cfg.given_fused
+    ):
         width = ctx.get(name).shape[-1]
         first = int(h) * width
         return f"{block}.{key}", first + j, f" (head {h}'s {first}..{first + width - 1})"
