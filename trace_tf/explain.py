@@ -26,6 +26,7 @@ from rich.text import Text
 from trace_tf.calc import NORM_AXES, op_arrays
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError, quoted
+from trace_tf.model import TIED_OUTPUT, output_weights, target_of
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
 from trace_tf.trace import Step, Trace
@@ -347,14 +348,14 @@ def _symbol(name: str) -> str:
     last = name.rsplit(".", 1)[-1]
     if last in ("input", "norm", "final_norm", "output", "residual", "x"):
         return "x"
-    if name == "embeddings (tied, transposed)":
+    if name == TIED_OUTPUT:
         return "Eᵀ"
     return {"Q": "q", "K": "k", "V": "v"}.get(last, last)
 
 
 def _bias_of(ctx: _Ctx, weight: str) -> tuple[str, np.ndarray] | None:
     """The bias that goes with a weight, by the SPEC's naming (W_q -> b_q, W -> b)."""
-    if weight == "embeddings (tied, transposed)":
+    if weight == TIED_OUTPUT:
         name = "weights.output.b"
     else:
         head, _, last = weight.rpartition(".")
@@ -376,7 +377,7 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
     `weights.<block>.heads.<h>.W_q` given fused is head h's columns of
     `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j there; the
     tied output weight's column j is the embedding of the j-th vocabulary token."""
-    if name == "embeddings (tied, transposed)" and isinstance(ctx.cfg, Config):
+    if name == TIED_OUTPUT and isinstance(ctx.cfg, Config):
         return name, j, f", the embedding of {quoted(ctx.cfg.vocab[j])}"
     block, sep, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
@@ -891,8 +892,6 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     i, j = cell
     stack = step.path.rsplit(".", 2)[-2]
-    from trace_tf.model import target_of
-
     seq = ctx.cfg.source if stack == "encoder" else ctx.cfg.target or target_of(ctx.cfg)
     if seq is not None and seq.matrix is not None:
         v = float(seq.matrix[i, j])
@@ -1059,9 +1058,7 @@ def named_arrays(cfg: Config | OpConfig) -> dict[str, np.ndarray]:
         return op_arrays(cfg.kind, cfg.params)
     arrays = cfg.named_arrays()
     if cfg.model.tie_embeddings:
-        from trace_tf.model import output_weights
-
-        arrays["embeddings (tied, transposed)"] = output_weights(cfg)[0]
+        arrays[TIED_OUTPUT] = output_weights(cfg)[0]
     return arrays
 
 

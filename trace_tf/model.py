@@ -551,6 +551,9 @@ def decoder(
         return tr.rec("output", x, "decoder output", x)
 
 
+TIED_OUTPUT = "embeddings (tied, transposed)"  # the output weight with tie_embeddings, as named
+
+
 def output_weights(cfg: Config) -> tuple[Array, Array | None]:
     """The output projection; tied weights reuse the (unscaled) embedding table (3.4)."""
     if cfg.model.tie_embeddings:
@@ -572,7 +575,7 @@ def output_layer(
     tied = ""
     if cfg.model.tie_embeddings:
         tied = " (W = embeddingsᵀ, tied)"
-        tr.name(W, "embeddings (tied, transposed)")
+        tr.name(W, TIED_OUTPUT)
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
             "logits",
