@@ -972,7 +972,9 @@ def generate(
     warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
-    header_rows = conventions(cfg) + gen_mod.describe(s, cfg.tokens.eos)
+    header_rows = conventions(cfg) + gen_mod.describe(
+        s, cfg.tokens.eos, encoder=cfg.model.encoder_layers > 0
+    )
     data = render.trace_json(
         cfg.title,
         tokens,

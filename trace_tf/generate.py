@@ -153,8 +153,9 @@ def settings(
     )
 
 
-def describe(s: Settings, eos: str | None) -> list[tuple[str, str]]:
-    """The decoding conventions in force, for the header (`eos`: tokens.eos, if set)."""
+def describe(s: Settings, eos: str | None, encoder: bool) -> list[tuple[str, str]]:
+    """The decoding conventions in force, for the header (`eos`: tokens.eos, if set;
+    `encoder`: whether the model has one, a decoder-only model has no cross-attention)."""
     if s.strategy == "greedy":
         rule = "greedy: the most probable token (a tie goes to the earlier vocabulary entry)"
     elif s.strategy == "sample":
@@ -197,7 +198,12 @@ def describe(s: Settings, eos: str | None) -> list[tuple[str, str]]:
             if s.cache
             else "none (--no-cache): each iteration recomputes the whole prefix",
         ),
-        ("encoder", "run once; cross-attention reads its output at every iteration"),
+        (
+            "encoder",
+            "run once; cross-attention reads its output at every iteration"
+            if encoder
+            else "none (decoder-only): each iteration reads only the prefix",
+        ),
     ]
 
 

@@ -1,0 +1,321 @@
+"""The conventions header says what was computed: for each option that changes a
+convention, set with --set, the header row (table and JSON alike) and the step
+formulas are pinned to the numbers, recomputed here with numpy from the JSON's own
+inputs and from weights drawn by SPEC section 2's recipe (never by trace-tf code)."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+CONFIG = """\
+model: {d_model: 4, n_heads: 2, d_k: 3, d_ff: 5, encoder_layers: 1, decoder_layers: 1}
+vocab: [a, b, c, SOS, EOS, PAD]
+tokens: {bos: SOS, eos: EOS}
+embeddings:
+  a: [1, -2, 0.5, 3]
+source: [a, b, c]
+target: [SOS, a, b]
+"""
+
+
+def drawn(path: str, shape: tuple[int, ...], seed: int = 0, std: float = 1.0) -> np.ndarray:
+    """A weight the file does not give, drawn as SPEC section 2 says."""
+    rng = np.random.default_rng([seed, zlib.crc32(path.encode())])
+    return rng.standard_normal(shape) * std
+
+
+def traced(tmp_yaml: Any, *args: str, command: str = "decode") -> dict[str, Any]:
+    result = runner.invoke(app, [command, tmp_yaml(CONFIG), "--format", "json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def value(data: dict[str, Any], path: str) -> np.ndarray:
+    [step] = [s for s in data["steps"] if s["path"] == path]
+    return np.array(step["value"], dtype=object).astype(float)  # "-inf" strings too
+
+
+def formula(data: dict[str, Any], path: str) -> str:
+    [step] = [s for s in data["steps"] if s["path"] == path]
+    return str(step["formula"])
+
+
+def table_header(tmp_yaml: Any, *args: str, command: str = "decode") -> str:
+    """The header panel as printed, wide enough for every row on one line."""
+    result = runner.invoke(
+        app, [command, tmp_yaml(CONFIG), *args], env={"COLUMNS": "400"}, terminal_width=400
+    )
+    assert result.exit_code == 0, result.output
+    return result.stdout.split("╰")[0]
+
+
+def assert_same_header(tmp_yaml: Any, data: dict[str, Any], *args: str) -> None:
+    """JSON's conventions are the table header's rows, word for word (SPEC section 5)."""
+    head = table_header(tmp_yaml, *args)
+    for key, text in data["conventions"].items():
+        assert f"│ {key}" in head and text in head, (key, text)
+
+
+def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=1, keepdims=True)
+    var = ((x - mean) ** 2).sum(axis=1, keepdims=True) / x.shape[1]  # biased: ÷ d
+    return (x - mean) / np.sqrt(var + eps)
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x**2).mean(axis=1, keepdims=True) + eps)
+
+
+@pytest.mark.parametrize("position", ["post", "pre"])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_the_norm_row_says_where_the_norm_is_and_what_it_computes(
+    tmp_yaml: Any, position: str, kind: str
+) -> None:
+    sets = ["--set", f"model.norm_position={position}", "--set", f"model.norm={kind}"]
+    sets += ["--set", "model.norm_eps=0.5"]  # large: ε inside the root shows
+    data = traced(tmp_yaml, *sets, command="encode")
+    norm = data["conventions"]["norm"]
+    assert norm.startswith(f"{position}-norm, ") and "ε = 0.5" in norm
+    assert ("biased var" in norm) == (kind == "layer")
+    assert ("final norm on" in norm) == (position == "pre")
+    assert "ε = 0.5" in formula(data, "encoder.0.self_attn.norm")
+    f = layer_norm if kind == "layer" else rms_norm
+    # post: norm(x + sublayer(x)); pre: the attention reads norm(x), x the layer's input
+    x = value(data, "encoder.0.self_attn.residual" if position == "post" else "encoder.input")
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.norm"), f(x, 0.5), atol=1e-12)
+    if position == "pre":
+        np.testing.assert_allclose(
+            value(data, "encoder.0.self_attn.residual"),
+            value(data, "encoder.input") + value(data, "encoder.0.self_attn.wo"),
+            atol=1e-12,
+        )
+        last = f(value(data, "encoder.0.ffn.residual"), 0.5)
+        np.testing.assert_allclose(value(data, "encoder.final_norm"), last, atol=1e-12)
+        np.testing.assert_allclose(value(data, "encoder.output"), last, atol=1e-12)
+    assert_same_header(tmp_yaml, data, *sets, "--format", "table")
+
+
+@pytest.mark.parametrize("position, on", [("pre", False), ("post", True)])
+def test_the_norm_row_says_whether_a_final_norm_runs(
+    tmp_yaml: Any, position: str, on: bool
+) -> None:
+    data = traced(
+        tmp_yaml, "--set", f"model.norm_position={position}", "--set", f"model.final_norm={on}"
+    )
+    assert ("final norm on" in data["conventions"]["norm"]) == on
+    paths = {s["path"] for s in data["steps"]}
+    assert ("encoder.final_norm" in paths) == on and ("decoder.final_norm" in paths) == on
+    if on:
+        expected = layer_norm(value(data, "decoder.0.ffn.norm"), 1e-5)
+        np.testing.assert_allclose(value(data, "decoder.output"), expected, atol=1e-12)
+
+
+def test_sinusoidal_positions_use_the_stated_base(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.pe_base=100")
+    assert "base 100" in data["conventions"]["positions"]
+    assert "100^(2i/d)" in formula(data, "encoder.pe")
+    pos, i = np.arange(3)[:, None], np.arange(2)[None, :]
+    angle = pos / 100 ** (2 * i / 4)
+    pe = np.stack([np.sin(angle), np.cos(angle)], axis=2).reshape(3, 4)
+    np.testing.assert_allclose(value(data, "encoder.pe"), pe, atol=1e-15)
+    np.testing.assert_allclose(value(data, "decoder.pe"), pe, atol=1e-15)
+
+
+def test_learned_positions_are_the_drawn_table_shared_by_both_stacks(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.positional=learned", "--set", "model.max_len=6")
+    assert data["conventions"]["positions"] == "learned table weights.positional (6 rows), added"
+    table = drawn("positional", (6, 4))
+    np.testing.assert_allclose(value(data, "encoder.pe"), table[:3], atol=0)
+    np.testing.assert_allclose(value(data, "decoder.pe"), table[:3], atol=0)
+
+
+def test_rope_angle_denominator_is_d_k_not_d_model(tmp_yaml: Any) -> None:
+    data = traced(
+        tmp_yaml,
+        "--set", "model.positional=rope",
+        "--set", "model.d_k=2",
+        "--set", "model.pe_base=4",
+        "--set", "model.d_model=4",
+    )  # fmt: skip
+    raw, q = value(data, "encoder.0.self_attn.h0.q_raw"), value(data, "encoder.0.self_attn.h0.q")
+    theta = np.arange(3) * 4.0 ** (-0 / 2)
+    np.testing.assert_allclose(q[:, 0], raw[:, 0] * np.cos(theta) - raw[:, 1] * np.sin(theta))
+
+
+def test_no_positions_leave_the_embeddings_as_the_input(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.positional=none")
+    assert data["conventions"]["positions"] == "none"
+    np.testing.assert_array_equal(value(data, "encoder.input"), value(data, "encoder.embed"))
+
+
+@pytest.mark.parametrize("raw, scale, text", [("2.5", 2.5, "2.5"), ("sqrt_d_model", 2.0, "2")])
+def test_the_embedding_scale_is_the_stated_one(
+    tmp_yaml: Any, raw: str, scale: float, text: str
+) -> None:
+    data = traced(tmp_yaml, "--set", f"model.embed_scale={raw}")
+    assert data["conventions"]["embeddings"].startswith("scaled by ")
+    assert data["conventions"]["embeddings"].endswith(text)
+    expected = value(data, "encoder.embed") * scale + value(data, "encoder.pe")
+    np.testing.assert_allclose(value(data, "encoder.input"), expected, atol=1e-15)
+    # the lookup is the unscaled table row (embeddings.a as given)
+    np.testing.assert_array_equal(value(data, "encoder.embed")[0], [1, -2, 0.5, 3])
+
+
+@pytest.mark.parametrize(
+    "sets, divisor, text",
+    [
+        ((), math.sqrt(3), "scores / sqrt(d_k),  sqrt(d_k) = 1.73205"),
+        (("--set", "model.d_k=2"), math.sqrt(2), "scores / sqrt(d_k),  sqrt(d_k) = 1.41421"),
+        (("--set", "model.scale=30"), 30.0, "scores / 30;"),
+        (("--set", "model.score=dot"), 1.0, "scores / 1 (not scaled)"),
+    ],
+)
+def test_the_scores_are_divided_by_the_stated_scale(
+    tmp_yaml: Any, sets: tuple[str, ...], divisor: float, text: str
+) -> None:
+    data = traced(tmp_yaml, *sets)
+    assert text in data["conventions"]["attention"]
+    for block in ("encoder.0.self_attn", "decoder.0.cross_attn"):
+        q, k = value(data, f"{block}.h1.q"), value(data, f"{block}.h1.k")
+        np.testing.assert_allclose(value(data, f"{block}.h1.scores"), q @ k.T, atol=1e-12)
+        scaled = value(data, f"{block}.h1.scaled")
+        np.testing.assert_allclose(scaled, q @ k.T / divisor, atol=1e-12)
+
+
+def test_each_score_function_computes_its_stated_formula(tmp_yaml: Any) -> None:
+    head = "encoder.0.self_attn.heads.0."
+    data = traced(tmp_yaml, "--set", "model.score=bilinear")
+    assert "S = Q W_b Kᵀ (bilinear)" in data["conventions"]["attention"]
+    q, k = value(data, "encoder.0.self_attn.h0.q"), value(data, "encoder.0.self_attn.h0.k")
+    expected = q @ drawn(head + "W_b", (3, 3)) @ k.T
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.scores"), expected, atol=1e-12)
+
+    data = traced(tmp_yaml, "--set", "model.score=additive", "--set", "model.d_a=2")
+    assert "v_aᵀ tanh(q_i W_a_q + k_j W_a_k) (additive, d_a 2)" in data["conventions"]["attention"]
+    q, k = value(data, "encoder.0.self_attn.h0.q"), value(data, "encoder.0.self_attn.h0.k")
+    qa, ka = q @ drawn(head + "W_a_q", (3, 2)), k @ drawn(head + "W_a_k", (3, 2))
+    expected = np.tanh(qa[:, None, :] + ka[None, :, :]) @ drawn(head + "v_a", (2,))
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.scores"), expected, atol=1e-12)
+
+    data = traced(tmp_yaml, "--set", "model.score=gaussian")
+    assert "−½ Σ_f ((q_if − k_jf) w_f)²" in data["conventions"]["attention"]
+    q, k = value(data, "encoder.0.self_attn.h0.q"), value(data, "encoder.0.self_attn.h0.k")
+    w = drawn(head + "w", ())  # one width for every feature (README)
+    expected = -0.5 * (((q[:, None, :] - k[None, :, :]) * w) ** 2).sum(axis=2)
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.scores"), expected, atol=1e-12)
+
+
+def test_the_temperature_divides_inside_the_softmax_only(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.temperature=0.25")
+    assert "softmax temperature 0.25" in data["conventions"]["attention"]
+    assert "T = 0.25" in formula(data, "encoder.0.self_attn.h0.softmax")
+    scaled = value(data, "encoder.0.self_attn.h0.scaled")
+    q, k = value(data, "encoder.0.self_attn.h0.q"), value(data, "encoder.0.self_attn.h0.k")
+    np.testing.assert_allclose(scaled, q @ k.T / math.sqrt(3), atol=1e-12)  # not / T
+    e = np.exp(scaled / 0.25 - (scaled / 0.25).max(axis=1, keepdims=True))
+    expected = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.softmax"), expected, atol=1e-12)
+
+
+def _gelu(x: float) -> float:
+    return 0.5 * x * (1 + math.erf(x / math.sqrt(2)))
+
+
+def _gelu_tanh(x: float) -> float:
+    return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize(
+    "name, row, f",
+    [
+        ("relu", "ReLU", lambda x: max(x, 0.0)),
+        ("gelu", "GELU (exact, erf)", _gelu),
+        ("gelu_tanh", "GELU (tanh approximation)", _gelu_tanh),
+    ],
+)
+def test_the_activation_is_the_stated_one(tmp_yaml: Any, name: str, row: str, f: Any) -> None:
+    data = traced(tmp_yaml, "--set", f"model.activation={name}")
+    assert data["conventions"]["activation"] == row
+    hidden = value(data, "encoder.0.ffn.hidden")
+    expected = np.vectorize(f)(hidden)
+    np.testing.assert_allclose(value(data, "encoder.0.ffn.act"), expected, atol=1e-15)
+
+
+def test_the_model_row_states_the_sizes_used(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.d_k=2", "--set", "model.d_v=5", "--set", "model.d_ff=3")
+    assert data["conventions"]["model"].startswith("d_model 4, 2 head(s) of d_k 2 / d_v 5, d_ff 3")
+    shapes = {s["path"]: s["shape"] for s in data["steps"]}
+    assert shapes["encoder.0.self_attn.h1.q"] == [3, 2]
+    assert shapes["encoder.0.self_attn.h1.v"] == [3, 5]
+    assert shapes["encoder.0.self_attn.concat"] == [3, 10]
+    assert shapes["decoder.0.ffn.hidden"] == [3, 3]
+
+
+def test_float32_is_what_the_numbers_row_says(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.dtype=float32")
+    assert data["conventions"]["numbers"].startswith("float32")
+    for step in data["steps"]:
+        v = np.array(step["value"], dtype=object).astype(float)
+        finite = v[np.isfinite(v)]
+        np.testing.assert_array_equal(finite.astype(np.float32).astype(float), finite)
+
+
+def _generated(tmp_yaml: Any, *args: str) -> dict[str, Any]:
+    return traced(tmp_yaml, *args, "--max-tokens", "4", command="generate")
+
+
+def test_a_decoder_only_generation_header_has_no_encoder_run(tmp_yaml: Any) -> None:
+    # It said "encoder: run once; cross-attention reads its output at every iteration"
+    # for a model with neither.
+    sets = ["--set", "model.encoder_layers=0", "--set", "source=null", "--greedy"]
+    data = _generated(tmp_yaml, *sets)
+    assert (
+        data["conventions"]["encoder"]
+        == "none (decoder-only): each iteration reads only the prefix"
+    )
+    assert_same_header_of_generate(tmp_yaml, data, *sets)
+    with_encoder = _generated(tmp_yaml, "--greedy")["conventions"]["encoder"]
+    assert with_encoder == "run once; cross-attention reads its output at every iteration"
+
+
+def assert_same_header_of_generate(tmp_yaml: Any, data: dict[str, Any], *args: str) -> None:
+    head = table_header(tmp_yaml, *args, "--max-tokens", "4", command="generate")
+    for key, text in data["conventions"].items():
+        assert f"│ {key}" in head and text in head, (key, text)
+
+
+def test_sampling_draws_as_the_decoding_row_says(tmp_yaml: Any) -> None:
+    args = ("--sample", "--temperature", "0.5", "--top-k", "4", "--seed", "11")
+    data = _generated(tmp_yaml, *args)
+    rule = data["conventions"]["decoding"]
+    assert rule.startswith("sample from softmax(logits / 0.5), then top-k 4, renormalised; ")
+    assert "numpy.random.default_rng(11), u = rng.random() per iteration" in rule
+    vocab = ["a", "b", "c", "SOS", "EOS", "PAD"]
+    rng = np.random.default_rng(11)
+    for it in data["iterations"]:
+        p = np.array([it["probs"][t] for t in vocab])
+        assert (p > 0).sum() <= 4 and math.isclose(p.sum(), 1.0, rel_tol=1e-12)
+        chosen = int(
+            np.argmax(np.cumsum(p) > rng.random())
+        )  # the first whose cumulative p exceeds u
+        assert it["next"] == vocab[chosen]
+    assert_same_header_of_generate(tmp_yaml, data, *args)
+
+
+def test_greedy_takes_the_most_probable_token_as_the_decoding_row_says(tmp_yaml: Any) -> None:
+    data = _generated(tmp_yaml, "--greedy")
+    assert data["conventions"]["decoding"].startswith("greedy: the most probable token")
+    assert "after 4 produced token(s)" in data["conventions"]["stop"]
+    for it in data["iterations"]:
+        assert it["next"] == max(it["probs"], key=lambda t: it["probs"][t])
