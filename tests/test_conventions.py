@@ -140,6 +140,24 @@ def test_learned_positions_are_the_drawn_table_shared_by_both_stacks(tmp_yaml: A
     np.testing.assert_allclose(value(data, "decoder.pe"), table[:3], atol=0)
 
 
+def test_rope_turns_each_pair_by_the_stated_angle(tmp_yaml: Any) -> None:
+    # d_k 3 (odd, and not d_model 4): the angle's d is d_k, the last column is not turned
+    data = traced(tmp_yaml, "--set", "model.positional=rope", "--set", "model.pe_base=50")
+    positions = data["conventions"]["positions"]
+    assert "base 50" in positions and "pos · 50^(−2i/d_k)" in positions
+    assert "pair (2i, 2i+1) turned by" in positions
+    assert positions.endswith("; odd d_k: the last column is not turned")
+    assert "encoder.pe" not in {s["path"] for s in data["steps"]}
+    raw = value(data, "encoder.0.self_attn.h1.k_raw")
+    theta = np.arange(3) * 50.0 ** (-0 / 3)  # the one pair (0, 1): i = 0
+    turned = raw.copy()
+    turned[:, 0] = raw[:, 0] * np.cos(theta) - raw[:, 1] * np.sin(theta)
+    turned[:, 1] = raw[:, 0] * np.sin(theta) + raw[:, 1] * np.cos(theta)
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h1.k"), turned, atol=1e-12)
+    # self-attention only: cross-attention's keys are the encoder output's, unturned
+    assert "decoder.0.cross_attn.h0.k_raw" not in {s["path"] for s in data["steps"]}
+
+
 def test_rope_angle_denominator_is_d_k_not_d_model(tmp_yaml: Any) -> None:
     data = traced(
         tmp_yaml,
@@ -260,6 +278,69 @@ def test_the_model_row_states_the_sizes_used(tmp_yaml: Any) -> None:
     assert shapes["encoder.0.self_attn.h1.v"] == [3, 5]
     assert shapes["encoder.0.self_attn.concat"] == [3, 10]
     assert shapes["decoder.0.ffn.hidden"] == [3, 3]
+
+
+def test_tied_output_weights_are_the_unscaled_embedding_table(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.tie_embeddings=true", "--set", "model.embed_scale=3")
+    embeddings = data["conventions"]["embeddings"]
+    assert embeddings == "scaled by 3; output tied to the embeddings (unscaled)"
+    vocab = ["a", "b", "c", "SOS", "EOS", "PAD"]
+    table = np.stack(
+        [np.array([1, -2, 0.5, 3.0])] + [drawn(f"embeddings.{t}", (4,)) for t in vocab[1:]]
+    )
+    expected = value(data, "decoder.output") @ table.T
+    np.testing.assert_allclose(value(data, "logits"), expected, atol=1e-12)
+
+
+def test_the_masks_row_names_each_mask_its_values_and_where_it_applies(tmp_yaml: Any) -> None:
+    sets = ["--set", "tokens.pad=PAD", "--set", "source=[a, PAD, b]"]
+    sets += ["--set", "target=[SOS, PAD, a]"]
+    data = traced(tmp_yaml, *sets)
+    masks = data["conventions"]["masks"]
+    assert masks.startswith("additive, 0 where attention may look, −inf where it may not:")
+    assert "decoder self-attention causal" in masks
+    assert "pad token 'PAD' masked as a key" in masks
+    inf = -np.inf
+    np.testing.assert_array_equal(value(data, "encoder.mask"), [[0, inf, 0]] * 3)
+    np.testing.assert_array_equal(value(data, "decoder.cross_mask"), [[0, inf, 0]] * 3)
+    causal_and_pad = [[0, inf, inf], [0, inf, inf], [0, inf, 0]]
+    np.testing.assert_array_equal(value(data, "decoder.mask"), causal_and_pad)
+    for block, mask in [
+        ("encoder.0.self_attn", "encoder.mask"),
+        ("decoder.0.self_attn", "decoder.mask"),
+        ("decoder.0.cross_attn", "decoder.cross_mask"),
+    ]:
+        scaled, masked = value(data, f"{block}.h0.scaled"), value(data, f"{block}.h0.masked")
+        np.testing.assert_array_equal(masked, scaled + value(data, mask))  # additive
+        soft = value(data, f"{block}.h0.softmax")
+        assert (soft[np.isneginf(masked)] == 0).all()
+    assert_same_header(tmp_yaml, data, *sets, "--format", "table")
+
+
+def test_an_encoder_only_masks_row_states_the_mask_values_too(tmp_yaml: Any) -> None:
+    sets = ["--set", "model.decoder_layers=0", "--set", "target=null", "--set", "tokens.pad=b"]
+    data = traced(tmp_yaml, *sets, command="encode")
+    masks = data["conventions"]["masks"]
+    assert masks == (
+        "additive, 0 where attention may look, −inf where it may not: pad token 'b' masked as a key"
+    )
+
+
+def test_drawn_weights_come_from_the_stated_seed_and_distribution(tmp_yaml: Any) -> None:
+    data = traced(tmp_yaml, "--set", "model.seed=7", "--set", "model.init_std=0.02")
+    assert data["conventions"]["weights"].startswith("drawn with seed 7, N(0, 0.02²): ")
+    np.testing.assert_array_equal(
+        value(data, "encoder.embed")[1], drawn("embeddings.b", (4,), 7, 0.02)
+    )
+    w_q = drawn("encoder.0.self_attn.heads.1.W_q", (4, 3), 7, 0.02)
+    expected = value(data, "encoder.input") @ w_q
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h1.q"), expected, atol=1e-15)
+    # what the file does not give and is not drawn: biases 0, γ 1, β 0
+    assert "biases 0, γ 1, β 0 where not given" in data["conventions"]["weights"]
+    b_1 = value(data, "encoder.0.ffn.hidden") - value(data, "encoder.0.self_attn.norm") @ drawn(
+        "encoder.0.ffn.W_1", (4, 5), 7, 0.02
+    )
+    np.testing.assert_allclose(b_1, 0, atol=1e-15)
 
 
 def test_float32_is_what_the_numbers_row_says(tmp_yaml: Any) -> None:

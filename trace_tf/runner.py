@@ -92,13 +92,15 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         if m.norm == "layer"
         else "RMSNorm x/√(mean(x²)+ε)·γ+β"
     )
-    masks = ["decoder self-attention causal (0 / −inf, additive)"] if m.decoder_layers else []
+    masks = ["decoder self-attention causal"] if m.decoder_layers else []
     if cfg.tokens.pad is not None:  # ("" is a token too)
         masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({counted(m.max_len, 'row')}), added",
-        "rope": f"RoPE on q and k in self-attention, pairs (2i, 2i+1), base {exact(m.pe_base)}",
+        "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair (2i, 2i+1) "
+        f"turned by pos · {exact(m.pe_base)}^(−2i/d_k) radians"
+        + ("; odd d_k: the last column is not turned" if m.d_k % 2 else ""),
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)
@@ -124,7 +126,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         (
             "embeddings",
             f"scaled by {m.embed_scale_text}"
-            + ("; output tied to the embeddings" if m.tie_embeddings else ""),
+            + ("; output tied to the embeddings (unscaled)" if m.tie_embeddings else ""),
         ),
         (
             "activation",
@@ -132,12 +134,20 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 m.activation
             ],
         ),
-        ("masks", "; ".join(masks) or "none"),
+        (
+            "masks",
+            "additive, 0 where attention may look, −inf where it may not: " + "; ".join(masks)
+            if masks
+            else "none",
+        ),
         (
             "weights",
-            f"drawn with seed {m.seed}, N(0, {exact(m.init_std)}²): {drawn}"
-            if cfg.drawn
-            else "all given in the file",
+            (
+                f"drawn with seed {m.seed}, N(0, {exact(m.init_std)}²): {drawn}"
+                if cfg.drawn
+                else "none drawn"
+            )
+            + "; biases 0, γ 1, β 0 where not given",
         ),
         (
             "numbers",
