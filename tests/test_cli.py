@@ -1064,12 +1064,12 @@ def test_out_of_memory_outside_a_command_is_still_one_line(
 
 def test_a_named_scale_is_not_written_as_if_the_quotient_equalled_it() -> None:
     # "S / sqrt(d_k) = 1.73205" read as S/√d_k = 1.73205: the value is said after the
-    # formula, as the embedding scale's is (hello: d_k = 3, √3 = 1.73205)
+    # formula, as the embedding scale's is (hello: d_k = 3, √3 ≈ 1.73205)
     code, out, _ = invoke("step", "--stage", "scaled", "--head", "0", "--format", "json")
     assert code == 0
     formulas = {s["path"]: s["formula"] for s in json.loads(out)["steps"]}
-    assert formulas["encoder.0.self_attn.h0.scaled"] == "S / sqrt(d_k),  sqrt(d_k) = 1.73205"
-    assert "scores / sqrt(d_k),  sqrt(d_k) = 1.73205" in invoke("encode")[1]
+    assert formulas["encoder.0.self_attn.h0.scaled"] == "S / sqrt(d_k),  sqrt(d_k) ≈ 1.73205"
+    assert "scores / sqrt(d_k),  sqrt(d_k) ≈ 1.73205" in invoke("encode")[1]
     code, out, _ = invoke("step", "--stage", "scaled", "--variant", "document_scale30")
     assert code == 0 and "S / 30   " in out
 

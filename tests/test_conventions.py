@@ -193,8 +193,10 @@ def test_the_embedding_scale_is_the_stated_one(
 @pytest.mark.parametrize(
     "sets, divisor, text",
     [
-        ((), math.sqrt(3), "scores / sqrt(d_k),  sqrt(d_k) = 1.73205"),
-        (("--set", "model.d_k=2"), math.sqrt(2), "scores / sqrt(d_k),  sqrt(d_k) = 1.41421"),
+        # a rounded root is said to be one (≈), a whole one is exact (=)
+        ((), math.sqrt(3), "scores / sqrt(d_k),  sqrt(d_k) ≈ 1.73205"),
+        (("--set", "model.d_k=2"), math.sqrt(2), "scores / sqrt(d_k),  sqrt(d_k) ≈ 1.41421"),
+        (("--set", "model.d_k=4"), 2.0, "scores / sqrt(d_k),  sqrt(d_k) = 2;"),
         (("--set", "model.scale=30"), 30.0, "scores / 30;"),
         (("--set", "model.score=dot"), 1.0, "scores / 1 (not scaled)"),
     ],

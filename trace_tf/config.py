@@ -31,7 +31,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
-from trace_tf.text import counted, exact, shape_text, whole_number
+from trace_tf.text import counted, exact, root_text, shape_text, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -933,7 +933,7 @@ class _Validator:
     def scale(self, raw: Any, path: str, d_k: int) -> tuple[float, str]:
         """What the scores are divided by: sqrt_dk or a positive number, and how to show it."""
         if raw == "sqrt_dk":
-            return math.sqrt(d_k), f"sqrt(d_k) = {math.sqrt(d_k):.6g}"
+            return math.sqrt(d_k), root_text("sqrt(d_k)", d_k)
         if isinstance(raw, str):
             raise self.ctx.err(
                 path,
@@ -1332,10 +1332,7 @@ class _Validator:
         )
         embed_scale_raw = m.get("embed_scale", 1)
         if embed_scale_raw == "sqrt_d_model":
-            embed_scale, embed_text = (
-                math.sqrt(d_model),
-                f"sqrt(d_model) = {math.sqrt(d_model):.6g}",
-            )
+            embed_scale, embed_text = math.sqrt(d_model), root_text("sqrt(d_model)", d_model)
         else:
             if isinstance(embed_scale_raw, str):
                 raise self.ctx.err(

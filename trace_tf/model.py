@@ -46,9 +46,9 @@ def _plus(bias: Array | None, name: str) -> str:
 
 def named(text: str) -> tuple[str, str]:
     """A constant as a formula names it, and its value said after the formula, so that
-    `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) = 1.73205" ->
-    ("sqrt(d_k)", ",  sqrt(d_k) = 1.73205"); a plain number, "30" -> ("30", "")."""
-    name, sep, _ = text.partition(" = ")
+    `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) ≈ 1.73205" ->
+    ("sqrt(d_k)", ",  sqrt(d_k) ≈ 1.73205"); a plain number, "30" -> ("30", "")."""
+    name, sep, _ = text.replace(" ≈ ", " = ").partition(" = ")
     return name, f",  {text}" if sep else ""
 
 

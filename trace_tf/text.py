@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -11,6 +12,14 @@ def exact(x: float) -> str:
     Python's repr: a constant the user gave is never shown rounded."""
     text = repr(float(x))
     return text[:-2] if text.endswith(".0") else text
+
+
+def root_text(name: str, n: int) -> str:
+    """A square root the program takes, named and valued: `sqrt(d_model) = 2`, or
+    `sqrt(d_k) ≈ 1.73205` (6 significant digits) when the root is not whole, so that
+    a rounded value is not read as the one divided by."""
+    root = math.sqrt(n)
+    return f"{name} = {exact(root)}" if root.is_integer() else f"{name} ≈ {root:.6g}"
 
 
 def printable(text: str) -> str:
