@@ -402,3 +402,42 @@ def test_greedy_takes_the_most_probable_token_as_the_decoding_row_says(tmp_yaml:
     assert "after 4 produced token(s)" in data["conventions"]["stop"]
     for it in data["iterations"]:
         assert it["next"] == max(it["probs"], key=lambda t: it["probs"][t])
+
+
+BIASED = """\
+model: {d_model: 2, n_heads: 1, d_ff: 2, encoder_layers: 1, decoder_layers: 1}
+vocab: [a, b, SOS]
+tokens: {bos: SOS}
+source: [a, b]
+target: [SOS]
+weights:
+  encoder:
+    - self_attn: {b_q: [1, 2], b_k: [0, 1], b_v: [1, -1], b_o: [3, 3]}
+      ffn: {b_1: [1, 1], b_2: [2, -2]}
+  output: {b: [1, 2, 3]}
+"""
+
+
+def test_a_step_adding_a_bias_names_the_bias_among_its_inputs(tmp_yaml: Any) -> None:
+    # "Q = X W_q + b_q" named only X and W_q as its inputs (so `step` showed no b_q).
+    result = runner.invoke(app, ["decode", tmp_yaml(BIASED), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    steps = {s["path"]: s for s in data["steps"]}
+    biased = {p: s for p, s in steps.items() if " + b" in s["formula"]}
+    assert len(biased) == 7
+    for path, step in biased.items():
+        bias = step["formula"].rsplit(" + ", 1)[1]
+        assert step["inputs"][-1].endswith(f".{bias}"), (path, step["inputs"])
+    W_q = drawn("encoder.0.self_attn.heads.0.W_q", (2, 2))
+    expected = value(data, "encoder.input") @ W_q + [1, 2]
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.q"), expected, atol=1e-12)
+    expected = value(data, "decoder.output") @ drawn("output.W", (2, 3)) + [1, 2, 3]
+    np.testing.assert_allclose(value(data, "logits"), expected, atol=1e-12)
+    # the cost ledger reads the same inputs: a bias is no multiply-add
+    costs = []
+    for config in (BIASED, BIASED.split("weights:")[0]):
+        result = runner.invoke(app, ["cost", tmp_yaml(config), "--format", "json"])
+        assert result.exit_code == 0, result.output
+        costs.append({r["path"]: r["macs"] for r in json.loads(result.stdout)["ledger"]})
+    assert costs[0] == costs[1] and costs[0]["encoder.0.self_attn.h0.q"] == 2 * 2 * 2

@@ -39,10 +39,11 @@ Terms = tuple[int, int, int]  # rows, inner, columns
 
 
 def x_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
-    """X W: X is m × n, W is n × p, the product m × p."""
-    if len(inputs) == 2 and len(inputs[0]) == len(inputs[1]) == 2:
-        (m, n), (n_w, p) = inputs
-        if n == n_w and shape == (m, p):
+    """X W (+ b): X is m × n, W is n × p, the product m × p; a bias, when there is
+    one, is p numbers (its adds are not multiply-adds)."""
+    if len(inputs) in (2, 3) and len(inputs[0]) == len(inputs[1]) == 2:
+        (m, n), (n_w, p) = inputs[:2]
+        if n == n_w and shape == (m, p) and tuple(inputs[2:]) in ((), ((p,),)):
             return m, n, p
     return None
 

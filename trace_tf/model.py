@@ -44,6 +44,11 @@ def _plus(bias: Array | None, name: str) -> str:
     return f" + {name}" if bias is not None else ""
 
 
+def _operands(x: Array, W: Array, b: Array | None) -> tuple[Array, ...]:
+    """The inputs of `x W + b` as a step names them: the bias too, when there is one."""
+    return (x, W) if b is None else (x, W, b)
+
+
 def named(text: str) -> tuple[str, str]:
     """A constant as a formula names it, and its value said after the formula, so that
     `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) ≈ 1.73205" ->
@@ -186,7 +191,12 @@ def attention_head(
     src = "X" if x_q is x_kv else "Enc"
     start = cache.length if cache is not None and cache.grows else 0  # position of row 0
     q_formula = "Q = X W_q" + _plus(hw.b_q, "b_q")
-    q = tr.rec("q_raw" if rotary else "q", project(x_q, hw.W_q, hw.b_q), q_formula, x_q, hw.W_q)
+    q = tr.rec(
+        "q_raw" if rotary else "q",
+        project(x_q, hw.W_q, hw.b_q),
+        q_formula,
+        *_operands(x_q, hw.W_q, hw.b_q),
+    )
     if rotary:
         q = tr.rec(
             "q", ops.rope(q, start + np.arange(len(q)), m.pe_base), "Q = RoPE(Q_raw, pos)", q
@@ -201,7 +211,7 @@ def attention_head(
         )
     k = project(x_kv, hw.W_k, hw.b_k)
     k_formula = f"K = {src} W_k" + _plus(hw.b_k, "b_k")
-    k_inputs: tuple[Array, ...] = (x_kv, hw.W_k)
+    k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
     if rotary:
         k_raw = tr.rec("k_raw", k, k_formula, *k_inputs)  # the new rows only
         k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base)
@@ -214,7 +224,7 @@ def attention_head(
             v_formula = f"V = [cached V, 0..{start - 1}; {v_formula.removeprefix('V = ')}]"
         k, v = cache.extend(k, v)
     k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
-    v = tr.rec("v", v, v_formula, x_kv, hw.W_v, rows="keys")
+    v = tr.rec("v", v, v_formula, *_operands(x_kv, hw.W_v, hw.b_v), rows="keys")
     return attend(
         q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
     )
@@ -331,8 +341,7 @@ def multi_head_attention(
         "wo",
         ops.linear(concat, aw.W_o, aw.b_o),
         "concat W_o" + _plus(aw.b_o, "b_o"),
-        concat,
-        aw.W_o,
+        *_operands(concat, aw.W_o, aw.b_o),
     )
 
 
@@ -344,7 +353,10 @@ def multi_head_attention(
 def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
     """act(x W_1 + b_1) W_2 + b_2 (eq. 2). [L, d] -> [L, d_ff] -> [L, d]"""
     hidden = tr.rec(
-        "hidden", ops.linear(x, fw.W_1, fw.b_1), "H = X W_1" + _plus(fw.b_1, "b_1"), x, fw.W_1
+        "hidden",
+        ops.linear(x, fw.W_1, fw.b_1),
+        "H = X W_1" + _plus(fw.b_1, "b_1"),
+        *_operands(x, fw.W_1, fw.b_1),
     )
     act_name = {
         "relu": "ReLU(H)",
@@ -353,7 +365,10 @@ def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRA
     }
     act = tr.rec("act", ops.ACTIVATIONS[m.activation](hidden), act_name[m.activation], hidden)
     return tr.rec(
-        "out", ops.linear(act, fw.W_2, fw.b_2), "act W_2" + _plus(fw.b_2, "b_2"), act, fw.W_2
+        "out",
+        ops.linear(act, fw.W_2, fw.b_2),
+        "act W_2" + _plus(fw.b_2, "b_2"),
+        *_operands(act, fw.W_2, fw.b_2),
     )
 
 
@@ -581,8 +596,7 @@ def output_layer(
             "logits",
             ops.linear(x, W, b),
             "logits = out W" + _plus(b, "b") + tied,
-            x,
-            W,
+            *_operands(x, W, b),
             cols=cfg.vocab,
         )
         probs = tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
