@@ -441,3 +441,40 @@ def test_a_step_adding_a_bias_names_the_bias_among_its_inputs(tmp_yaml: Any) -> 
         assert result.exit_code == 0, result.output
         costs.append({r["path"]: r["macs"] for r in json.loads(result.stdout)["ledger"]})
     assert costs[0] == costs[1] and costs[0]["encoder.0.self_attn.h0.q"] == 2 * 2 * 2
+
+
+@pytest.mark.parametrize("mask", [None, "0 -inf 1.5"])
+def test_attend_states_its_mask_and_adds_it(mask: str | None) -> None:
+    # The header's operation read softmax((S / scale + M) / T) V with no mask given,
+    # and nothing said what M was when one was.
+    args = ["attend", "--q", "1 0", "--k", "1 2; 0 1; 3 -1", "--v", "1; 2; 4", "--format", "json"]
+    result = runner.invoke(app, args + (["--mask", mask] if mask else []))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    head = data["conventions"]
+    scaled = np.array([[1.0, 0.0, 3.0]]) / math.sqrt(2)
+    np.testing.assert_allclose(value(data, "attn.scaled"), scaled, atol=1e-15)
+    if mask is None:
+        assert head["mask"] == "none" and "+ M" not in head["operation"]
+        assert "attn.masked" not in {s["path"] for s in data["steps"]}
+    else:
+        assert "softmax((S / scale + M) / T)" in head["operation"]
+        assert head["mask"].startswith("M (attention.mask), added to the scaled scores")
+        scaled = scaled + np.array([[0, -np.inf, 1.5]])
+        np.testing.assert_array_equal(value(data, "attn.masked"), scaled)
+    e = np.exp(scaled - scaled.max())
+    np.testing.assert_allclose(value(data, "attn.softmax"), e / e.sum(), atol=1e-15)
+
+
+def test_the_rms_norm_calculator_claims_no_variance() -> None:
+    args = ["norm", "--x", "1 2 4; 0 0 3", "--kind", "rms", "--eps", "0.5", "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["conventions"]["eps"] == "0.5, inside the square root"
+    x = np.array([[1.0, 2, 4], [0, 0, 3]])
+    np.testing.assert_allclose(value(data, "norm.out"), rms_norm(x, 0.5), atol=1e-15)
+    result = runner.invoke(app, [*args[:4], "layer", "--eps", "0.5", "--format", "json"])
+    data = json.loads(result.stdout)
+    assert data["conventions"]["eps"] == "0.5, inside the square root; biased variance"
+    np.testing.assert_allclose(value(data, "norm.out"), layer_norm(x, 0.5), atol=1e-15)

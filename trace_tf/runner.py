@@ -60,13 +60,26 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     if isinstance(cfg, OpConfig):
         p = cfg.params
         if cfg.kind == "attention":
+            masked = isinstance(p["mask"], np.ndarray)
             return [
-                ("operation", "attention: softmax((S / scale + M) / T) V, row softmax, stable"),
+                (
+                    "operation",
+                    "attention: softmax((S / scale"
+                    + (" + M" if masked else "")
+                    + ") / T) V, row softmax, stable",
+                ),
                 ("score", score_text(str(p["score"]), p["W_a_q"].shape[1] if "W_a_q" in p else 0)),
                 ("scale", str(p["scale_text"])),
                 (
                     "temperature",
                     f"{exact(p['temperature'])} (divides the scaled scores inside the softmax only)",
+                ),
+                (
+                    "mask",
+                    "M (attention.mask), added to the scaled scores: 0 may look, −inf may not, "
+                    "another number is a bias"
+                    if masked
+                    else "none",
                 ),
             ]
         if cfg.kind == "norm":
@@ -75,7 +88,11 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             return [
                 ("operation", f"{p['kind']} norm over {NORM_AXES[str(p['kind'])][1]}"),
                 ("axes", norm_axes_text(str(p["kind"]), p["x"].shape)),
-                ("eps", f"{exact(p['eps'])}, inside the square root; biased variance"),
+                (
+                    "eps",
+                    f"{exact(p['eps'])}, inside the square root"
+                    + ("" if p["kind"] == "rms" else "; biased variance"),
+                ),
             ]
         if p["kind"] == "rope":
             return [
