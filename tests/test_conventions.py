@@ -478,3 +478,23 @@ def test_the_rms_norm_calculator_claims_no_variance() -> None:
     data = json.loads(result.stdout)
     assert data["conventions"]["eps"] == "0.5, inside the square root; biased variance"
     np.testing.assert_allclose(value(data, "norm.out"), layer_norm(x, 0.5), atol=1e-15)
+
+
+def test_the_overrides_row_names_the_variant_and_the_header_follows_it() -> None:
+    # It listed the keys a variant set but not the variant: two variants setting the
+    # same keys (hello's document and document_scale30 both set source) read alike.
+    args = ["encode", "--variant", "document_scale30", "--set", "model.embed_scale=2"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    head = data["conventions"]
+    assert head["overrides"] == (
+        "variant 'document_scale30'; keys set: source, model.positional, model.scale, "
+        "model.embed_scale"
+    )
+    assert head["positions"] == "none" and head["embeddings"] == "scaled by 2"
+    assert "scores / 30;" in head["attention"]
+    source = np.array([[1, 3, 3, 5], [2.84, 3.99, 4, 6]])  # the variant's, in hello.yaml
+    np.testing.assert_allclose(value(data, "encoder.input"), source * 2, atol=0)
+    scores = value(data, "encoder.0.self_attn.h0.scores")
+    np.testing.assert_allclose(value(data, "encoder.0.self_attn.h0.scaled"), scores / 30)

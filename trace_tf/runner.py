@@ -174,7 +174,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ),
     ]
     if cfg.variant or cfg.overrides:
-        rows.append(("overrides", ", ".join(cfg.overrides)))
+        variant = f"variant {quoted(cfg.variant)}; " if cfg.variant is not None else ""
+        rows.append(("overrides", variant + "keys set: " + ", ".join(cfg.overrides)))
     return rows
 
 
