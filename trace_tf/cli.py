@@ -1086,8 +1086,8 @@ def _run_op(cfg: "OpConfig", c: Common) -> None:
 @running(
     NO_CSV,
     dtype=False,
-    csv="it writes a single matrix, and attend records four, attn.scores, attn.scaled, "
-    "attn.softmax and attn.context",
+    csv="it writes a single matrix, and attend records several: attn.scores, attn.scaled, "
+    "attn.masked with a mask, attn.softmax, attn.context, and a score function's own",
 )
 def attend(
     c: Common,

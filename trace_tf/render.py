@@ -120,8 +120,9 @@ def matrix_table(
 
     Columns are elided to the view's count, then, where the table would be wider than
     `view.width` (long labels, many digits), to the most that fit, measured before the
-    grid is laid out once (see _fitting): a row is never cut at the edge of the screen. `highlight` (bool, the array's shape) marks cells to stand out,
-    e.g. where two runs differ.
+    grid is laid out once (see _fitting): a row is never cut at the edge of the screen.
+    `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs
+    differ.
     """
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
@@ -778,8 +779,8 @@ def _fitted(
     part, its paths going onto lines after their dots (the caller adds the rows with
     `_add_rows`); then the `give_way` columns (names) in turn, each to its least,
     their texts cut in the middle (see _cut); the others (verdicts, numbers) keep
-    their width. Columns of numbers (a name
-    with `|`, `atol`, `tolerance`, `cells`) are right-aligned."""
+    their width. Columns of numbers (a name with `|`, `atol`, `tolerance`, `cells`)
+    are right-aligned."""
     widths = (
         [
             max(cell_len(x) for x in (name, *column))
