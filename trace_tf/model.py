@@ -11,6 +11,7 @@ Shapes: L_q query positions, L_k key positions, d = d_model, H heads of d_k / d_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,8 +54,8 @@ def named(text: str) -> tuple[str, str]:
     """A constant as a formula names it, and its value said after the formula, so that
     `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) ≈ 1.73205" ->
     ("sqrt(d_k)", ",  sqrt(d_k) ≈ 1.73205"); a plain number, "30" -> ("30", "")."""
-    name, sep, _ = text.replace(" ≈ ", " = ").partition(" = ")
-    return name, f",  {text}" if sep else ""
+    name, *value = re.split(" [=≈] ", text, maxsplit=1)
+    return name, f",  {text}" if value else ""
 
 
 def norm_formula(m: ModelConfig, of: str) -> str:

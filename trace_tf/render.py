@@ -646,13 +646,15 @@ class Wrapped:
             out.append(pieces)
         return out
 
-    def least(self) -> int:
+    def least(self, lines: list[list[Text]] | None = None) -> int:
         """The cells its widest piece takes: the fewest it is printed in unfolded."""
-        return max(_cells(p.plain.rstrip(" ")) for line in self._pieces() for p in line)
+        pieces = self._pieces() if lines is None else lines
+        return max(_cells(p.plain.rstrip(" ")) for line in pieces for p in line)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in self._pieces())
-        return Measurement(self.least(), most)
+        lines = self._pieces()
+        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
+        return Measurement(self.least(lines), most)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines: list[Text] = []
