@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -137,3 +138,21 @@ def test_diff_header_breaks_its_first_differing_path_after_a_dot() -> None:
     assert_no_word_split(panel, allowed)
     result = [x.strip("│ ") for x in panel.splitlines() if x.strip("│ ")][3:]
     assert first in "".join(x.removeprefix("result").strip() for x in result)
+
+
+@pytest.mark.parametrize("columns", [40, 60, 120])
+def test_check_names_each_config_whole_above_its_own_rows(columns: int) -> None:
+    # Several configs shared one column, cut at narrow widths to "000…yaml": the five
+    # 000_/001_/002_ files read alike. Each name is now a line of its own, whole,
+    # above its entries; rows between two names are that config's.
+    files = sorted(str(p) for p in Path("fixtures").glob("*.yaml"))
+    results = data(["check", *files])["results"]
+    names = [Path(f).name for f in files]
+    out = shown(["check", *files], columns).splitlines()
+    assert [x for x in out if x.strip() in names] == names  # whole, in order, once each
+    at = [out.index(n) for n in names] + [len(out)]
+    for name, start, end in zip(names, at[:-1], at[1:], strict=True):
+        body = [x for x in out[start + 1 : end] if not x.startswith("step ")]  # (the header)
+        verdicts = [x for x in body if re.search(r"\s(ok|FAIL)\s", x)]
+        assert len(verdicts) == sum(Path(r["config"]).name == name for r in results)
+    assert "config" not in out[2].split()  # no config column: the header is the step's

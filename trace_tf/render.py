@@ -603,7 +603,7 @@ def _count(n: int) -> str:
     return f"{n:,}" if n else "—"
 
 
-_LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("lon…yaml")
+_LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("…scale30")
 
 
 PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
@@ -751,7 +751,7 @@ def least_width(renderable: RenderableType) -> int:
 
 
 def _cut(text: str, cells: int) -> str:
-    """`text` (a name that gives way in `_fitted`: a config's file name, a variant) in
+    """`text` (a name that gives way in `_fitted`: a variant's, in `check`) in
     `cells` terminal cells, cut in the middle: its last two dot-separated parts kept
     whole where it has more ("run.v2.yaml" -> "r…v2.yaml"), else its last ("long_na…yaml"),
     with as much of its start as there is room for; where no start fits besides, only
@@ -844,42 +844,59 @@ def _config_name(r: CheckResult) -> str:
 
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
     """One row per `expect` entry, then why each failed one failed, in full, and each
-    document error an entry records. A config or tolerance shared by every row goes in
-    the title rather than a column (its rtol only when it is not 0); the notes get the
-    room that is left (cut short on their line), or, on a terminal too narrow for
-    them, no column (they are in --format json)."""
+    document error an entry records. A tolerance shared by every row goes in the title
+    rather than a column (its rtol only when it is not 0); so does the config, when
+    there is one; several are each named above their own rows, whole, in tables whose
+    columns line up. The notes get the room that is left (cut short on their line),
+    or, on a terminal too narrow for them, no column (they are in --format json)."""
     if not results:
         return [Text("trace-tf check: no `expect` entries to check", style="dim")]
-    configs = {_config_name(r) for r in results}
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        groups.setdefault(_config_name(r), []).append(i)
     tolerances = {(r.atol, r.rtol) for r in results}
     relative = any(r.rtol for r in results)
     title = "trace-tf check"
-    title += f"  {next(iter(configs))}" if len(configs) == 1 else ""
+    title += f"  {next(iter(groups))}" if len(groups) == 1 else ""
     if len(tolerances) == 1:
         atol, rtol = next(iter(tolerances))
         title += f"  (atol {exact(atol)}" + (f", rtol {exact(rtol)})" if rtol else ")")
     rows = [
-        [_config_name(r)] * (len(configs) > 1)
-        + [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
+        [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
         + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
         + [_tolerance(r.atol, r.rtol)] * (len(tolerances) > 1)
         for r in results
     ]
-    names = ["config"] * (len(configs) > 1) + ["step", "variant", "ok", "max |error|"]
+    names = ["step", "variant", "ok", "max |error|"]
     names += ["tolerance" if relative else "atol"] * (len(tolerances) > 1)
-    table, room = _fitted(
-        names, rows, width, (("variant", 8), ("config", 10)), wrap="step", title=title
-    )
-    if room >= 12:
-        table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
-    styled: list[list[RenderableType]] = []
-    for r, cells in zip(results, rows, strict=True):
-        styled.append([*cells, *([printable(r.note)] if room >= 12 else [])])
-        styled[-1][names.index("ok")] = (
-            Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
+    out: list[RenderableType] = []
+    if len(groups) > 1:
+        out.append(Text(title, style="table.title"))
+    for k, (config, group) in enumerate(groups.items()):
+        # Every group's table is fitted to all the rows, so that their columns line up.
+        cut = [list(row) for row in rows]
+        table, room = _fitted(
+            names,
+            cut,
+            width,
+            (("variant", 8),),
+            wrap="step",
+            title=title if len(groups) == 1 else None,
+            show_header=k == 0,
         )
-    _add_rows(table, styled, names.index("step"))
-    out: list[RenderableType] = [table]
+        if room >= 12:
+            table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
+        styled: list[list[RenderableType]] = []
+        for i in group:
+            r = results[i]
+            styled.append([*cut[i], *([printable(r.note)] if room >= 12 else [])])
+            styled[-1][names.index("ok")] = (
+                Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
+            )
+        _add_rows(table, styled, names.index("step"))
+        if len(groups) > 1:
+            out.append(Text(config, style="bold"))
+        out.append(table)
 
     def where(r: CheckResult) -> str:
         return f"{_config_name(r)}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
