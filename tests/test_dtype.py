@@ -9,9 +9,13 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+import reference_torch
+import torch
 import yaml
 from conftest import config_from
 from random_configs import random_config
+from test_engine_reference import SHAPES as REFERENCE_SHAPES
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -46,6 +50,30 @@ def test_float32_is_float32_everywhere_and_close_to_float64() -> None:
             # float32 keeps ~7 digits; a few layers of rounding stay well under 1e-4
             np.testing.assert_allclose(v32, v64, rtol=1e-4, atol=1e-5, err_msg=path)
         assert not np.array_equal(t32.value(path), t64.value(path))  # really computed in float32
+
+
+@pytest.mark.parametrize("i", range(len(REFERENCE_SHAPES)))
+def test_float32_rounds_like_torch_float32_not_like_float64_cast_at_the_end(
+    i: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A float32 dtype on every array could still hide a float64 computation cast at the
+    # end: its logits would then be within one float32 rounding (`cast`) of float64's.
+    # Computed in float32, the error is a few roundings per step, the size of the
+    # independent torch reference's when it runs in float32.
+    raw = random_config(np.random.default_rng(100 + i), **REFERENCE_SHAPES[i])  # type: ignore[arg-type]
+    t64, t32 = run(config_from(raw), "full"), run(config_from(raw, dtype="float32"), "full")
+    monkeypatch.setattr(reference_torch, "DTYPE", torch.float32)
+    torch32 = reference_torch.reference_forward(raw)
+    last = "logits" if "logits" in t64.steps else list(t64.steps)[-1]
+    v64 = t64.value(last)
+    size = np.abs(v64).max()
+    engine, torch_err, cast = (
+        np.abs(v - v64).max() / size
+        for v in (t32.value(last), torch32[last], v64.astype(np.float32))
+    )
+    assert torch32[last].dtype == np.float32 and torch_err > 2 * cast  # (the yardstick)
+    assert engine > 2 * cast, (engine, cast)  # rounded along the way, not once at the end
+    assert engine < 4 * torch_err, (engine, torch_err)  # and no worse than float32 should be
 
 
 def test_dtype_option_on_the_command_line(tmp_path: Path) -> None:
