@@ -53,6 +53,7 @@ def random_config(
     embed_scale: float | str = 1,
     final_norm: bool | None = None,
     scale: float | str | None = None,
+    max_len: int | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -60,6 +61,9 @@ def random_config(
     (pad=True pads about a third of each sequence, never its first token).
     `source` is present when there is an encoder, `target` (starting with the
     bos token t0) when there is a decoder. None means "leave it to SPEC's default".
+    With positional learned or relative, `max_len` (default: 2 more than the longer
+    sequence) sets the rows of the learned table or the reach of the relative offsets;
+    relative gives each self-attention head a table of 2·max_len − 1 biases.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -67,6 +71,7 @@ def random_config(
     dv = d_v if d_v is not None else dk
     dff = d_ff if d_ff is not None else 4 * d_model
     final_on = final_norm if final_norm is not None else norm_position == "pre"
+    rows = max_len if max_len is not None else max(src_len, tgt_len) + 2
 
     def matrix(n_in: int, n_out: int) -> list[list[float]]:
         values: list[list[float]] = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).tolist()
@@ -79,7 +84,11 @@ def random_config(
     def norm_params() -> dict[str, Any]:
         return {"gamma": vector(d_model, mean=1.0), "beta": vector(d_model)}
 
-    def attention_block() -> dict[str, Any]:
+    def rel_bias() -> list[float]:
+        values: list[float] = (0.5 * rng.standard_normal(2 * rows - 1)).tolist()
+        return values
+
+    def attention_block(relative: bool = False) -> dict[str, Any]:
         widths = {"q": dk, "k": dk, "v": dv}
         block: dict[str, Any] = {}
         if fused:
@@ -87,12 +96,16 @@ def random_config(
                 block[f"W_{p}"] = matrix(d_model, n_heads * w)
                 if biases:
                     block[f"b_{p}"] = vector(n_heads * w)
+            if relative:  # row h for head h
+                block["rel_bias"] = [rel_bias() for _ in range(n_heads)]
         else:
             heads = []
             for _ in range(n_heads):
                 head: dict[str, Any] = {f"W_{p}": matrix(d_model, w) for p, w in widths.items()}
                 if biases:
                     head.update({f"b_{p}": vector(w) for p, w in widths.items()})
+                if relative:
+                    head["rel_bias"] = rel_bias()
                 heads.append(head)
             block["heads"] = heads
         block["W_o"] = matrix(n_heads * dv, d_model)
@@ -109,7 +122,7 @@ def random_config(
         return ffn
 
     def layer(cross: bool) -> dict[str, Any]:
-        block = {"self_attn": attention_block()}
+        block = {"self_attn": attention_block(relative=positional == "relative")}
         if cross:
             block["cross_attn"] = attention_block()
         block["ffn"] = ffn_block()
@@ -150,8 +163,9 @@ def random_config(
         for stack, n_layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
             if n_layers:
                 weights[f"{stack}_final_norm"] = norm_params()
+    if positional in ("learned", "relative"):
+        model["max_len"] = rows  # more than used: only rows 0..L-1, offsets ±(L-1) are read
     if positional == "learned":
-        model["max_len"] = max(src_len, tgt_len) + 2  # more rows than used: only 0..L-1 are read
         weights["positional"] = (0.5 * rng.standard_normal((model["max_len"], d_model))).tolist()
     output: dict[str, Any] = {} if tie_embeddings else {"W": matrix(d_model, len(vocab))}
     if biases:
@@ -176,7 +190,8 @@ def random_config(
 
 def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
     """A copy of `cfg` with every fused attention block in per-head form:
-    head h takes columns h*d_k..(h+1)*d_k of W_q, W_k, b_q, b_k (h*d_v.. for W_v, b_v)."""
+    head h takes columns h*d_k..(h+1)*d_k of W_q, W_k, b_q, b_k (h*d_v.. for W_v, b_v)
+    and row h of rel_bias."""
     cfg = copy.deepcopy(cfg)
     model = cfg["model"]
     n_heads = int(model.get("n_heads", 1))
@@ -198,5 +213,8 @@ def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
                         fused = np.asarray(block.pop(key), dtype=float)
                         for h, head in enumerate(heads):
                             head[key] = fused[..., h * w : (h + 1) * w].tolist()
+                if "rel_bias" in block:  # row h of the fused table
+                    for h, row in enumerate(block.pop("rel_bias")):
+                        heads[h]["rel_bias"] = row
                 layer[name] = {"heads": heads, **block}
     return cfg

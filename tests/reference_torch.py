@@ -43,6 +43,7 @@ class Hyper:
     decoder_layers: int
     positional: str
     pe_base: float
+    max_len: int
     embed_scale: float
     norm_position: str
     final_norm: bool
@@ -75,6 +76,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         decoder_layers=int(model.get("decoder_layers", 0)),
         positional=model.get("positional", "sinusoidal"),
         pe_base=float(model.get("pe_base", 10000)),
+        max_len=int(model.get("max_len", 128)),
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
         norm_position=norm_position,
         final_norm=bool(model.get("final_norm", norm_position == "pre")),
@@ -199,6 +201,23 @@ def head_weights(block: dict[str, Any], hp: Hyper) -> list[dict[str, Tensor]]:
     ]
 
 
+def relative_bias_table(block: dict[str, Any], hp: Hyper) -> list[Tensor]:
+    """Each head's relative position biases b (lecture 000 section 6.2), 2·max_len − 1
+    of them: per head `rel_bias`, or row h of the block's fused n_heads x (2·max_len − 1)."""
+    n = 2 * hp.max_len - 1
+    if "heads" in block:
+        return [param(head, "rel_bias", (n,)) for head in block["heads"]]
+    fused = param(block, "rel_bias", (hp.n_heads, n))
+    return [fused[h] for h in range(hp.n_heads)]
+
+
+def relative_bias(b: Tensor, n_q: int, n_k: int, max_len: int) -> Tensor:
+    """B[i,j] = b[(j − i) + max_len − 1]: the bias of query i looking at key j depends on
+    the offset j − i alone. [n_q, n_k]"""
+    offset = torch.arange(n_k)[None, :] - torch.arange(n_q)[:, None]  # j − i
+    return b[offset + (max_len - 1)]
+
+
 def check_against_sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, context: Tensor
 ) -> None:
@@ -224,20 +243,26 @@ def attention_head(
     hp: Hyper,
     tr: Trace,
     path: str,
+    rel: Tensor | None = None,
 ) -> Tensor:
-    """softmax(Q K^T / scale + mask) V (paper eq. 1).
-    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
+    position biases, lecture 000 section 6.2). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
     q = tr.rec(f"{path}.q", x_q @ w["W_q"] + w["b_q"])  # [n_q, d_k]
     k = tr.rec(f"{path}.k", x_kv @ w["W_k"] + w["b_k"])  # [n_kv, d_k]
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
     scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
+    sdpa_mask = mask
+    if rel is not None:
+        B = tr.rec(f"{path}.rel_bias", relative_bias(rel, q.shape[0], k.shape[0], hp.max_len))
+        scaled = tr.rec(f"{path}.biased", scaled + B)
+        sdpa_mask = B if mask is None else B + mask  # SDPA adds a float mask to the scores
     if mask is not None:
         scaled = tr.rec(f"{path}.masked", scaled + mask)
     # torch.softmax is the stable one (it subtracts the row max); a fully masked row is NaN.
     weights = tr.rec(f"{path}.softmax", torch.softmax(scaled, dim=-1))
     context = tr.rec(f"{path}.context", weights @ v)  # [n_q, d_v]
-    check_against_sdpa(q, k, v, mask, hp.scale, context)
+    check_against_sdpa(q, k, v, sdpa_mask, hp.scale, context)
     return context
 
 
@@ -252,8 +277,12 @@ def multi_head_attention(
 ) -> Tensor:
     """Concat(head_1..head_H) W_o + b_o (paper 3.2.2); one function for self- and cross-attention.
     [n_q, d_model] x [n_kv, d_model] -> [n_q, d_model]"""
+    # relative position biases in self-attention only: cross-attention's keys are another
+    # sequence, with no offset j − i to the queries
+    relative = hp.positional == "relative" and path.endswith("self_attn")
+    tables = relative_bias_table(block, hp) if relative else [None] * hp.n_heads
     heads = [
-        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}")
+        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n])
         for n, w in enumerate(head_weights(block, hp))
     ]
     concat = tr.rec(f"{path}.concat", torch.cat(heads, dim=1))  # [n_q, H*d_v]
@@ -362,7 +391,7 @@ def embed_sequence(
         x = x + tr.rec(f"{name}.pe", sinusoidal(length, hp.d_model, hp.pe_base))
     elif hp.positional == "learned":  # rows 0..L-1 of the table both stacks share
         x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
-    elif hp.positional != "none":
+    elif hp.positional not in ("none", "relative"):  # relative: biases in self-attention
         raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
     return tr.rec(f"{name}.input", x), is_pad
 

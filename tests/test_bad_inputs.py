@@ -791,7 +791,7 @@ UNKNOWN_KEYS = [
         "model.positional",
         4,
         "not a valid choice (did you mean 'sinusoidal'?)",
-        "expected one of: sinusoidal, learned, rope, none, found the string 'sinusodal'",
+        "expected one of: sinusoidal, learned, relative, rope, none, found the string 'sinusodal'",
     ),
     case(
         "choice-abbreviated",  # by spelling alone 'Sine' is nearer 'none'

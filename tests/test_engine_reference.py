@@ -33,6 +33,33 @@ SHAPES = [
     dict(d_model=8, n_heads=2, encoder_layers=0, decoder_layers=1, pad=True, tgt_len=5, scale=2.5),
     dict(d_model=6, n_heads=2, decoder_layers=1, fused=True, final_norm=True),
     dict(d_model=7, n_heads=1, decoder_layers=1, norm_position="pre", final_norm=False),
+    # relative position bias (000 section 6.2): post- and pre-norm, encoder-only and
+    # encoder-decoder, decoder-only, with padding masks, per-head and fused tables
+    dict(d_model=4, n_heads=2, positional="relative", pad=True, src_len=5),
+    dict(d_model=6, n_heads=3, positional="relative", norm_position="pre"),
+    dict(
+        d_model=8,
+        n_heads=2,
+        decoder_layers=2,
+        encoder_layers=2,
+        positional="relative",
+        pad=True,
+        src_len=4,
+        tgt_len=5,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=1,
+        positional="relative",
+        norm_position="pre",
+        norm="rms",
+        fused=True,
+        pad=True,
+        tgt_len=4,
+    ),
+    dict(d_model=6, n_heads=2, decoder_layers=1, positional="relative", fused=True, max_len=9),
     # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
     dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
 ]

@@ -54,6 +54,10 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "bilinear": _model("bilinear", d_model=4, n_heads=1),
     "gaussian_dot": _model("gaussian", d_model=4, n_heads=2, decoder_layers=1, encoder_layers=0),
     "dot_wide": _model("dot", d_model=16, n_heads=2, d_ff=20),
+    "relative_fused_pads": _model(
+        d_model=4, n_heads=2, decoder_layers=1, positional="relative", fused=True,
+        pad=True, src_len=4, tgt_len=3,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

@@ -41,9 +41,11 @@ def model_of(raw: dict[str, Any]) -> Config:
 
 def generation_config(seed: int, max_len: int = 16, **shape: Any) -> dict[str, Any]:
     """A random config with a decoder (every array given), with room for `max_len`
-    learned positions."""
+    learned positions (or relative offsets)."""
     shape.setdefault("decoder_layers", 1)
     shape.setdefault("tgt_len", 1)
+    if shape.get("positional") == "relative":
+        shape.setdefault("max_len", max_len)
     rng = np.random.default_rng(seed)
     raw = random_config(rng, **shape)
     if shape.get("positional") == "learned":
@@ -82,6 +84,22 @@ ROPE = [
 ]
 
 
+# Relative position bias (000 section 6.2): the new rows sit at positions start.., the
+# keys at 0..start+L−1, so B of a cached step is the last rows of the uncached B.
+RELATIVE = [
+    dict(d_model=6, n_heads=2, positional="relative", pad=True, src_len=4),
+    dict(
+        d_model=4,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="relative",
+        norm_position="pre",
+        fused=True,
+    ),
+]
+
+
 def _ids(shape: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
 
@@ -107,7 +125,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + RELATIVE, ids=_ids)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -160,7 +178,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE, ids=_ids)
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
     for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):
@@ -174,7 +192,7 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
                 assert np.abs(bx.probs - by.probs).max() <= 1e-12
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], RELATIVE[0]], ids=_ids)
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)
     raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: four iterations
@@ -192,6 +210,12 @@ def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]
             assert k_cached.shape[0] == i + 1  # one row per position fed so far
             assert np.abs(k_cached - k_full).max() <= 1e-12
         assert c.value(f"{base}.q").shape[0] == 1 and f.value(f"{base}.q").shape[0] == i + 1
+        if shape.get("positional") == "relative":  # the new row is position i
+            table = raw["weights"]["decoder"][0]["self_attn"]["heads"][0]["rel_bias"]
+            max_len = raw["model"]["max_len"]
+            by_hand = [table[max_len - 1 + j - i] for j in range(i + 1)]  # b_rel[j − i]
+            assert c.value(f"{base}.rel_bias").tolist() == [by_hand]
+            assert f.value(f"{base}.rel_bias")[-1].tolist() == by_hand
         # The newest row sees every cached key: its causal mask row is all zeros.
         assert np.array_equal(c.value(f"t{i}.decoder.mask"), np.zeros((1, i + 1)))
         cross = f"t{i}.decoder.0.cross_attn.h0.k"
@@ -760,6 +784,11 @@ def test_another_strategys_option_is_said_and_unused(args: list[str], unused: st
             "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: learned, max_len: 4}\n"
             "vocab: [a, E]\ntokens: {bos: a, eos: E}\n",
             "beyond the 4 learned ones",
+        ),
+        (
+            "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: relative, max_len: 4}\n"
+            "vocab: [a, E]\ntokens: {bos: a, eos: E}\n",
+            "beyond the 4 relative offsets reach",
         ),
     ],
 )

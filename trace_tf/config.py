@@ -79,7 +79,9 @@ TOP_KEYS = [
 ]
 EXPECT_KEYS = ("step", "value", "atol", "rtol", "note", "variant", "document", "document_atol")
 OP_KINDS = ("attention", "norm", "pe")
-POSITIONAL = ("sinusoidal", "learned", "rope", "none")
+POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
+# The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
+BOUNDED_POSITIONAL = {"learned": "learned positions", "relative": "relative offsets"}
 NORM_KINDS = ("layer", "rms")
 DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
@@ -164,6 +166,8 @@ class HeadWeights:
     b_k: np.ndarray | None = None  # [d_k]
     b_v: np.ndarray | None = None  # [d_v]
     score: ScoreWeights = field(default_factory=ScoreWeights)
+    # positional relative, self-attention: the bias of each offset j − i, −(max_len − 1)..
+    rel_bias: np.ndarray | None = None  # [2·max_len − 1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,7 +282,7 @@ class Config:
                         continue
                     base = f"weights.{stack}.{l}.{block}"
                     for h, hw in enumerate(aw.heads):
-                        for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v"):
+                        for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias"):
                             if getattr(hw, k) is not None:
                                 out[f"{base}.heads.{h}.{k}"] = getattr(hw, k)
                         for k, arr in hw.score.arrays().items():
@@ -775,6 +779,8 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     attn = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
     if m.score in ("bilinear", "additive"):  # q_b; or q_a, k_a and tanh(q_a[i] + k_a[j])
         attn += H * (L * dk + L * (L + 2) * m.d_a)
+    if m.positional == "relative":  # rel_bias and biased (in place of q_raw and k_raw)
+        attn += H * 2 * L * L
     ffn = L * (2 * dff + 3 * d + 2)
     stack = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output; the mask
     stacks = (enc > 0) + (dec > 0)
@@ -1408,6 +1414,8 @@ class _Validator:
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 4 * d  # + the final norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
+        if m.positional == "relative":  # a table per self-attention head
+            total += (enc + dec) * H * (2 * m.max_len - 1)
         total += trace_size(m, max(lengths, default=1), V)
         # The weight arrays, at most: per head 6 (and 4 score weights); per block W_o,
         # b_o, gamma, beta; per FFN 6; an embedding per token; a few more.
@@ -1415,8 +1423,8 @@ class _Validator:
         if total > self.max_elements:
             # every size the bound grows with, so that the one at fault is in sight
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
-            if m.positional == "learned":
-                extra += f", max_len {m.max_len} (learned positions)"
+            if m.positional in BOUNDED_POSITIONAL:
+                extra += f", max_len {m.max_len} ({BOUNDED_POSITIONAL[m.positional]})"
             raise self.ctx.err(
                 "model",
                 "too large: the model's arrays would be over the limit "
@@ -1473,10 +1481,10 @@ class _Validator:
                 "no target",
             )
         for seq, name in ((source, "source"), (target, "target")):
-            if seq is not None and m.positional == "learned" and len(seq) > m.max_len:
+            if seq is not None and m.positional in BOUNDED_POSITIONAL and len(seq) > m.max_len:
                 raise self.ctx.err(
                     name,
-                    f"longer than model.max_len ({m.max_len}) learned positions",
+                    f"longer than model.max_len ({m.max_len}) " + BOUNDED_POSITIONAL[m.positional],
                     expected=f"at most {counted(m.max_len, 'token')}",
                     found_text=f"{len(seq)} tokens",
                 )
@@ -1661,20 +1669,26 @@ class _Validator:
         )
         return NormWeights(gamma, beta)
 
-    def attention(self, value: Any, path: str, m: ModelConfig) -> AttentionWeights:
-        """Per-head or fused attention weights; fused W_q/W_k/W_v are split by columns."""
+    def attention(
+        self, value: Any, path: str, m: ModelConfig, relative: bool = False
+    ) -> AttentionWeights:
+        """Per-head or fused attention weights; fused W_q/W_k/W_v are split by columns,
+        a fused rel_bias (`relative`: a self-attention of positional relative) by rows."""
         p = f"weights.{path}"
         a = self.mapping(
-            value, p, ("heads", "W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "W_o", "b_o", "norm")
+            value,
+            p,
+            ("heads", "W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias", "W_o", "b_o", "norm"),
         )
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
-        fused_keys = [k for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v") if a.get(k) is not None]
-        heads_raw = a.get("heads")
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
+        per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
+        fused_keys = [k for k in per_head if a.get(k) is not None]
+        heads_raw = a.get("heads")
         if heads_raw is not None and fused_keys and isinstance(heads_raw, list):
             # Fused projections may still come with per-head score weights.
             for h, entry in enumerate(heads_raw):
-                given = [k for k in projections if isinstance(entry, dict) and k in entry]
+                given = [k for k in per_head if isinstance(entry, dict) and k in entry]
                 if given:
                     raise self.ctx.err(
                         f"{p}.heads.{h}.{given[0]}",
@@ -1684,8 +1698,17 @@ class _Validator:
                     )
         sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
         names = {k: "d_v" if k.endswith("v") else "d_k" for k in sizes}
+        n_offsets = 2 * m.max_len - 1  # offsets −(max_len − 1) .. +(max_len − 1)
         fused: dict[str, np.ndarray] = {}
+        if "rel_bias" in fused_keys:
+            self.no_rel_bias(f"{p}.rel_bias", m, path, relative)
+            fused["rel_bias"] = self.array(
+                a["rel_bias"], f"{p}.rel_bias", (H, n_offsets), dims="n_heads x (2·max_len − 1)"
+            )
+            self.given_fused.append(f"{path}.rel_bias")
         for k in fused_keys:
+            if k == "rel_bias":
+                continue
             shape = (d, H * sizes[k]) if k.startswith("W") else (H * sizes[k],)
             dims = f"n_heads·{names[k]}"
             dims = f"d_model x {dims}" if k.startswith("W") else dims
@@ -1709,9 +1732,18 @@ class _Validator:
             hd = self.mapping(
                 heads_list[h] if h < len(heads_list) else None,
                 hp,
-                (*projections, *ALL_SCORE_WEIGHTS),
+                (*per_head, *ALL_SCORE_WEIGHTS),
             )
             arrays: dict[str, np.ndarray | None] = {}
+            if "rel_bias" in fused:  # head h's row, a contiguous copy
+                arrays["rel_bias"] = np.ascontiguousarray(fused["rel_bias"][h])
+            elif hd.get("rel_bias") is not None:
+                self.no_rel_bias(f"{hp}.rel_bias", m, path, relative)
+                arrays["rel_bias"] = self.array(
+                    hd["rel_bias"], f"{hp}.rel_bias", (n_offsets,), dims="2·max_len − 1"
+                )
+            elif relative:
+                arrays["rel_bias"] = self.draw(f"{path}.heads.{h}.rel_bias", (n_offsets,))
             for k, size in sizes.items():
                 if k in fused:
                     cols = slice(h * size, (h + 1) * size)
@@ -1740,6 +1772,25 @@ class _Validator:
             ),
             b_o=self.bias(a, "b_o", f"{p}.b_o", d, "d_model"),
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
+        )
+
+    def no_rel_bias(self, where: str, m: ModelConfig, path: str, relative: bool) -> None:
+        """Refuse a rel_bias where the model has none: a cross-attention (its keys are
+        another sequence) or a model whose positional is not relative."""
+        if relative:
+            return
+        if path.endswith("cross_attn"):
+            raise self.ctx.err(
+                where,
+                "cross-attention has no relative position bias (its keys are another sequence)",
+                expected="rel_bias only in self_attn blocks",
+                found_text="rel_bias in cross_attn",
+            )
+        raise self.ctx.err(
+            where,
+            f"a relative position bias is given, but model.positional is {m.positional}",
+            expected="model.positional: relative, or no rel_bias",
+            found_text=f"model.positional: {m.positional}",
         )
 
     def ffn(self, value: Any, path: str, m: ModelConfig) -> FFNWeights:
@@ -1784,7 +1835,12 @@ class _Validator:
                 )
             out.append(
                 LayerWeights(
-                    self_attn=self.attention(layer.get("self_attn"), f"{stack}.{l}.self_attn", m),
+                    self_attn=self.attention(
+                        layer.get("self_attn"),
+                        f"{stack}.{l}.self_attn",
+                        m,
+                        relative=m.positional == "relative",
+                    ),
                     ffn=self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m),
                     cross_attn=self.attention(layer.get("cross_attn"), f"{stack}.{l}.cross_attn", m)
                     if cross

@@ -130,6 +130,8 @@ COSTS: dict[str, tuple[Product | Free, ...]] = {
         Product("attention", "L_q·d_k·L_k", pairs_w),  # gaussian
     ),
     "scaled": (FREE,),
+    "rel_bias": (FREE,),  # a lookup in the table of offsets
+    "biased": (FREE,),
     "masked": (FREE,),
     "softmax": (FREE,),
     "context": (Product("attention", "L_q·L_k·d_v", x_w),),

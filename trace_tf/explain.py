@@ -591,6 +591,49 @@ def _scaled(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     )
 
 
+def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """B[i,j] = b_rel[j − i]: the table's entry for the offset, at max_len − 1 + offset.
+    In self-attention the queries are the last L_q of the L_k positions (all of them, but
+    for a KV-cached step's new rows), so row i is position L_k − L_q + i."""
+    i, j = cell
+    name = step.inputs[0]
+    table = ctx.get(name)
+    n_q, n_k = step.value.shape
+    pos = n_k - n_q + i
+    offset = j - pos
+    centre = (table.shape[0] - 1) // 2  # max_len − 1: where offset 0 is
+    index = centre + offset
+    v = float(table[index])
+    row = f"{n_k - n_q} + {i}" if n_k > n_q else f"{i}"
+    block, _, rest = name.partition(".heads.")
+    h, _, key = rest.partition(".")
+    given = name
+    if isinstance(ctx.cfg, Config) and f"{block[len('weights.') :]}.{key}" in ctx.cfg.given_fused:
+        given = f"row {h} of {block}.{key} (fused), i.e. {name}"
+    plus = f"{centre} + {offset}" if offset >= 0 else f"{centre} − {-offset}"
+    return _Parts(
+        [f"b_rel[h{h}][{j} − {row}]", f"b_rel[{offset}]", f"rel_bias[{index}]"],
+        v,
+        [
+            f"offset j − i = {offset} (key {j} seen from query position {pos}); "
+            f"index max_len − 1 + offset = {plus} = {index}",
+            f"rel_bias = {given} = {ctx.f.vec(table)}",
+        ],
+        {"rel_bias": [v]},
+    )
+
+
+def _biased(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    s_name, b_name = step.inputs
+    s, b = float(ctx.get(s_name)[cell]), float(ctx.get(b_name)[cell])
+    return _Parts(
+        [f"scaled{_idx(cell)} + B{_idx(cell)}", f"{ctx.f.num(s)} + {ctx.f.fac(b)}"],
+        s + b,
+        [f"scaled = {s_name}", f"B = {b_name}"],
+        {"scaled": [s], "B": [b]},
+    )
+
+
 def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     s_name, m_name = step.inputs
     s, m = float(ctx.get(s_name)[cell]), float(ctx.get(m_name)[cell])
@@ -1024,6 +1067,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "q_b": _linear,
     "scores": _scores,
     "scaled": _scaled,
+    "rel_bias": _rel_bias,
+    "biased": _biased,
     "masked": _masked,
     "softmax": _softmax,
     "context": _context,

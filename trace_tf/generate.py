@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trace_tf import model, ops
-from trace_tf.config import Config, Sequence_, option_number, trace_size
+from trace_tf.config import BOUNDED_POSITIONAL, Config, Sequence_, option_number, trace_size
 from trace_tf.errors import InputError, quoted
 from trace_tf.model import KVCache
 from trace_tf.text import exact
@@ -373,10 +373,11 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
             expected="a list of tokens",
         )
     longest = len(start) + s.max_tokens - 1  # the last token produced is never fed back
-    if m.positional == "learned" and longest > m.max_len:
+    if m.positional in BOUNDED_POSITIONAL and longest > m.max_len:
         raise InputError(
             f"--max-tokens {s.max_tokens} after a prefix of {len(start)} would feed the decoder "
-            f"{longest} positions, beyond the {m.max_len} learned ones",
+            f"{longest} positions, beyond the {m.max_len} "
+            + ("learned ones" if m.positional == "learned" else "relative offsets reach"),
             file=cfg.file,
             path="model.max_len",
             expected=f"--max-tokens <= {m.max_len - len(start) + 1}",

@@ -184,7 +184,8 @@ def attention_head(
     tr: Tracer = NULL_TRACER,
     cache: HeadCache | None = None,
 ) -> Array:
-    """softmax(Q Kᵀ / scale + M) V for one head (eq. 1). [L_q, d] x [L_k, d] -> [L_q, d_v]
+    """softmax(Q Kᵀ / scale + B + M) V for one head (eq. 1; B, the relative position
+    bias of 000 section 6.2, with positional relative). [L_q, d] x [L_k, d] -> [L_q, d_v]
 
     With a `cache`, self-attention computes K and V for the new rows only, at
     positions t.. after the t cached ones, and attends over [cached; new];
@@ -227,7 +228,18 @@ def attention_head(
     k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
     v = tr.rec("v", v, v_formula, *_operands(x_kv, hw.W_v, hw.b_v), rows="keys")
     return attend(
-        q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
+        q,
+        k,
+        v,
+        mask,
+        m.scale,
+        m.scale_text,
+        m.temperature,
+        tr,
+        score=m.score,
+        sw=hw.score,
+        rel_bias=hw.rel_bias,
+        start=start,
     )
 
 
@@ -295,21 +307,37 @@ def attend(
     *,
     score: str = "scaled_dot",
     sw: ScoreWeights | None = None,
+    rel_bias: Array | None = None,
+    start: int = 0,
 ) -> Array:
-    """softmax((score(Q, K) / scale + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
+    """softmax((score(Q, K) / scale + B + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
 
     The score function is chosen by name (SCORE_FUNCTIONS); the default is the
-    paper's scaled dot product Q Kᵀ / √d_k (eq. 1).
+    paper's scaled dot product Q Kᵀ / √d_k (eq. 1). B, with a `rel_bias` table, is the
+    relative position bias of lecture 000 section 6.2: B[i,j] = rel_bias[max_len − 1 +
+    j − i], query row i at position start + i.
     """
     scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
     name, where = named(scale_text)
     scaled = tr.rec("scaled", scores / scale, f"S / {name}{where}", scores, cols="keys")
+    plus_b = ""
+    if rel_bias is not None:
+        row = "i" if start == 0 else f"({start} + i)"  # query row i is position start + i
+        b = tr.rec(
+            "rel_bias",
+            ops.relative_bias(rel_bias, len(q), len(k), start),
+            f"B[i,j] = b_rel[j − {row}],  b_rel[o] = rel_bias[{(len(rel_bias) - 1) // 2} + o]",
+            rel_bias,
+            cols="keys",
+        )
+        scaled = tr.rec("biased", scaled + b, "S / scale + B", scaled, b, cols="keys")
+        plus_b = " + B"
     if mask is not None:
         with np.errstate(invalid="ignore"):
             scaled = tr.rec(
                 "masked",
                 scaled + mask,
-                "S / scale + M  (M additive: −inf masks)",
+                f"S / scale{plus_b} + M  (M additive: −inf masks)",
                 scaled,
                 mask,
                 cols="keys",

@@ -219,6 +219,19 @@ def rope_angles(positions: NDArray[np.integer], d: int, base: float = 10000.0) -
     return positions.astype(np.float64)[:, None] * theta
 
 
+def relative_bias(table: Array, n_q: int, n_k: int, start: int = 0) -> Array:
+    """B[i,j] = table[max_len − 1 + j − (start + i)]: the learned bias of offset j − i.
+
+    Relative position bias (lecture 000 section 6.2; Shaw et al. 2018): `table` holds
+    one number per offset −(max_len − 1) .. +(max_len − 1), 2·max_len − 1 in all. Query
+    row i sits at position start + i (start > 0: the new rows of a KV-cached step), keys
+    at 0..n_k − 1. B depends on j − i only (a Toeplitz matrix). -> [n_q, n_k]
+    """
+    max_len = (table.shape[0] + 1) // 2
+    offsets = np.arange(n_k)[None, :] - (start + np.arange(n_q))[:, None]
+    return table[max_len - 1 + offsets]
+
+
 # ---------------------------------------------------------------------------
 # Attention score functions (003 "注意力评分函数", 004 "相似度计算"): each maps
 # queries [L_q, d_q] and keys [L_k, d_k] to scores [L_q, L_k].

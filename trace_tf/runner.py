@@ -118,6 +118,9 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair (2i, 2i+1) "
         f"turned by pos · {exact(m.pe_base)}^(−2i/d_k) radians"
         + ("; odd d_k: the last column is not turned" if m.d_k % 2 else ""),
+        "relative": "relative bias B[i,j] = b_rel[j − i] added to the scaled scores, "
+        "its own table per layer and head (rel_bias), self-attention only, offsets "
+        f"±{m.max_len - 1} (max_len − 1)",
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)
