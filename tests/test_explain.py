@@ -65,6 +65,7 @@ FILE_CASES = [
     ("hello", "document"),
     ("hello", "document_scale30"),
     (str(FIXTURES / "000_rope_relative_position.yaml"), "apart"),
+    (str(FIXTURES / "000_relative_bias.yaml"), None),
     (str(FIXTURES / "004_causal_padding_mask.yaml"), None),
     (str(FIXTURES / "000_softmax_temperature.yaml"), "tau_0_1"),
     (str(FIXTURES / "003_additive_attention.yaml"), None),
