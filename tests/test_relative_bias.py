@@ -15,27 +15,14 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, config_from
 from random_configs import random_config, to_per_head
-from typer.testing import CliRunner
+from test_generate import invoke, model_of
 
 from trace_tf import cost, ops
-from trace_tf.cli import app
 from trace_tf.config import Config
 from trace_tf.runner import conventions, run
 
-runner = CliRunner()
 FIXTURE = str(FIXTURES / "000_relative_bias.yaml")
 TABLE = [-1.0, 0.5, 0.0, 1.0, 2.0]  # offsets −2..+2, max_len 3
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def model_of(data: dict[str, Any]) -> Config:
-    cfg = config_from(data)
-    assert isinstance(cfg, Config)
-    return cfg
 
 
 def decoder_only(**weights: Any) -> dict[str, Any]:

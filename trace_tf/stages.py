@@ -69,7 +69,7 @@ STAGES: tuple[Stage, ...] = (
         ("<stack>.pe",),
         "PE[pos,2i] = sin(pos / base^(2i/d)), PE[pos,2i+1] = cos(…); learned: positional[pos]",
         "L × d_model",
-        "where each token stands, added to its embedding (absent for rope and none)",
+        "where each token stands, added to its embedding (absent for relative, rope and none)",
         "with model.positional: sinusoidal, the default, or learned",
     ),
     Stage(
