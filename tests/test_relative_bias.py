@@ -168,7 +168,7 @@ CASES = [
         ENC_DEC + "weights: {encoder: [{self_attn: {rel_bias: [[1, 2, 3, 4, 5]], "
         "heads: [{rel_bias: [1, 2, 3, 4, 5]}]}}]}\n",
         "weights.encoder.0.self_attn.heads.0.rel_bias",
-        ["one form per block"],
+        ["one form per block", "found fused rel_bias beside heads.0.rel_bias"],
     ),
     (
         "model: {d_model: 2, positional: relative, max_len: 3}\nvocab: [a]\nsource: [a, a, a, a]\n",

@@ -1693,8 +1693,9 @@ class _Validator:
                     raise self.ctx.err(
                         f"{p}.heads.{h}.{given[0]}",
                         "one form per block: per-head 'heads' and fused weights are both given",
-                        expected="either heads: [...] or fused W_q/W_k/W_v "
+                        expected="either heads: [...] or fused W_q/W_k/W_v (and rel_bias) "
                         "(with fused weights, heads may hold only score weights)",
+                        found_text=f"fused {', '.join(fused_keys)} beside heads.{h}.{given[0]}",
                     )
         sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
         names = {k: "d_v" if k.endswith("v") else "d_k" for k in sizes}
