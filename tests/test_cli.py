@@ -1478,6 +1478,19 @@ def test_generate_help_says_layer_and_head_need_trace(option: str) -> None:
     assert result.exit_code == 2 and "add --trace" in result.stderr
 
 
+def test_norm_eps_help_says_where_rms_adds_it() -> None:
+    # The help said ε is "added to the variance", but rms norm has no variance: its ε
+    # goes under the root with mean(x²), x / √(mean(x²) + ε).
+    assert "for rms to mean(x²)" in _option_help("norm", "--eps"), _option_help("norm", "--eps")
+    args = ["norm", "--x", "1 3 -2", "--kind", "rms", "--eps", "0.5", "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = {s["path"]: s["value"] for s in json.loads(result.stdout)["steps"]}
+    x = np.array([[1.0, 3.0, -2.0]])
+    want = x / np.sqrt((1.0 + 9.0 + 4.0) / 3 + 0.5)
+    np.testing.assert_allclose(out["norm.out"], want, rtol=1e-15, atol=0)
+
+
 @pytest.mark.parametrize("command", ["encode", "check"])
 def test_a_warning_is_one_line_whatever_the_file_name_holds(command: str, tmp_path: Path) -> None:
     # Errors were escaped to one line (text.printable), warnings not: a config named

@@ -1179,7 +1179,10 @@ def norm(
     ] = None,
     eps: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--eps", help="Added to the variance inside the root (default 1e-5)."),
+        typer.Option(
+            "--eps",
+            help="Added inside the root: to the variance, or for rms to mean(x²) (default 1e-5).",
+        ),
     ] = None,
     gamma: Annotated[
         MatrixOpt, typer.Option("--gamma", help="Scale γ per feature (default 1 each).")
