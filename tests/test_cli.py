@@ -1045,6 +1045,36 @@ def test_a_library_that_cannot_be_loaded_is_one_line_not_a_bug(
     assert "bug" not in err
 
 
+def test_a_broken_numpy_is_named_though_its_error_carries_no_name(tmp_path: Path) -> None:
+    # numpy re-raises the failure of its C core (a broken install, `ulimit -v` too low to
+    # map it) as a new ImportError without a name: the message said "cannot load a
+    # library it needs" where the README promises "cannot load numpy (...)". A stand-in
+    # numpy that fails as the real one does, first on the path of a real process:
+    import os
+    import subprocess
+
+    fake = tmp_path / "numpy"
+    fake.mkdir()
+    (fake / "_core.py").write_text(
+        "raise ImportError('_umath.so: failed to map segment from shared object', "
+        "name='_multiarray_umath')\n"
+    )
+    (fake / "__init__.py").write_text(
+        "try:\n    from . import _core\nexcept ImportError as exc:\n"
+        "    raise ImportError('IMPORTANT: PLEASE READ THIS\\n\\nOriginal error was: "
+        "_umath.so: failed to map segment from shared object') from exc\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trace_tf", "encode"], capture_output=True, text=True, env=env
+    )
+    assert (proc.returncode, proc.stdout) == (3, ""), proc.stderr
+    assert proc.stderr == (
+        "trace-tf: error: cannot load numpy (_umath.so: failed to map segment from shared "
+        "object); expected a working installation and the memory to load it\n"
+    )
+
+
 def test_out_of_memory_outside_a_command_is_still_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

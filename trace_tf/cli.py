@@ -342,6 +342,21 @@ def _end(code: int, message: str, debug: bool) -> NoReturn:
     raise typer.Exit(code) from None
 
 
+def _unloadable(exc: ImportError) -> str:
+    """The library an ImportError failed to load. numpy re-raises the failure of its C core
+    as a new ImportError with no name, so then the first module the traceback enters
+    outside trace-tf and the import machinery names it (numpy/__init__.py: numpy)."""
+    if exc.name:
+        return exc.name
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module and not module.startswith(("trace_tf", "importlib", "contextlib")):
+            return module.split(".")[0]
+        tb = tb.tb_next
+    return "a library it needs"
+
+
 @contextmanager
 def guarded(debug: bool) -> Iterator[None]:
     """Bad input: one line on stderr, exit 2. A bug: one line, exit 3 (--debug: traceback)."""
@@ -370,7 +385,7 @@ def guarded(debug: bool) -> Iterator[None]:
         detail = lines[-1].removeprefix("Original error was: ") if lines else ""
         _end(
             3,
-            f"trace-tf: error: cannot load {exc.name or 'a library it needs'} ({detail}); "
+            f"trace-tf: error: cannot load {_unloadable(exc)} ({detail}); "
             "expected a working installation and the memory to load it",
             debug,
         )
