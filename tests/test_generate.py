@@ -1188,3 +1188,29 @@ def test_a_token_with_a_space_is_quoted_in_a_sequence_but_not_in_a_table(tmp_pat
     beam = CliRunner().invoke(app, ["generate", str(path), "--beam", "2", *prefix], env=env)
     assert beam.exit_code == 0, beam.output
     assert "SOS 'New York' '(none)'" in beam.stdout  # the live beam's prefix
+
+
+def test_beam_extensions_write_their_p_column_in_one_notation() -> None:
+    # README: a column of probabilities is written in one notation, scientific when fixed
+    # would hide a number. The beam table wrote each p on its own: hello's 9.58e-05 as
+    # 0.0001 a row above a's 4.6844e-10, as if it had one significant digit.
+    args = ["generate", "--beam", "2", "--set", "model.init_std=4", "--max-tokens", "1"]
+    result = runner.invoke(app, args, env={"COLUMNS": "150"})
+    assert result.exit_code == 0, result.output
+    lines = [x.strip("│ ") for x in result.stdout.splitlines()]
+    start = next(k for k, x in enumerate(lines) if x.startswith("#  beam  + token")) + 1
+    rows = [x.split() for x in lines[start : start + 10]]
+    assert [r[0] for r in rows] == [str(k) for k in range(1, 11)], rows
+    cells = {r[2]: r[3] for r in rows}  # token -> p as written
+    # the same distribution, from decode with SOS as the target and softmax by hand
+    decoded = runner.invoke(app, ["decode", "--set", "model.init_std=4", "--format", "json"])
+    steps = {s["path"]: s for s in json.loads(decoded.stdout)["steps"]}
+    logits = np.array(steps["logits"]["value"][0])
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    vocab = ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
+    assert p.min() < 5e-5 < p.max()  # fixed notation at 4 decimals would hide some
+    for token, q in zip(vocab, p, strict=True):
+        written = cells[token]
+        assert "e" in written, (token, written)  # every cell in the column's notation
+        assert float(written) == pytest.approx(q, rel=1e-4), (token, written, q)

@@ -1238,9 +1238,12 @@ def _beams_table(
         else:  # the bars give way (see Bar)
             table.add_column(col, overflow="fold")
     shown = order if view.full else order[: max(show, len(it.candidates))]
+    where = [divmod(int(f), V) for f in shown]
+    # p is a column of probabilities: one notation, as the distributions' (0.0001 and
+    # 4.6844e-10 in one column read as if the first had one digit)
+    p_cells = _format_cells(np.array([it.beams[j].probs[i] for j, i in where]), view.precision)
     live = 0
-    for rank, f in enumerate(shown, start=1):
-        j, i = divmod(int(f), V)
+    for rank, (f, (j, i), p_cell) in enumerate(zip(shown, where, p_cells, strict=True), start=1):
         c = kept.get(int(f))
         if c is None:
             status = Text("dropped", style="dim")
@@ -1256,7 +1259,7 @@ def _beams_table(
             str(rank),
             str(j),
             shown_token(vocab[i]),
-            _scalar(p, view.precision),
+            p_cell,
             _scalar(float(token_logp[j, i]), view.precision),
             _scalar(float(totals[j, i]), view.precision),
             Bar(p, 10),
