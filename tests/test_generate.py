@@ -1214,3 +1214,15 @@ def test_beam_extensions_write_their_p_column_in_one_notation() -> None:
         written = cells[token]
         assert "e" in written, (token, written)  # every cell in the column's notation
         assert float(written) == pytest.approx(q, rel=1e-4), (token, written, q)
+
+
+def test_generate_help_says_the_prefix_starts_as_the_target() -> None:
+    # The help said "From tokens.bos (or the target)": bos first. The prefix starts as the
+    # target when the file gives one (README, SPEC section 5), bos only without one.
+    text = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "From the target (tokens.bos when the file gives none)" in " ".join(text.split())
+    for extra, start in (["--set", "target=[how]"], ["how"]), (["--set", "target=null"], ["SOS"]):
+        args = ["generate", *extra, "--max-tokens", "1", "--format", "json"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["iterations"][0]["prefix"] == start

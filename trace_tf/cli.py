@@ -945,8 +945,8 @@ def generate(
 ) -> None:
     """Autoregressive decoding until tokens.eos or --max-tokens, iteration by iteration.
 
-    From tokens.bos (or the target), each iteration shows its prefix, the next-token
-    distribution and the token chosen."""
+    From the target (tokens.bos when the file gives none), each iteration shows its prefix,
+    the next-token distribution and the token chosen."""
     from trace_tf import generate as gen_mod
     from trace_tf import render
     from trace_tf.errors import InputError
