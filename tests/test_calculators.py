@@ -191,6 +191,18 @@ def test_attend_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
     assert code == 2 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("text", ["nan", "1_000", "big"])
+def test_attend_scale_that_is_no_number_says_what_was_expected_and_found(text: str) -> None:
+    # "--scale must be a number or sqrt_dk, not 'nan'": the one input message without the
+    # expected and found every other bad value states (README, exit code 2).
+    code, out, err = invoke("attend", "--q", "1", "--k", "1", "--v", "1", "--scale", text)
+    assert (code, out) == (2, "")
+    assert err == (
+        "trace-tf: error: --scale must be a number or sqrt_dk; expected a positive number "
+        f"or sqrt_dk, found '{text}'\n"
+    )
+
+
 # ---------------------------------------------------------------------------
 # norm, against PyTorch
 # ---------------------------------------------------------------------------

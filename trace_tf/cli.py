@@ -1034,7 +1034,10 @@ def _scale_value(text: str) -> float | str:
         return "sqrt_dk"
     value = read_number(text.strip())
     if value is None:
-        _fail(f"--scale must be a number or sqrt_dk, not {text!r}")
+        _fail(
+            f"--scale must be a number or sqrt_dk; expected a positive number or sqrt_dk, "
+            f"found {text!r}"
+        )
     return value
 
 
