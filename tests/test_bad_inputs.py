@@ -1890,6 +1890,31 @@ CALCULATORS = [
         args=att(q="[1, [2]]"),
         names="command line",
     ),
+    # A vector option given as YAML (`--beta [1, 2]`) was taken for rows of a matrix,
+    # each number for a row: an internal error (len() of an int), exit 3.
+    *(
+        case(
+            f"inline-yaml-vector-{option[2:]}",
+            None,
+            f"norm.{option[2:]}",
+            None,
+            f"wrong shape (set by {option})",
+            f"expected shape 1, found shape {n}",
+            args=("norm", "--x", "1", option, text),
+            names="command line",
+        )
+        for option, text, n in (("--beta", "[1, 2]", 2), ("--gamma", "[1, 2, 3]", 3))
+    ),
+    case(
+        "inline-yaml-vector-not-numbers",
+        None,
+        "norm.gamma.0",
+        None,
+        "not a number (set by --gamma)",
+        "expected a number, found the string 'a'",
+        args=("norm", "--x", "1 2", "--gamma", "[a, 2]"),
+        names="command line",
+    ),
     case(
         "inline-yaml-python-tag",
         None,

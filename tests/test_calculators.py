@@ -228,6 +228,28 @@ def test_norm_layer_matches_torch_layer_norm() -> None:
     np.testing.assert_allclose(steps["norm.var"], xs.var(1, keepdims=True), atol=1e-14)
 
 
+def test_norm_gamma_and_beta_given_as_yaml_lists_are_the_vectors() -> None:
+    # `--gamma [1.5, -0.5, 2]` was read as three rows of one number each: exit 3.
+    gamma, beta = [1.5, -0.5, 2.0], [0.1, 0.2, -0.3]
+    steps = steps_of(
+        "norm", "--x", X_TEXT, "--gamma", "[1.5, -0.5, 2]", "--beta", "[0.1, 0.2, -0.3]"
+    )
+    ln = torch.nn.LayerNorm(3, eps=1e-5, dtype=torch.float64)
+    with torch.no_grad():
+        ln.weight.copy_(_t(gamma))
+        ln.bias.copy_(_t(beta))
+        want = ln(_t(X)).numpy()
+    np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
+
+
+def test_attend_gaussian_w_given_as_a_yaml_list_weights_each_feature() -> None:
+    # q = (1, 2), k = (0, 0), w = (2, 3): S = -1/2 ((1*2)^2 + (2*3)^2) = -20
+    steps = steps_of(
+        "attend", "--q", "1 2", "--k", "0 0", "--v", "5", "--score", "gaussian", "--w", "[2, 3]"
+    )
+    assert steps["attn.scores"].tolist() == [[-20.0]]
+
+
 def test_norm_batch_matches_torch_batch_norm_in_training_mode() -> None:
     steps = steps_of(
         "norm", "--x", "1 2 3; 4 5 7; -1 0 2; 3 3 3", "--kind", "batch", "--eps", "0.1"
