@@ -211,6 +211,31 @@ def test_output_to_a_directory_or_a_missing_directory_is_an_error(tmp_path: Path
     assert result.exit_code == 2 and "cannot write --output" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("f.txt/", "--output {d}/f.txt/ names a directory"),
+        ("f.txt/.", "names a directory; expected a file name, found '.' as its last part"),
+        ("new/", "--output {d}/new/ names a directory"),
+        ("f.txt/../y.txt", "cannot write --output {d}/f.txt/../y.txt: {d}/f.txt/..: Not a dir"),
+        ("gone/../y.txt", "cannot write --output {d}/gone/../y.txt: {d}/gone/..: No such file"),
+    ],
+)
+def test_an_output_name_that_is_no_file_name_is_refused_as_a_shell_would(
+    name: str, says: str, tmp_path: Path
+) -> None:
+    # Path() and realpath() tidied these into the files f.txt, new and y.txt: `--output
+    # f.txt/ --force` overwrote f.txt, where a shell's `> f.txt/` writes nothing.
+    (tmp_path / "f.txt").write_text("keep")
+    result = runner.invoke(
+        app, ["pe", "--length", "1", "--d-model", "2", "--output", f"{tmp_path}/{name}", "--force"]
+    )
+    assert result.exit_code == 2, result.stderr
+    assert says.format(d=tmp_path) in result.stderr and result.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    assert (tmp_path / "f.txt").read_text() == "keep"
+
+
 @pytest.mark.parametrize("command", [("encode",), ("check",), ("cost",)])
 def test_an_empty_output_is_named_as_given_not_as_the_current_directory(
     command: tuple[str, ...],

@@ -268,6 +268,8 @@ def _common(formats: tuple[str, ...] = FORMATS, **given: Any) -> Common:
     if kw.get("output") == "":
         _fail("--output is empty; expected a file name, or - for stdout")
     if kw.get("output") is not None:
+        if kw["output"] != "-":
+            _output_in_a_directory(kw["output"])
         kw["output"] = Path(kw["output"])
     if fmt == "npz" and kw.get("output") is None:
         _fail("--format npz writes a binary file: give it with --output FILE")
@@ -316,6 +318,26 @@ def running(
         return command
 
     return wrap
+
+
+def _output_in_a_directory(given: str) -> None:
+    """--output as the system reads the name, before Path() and realpath() tidy it: `x/`
+    and `x/.` name a directory, and in `f.txt/../y` or `gone/../y` the part before the
+    file name is no directory (a shell's `>` refuses all three). Tidied, they were the
+    files x and y: `x/` wrote (with --force, overwrote) the file x."""
+    head, name = os.path.split(given)
+    if name in ("", ".", ".."):
+        last = "a name ending in '/'" if not name else f"'{name}' as its last part"
+        _fail(f"--output {given} names a directory; expected a file name, found {last}")
+    if head:
+        import stat
+
+        try:
+            mode = os.stat(head).st_mode
+        except OSError as exc:  # `gone/..`: no such directory; `f.txt/..`: not a directory
+            _fail(f"cannot write --output {given}: {head}: {exc.strerror}")
+        if not stat.S_ISDIR(mode):
+            _fail(f"cannot write --output {given}: {head}: Not a directory")
 
 
 def _fail(message: str) -> NoReturn:
