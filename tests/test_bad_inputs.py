@@ -351,6 +351,23 @@ MALFORMED = [
         None,
         "malformed YAML",
     ),
+    # A \u escape of a UTF-16 surrogate: libyaml refuses it; PyYAML's Python parser made
+    # a str that no output could encode, an internal error (exit 3) when shown or drawn.
+    *(
+        case(
+            f"surrogate-escape-{where}",
+            BASE + text,
+            path,
+            text.split(":")[0],
+            f"a \\u escape of a UTF-16 surrogate in {shown}",
+            f"found U+{code}",
+        )
+        for where, text, path, shown, code in (
+            ("token", 'tokens: {bos: "\\ud800"}\n', "tokens.bos", "'\\ud800'", "D800"),
+            ("title", 'title: "x \\udcff"\n', "title", "'x \\udcff'", "DCFF"),
+            ("pair", 'title: "\\ud83d\\ude00"\n', "title", "'\\ud83d\\ude00'", "D83D"),
+        )
+    ),
     case(
         "two-documents",
         "model: {d_model: 4}\n---\nmodel: {d_model: 5}\n",

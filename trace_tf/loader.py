@@ -54,6 +54,9 @@ for _tag, _pattern, _first in (
 
 _INT_TEXT = re.compile(f"(?:{_INT_PATTERN})\\Z")
 _FLOAT_TEXT = re.compile(f"(?:{_FLOAT_PATTERN})\\Z")
+# A double-quoted "\ud800" is a UTF-16 surrogate, no character: libyaml refuses it, and
+# PyYAML's Python parser (which words libyaml's errors) made a str no output can encode.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _integer(text: str) -> int | None:
@@ -413,6 +416,14 @@ class _Builder:
     def _scalar(self, node: yaml.ScalarNode, path: str) -> Any:
         """A scalar by its tag: resolved by YAML 1.2 when plain, or given (`!!int 5`)."""
         tag, text = node.tag, node.value
+        if node.style == '"' and (bad := _SURROGATE.search(text)):
+            raise self.fail(
+                node,
+                path,
+                f"a \\u escape of a UTF-16 surrogate in {quoted(text, 40)}, which is no character",
+                expected="an escape of a Unicode character (\\U0001F600 beyond U+FFFF)",
+                found=f"U+{ord(bad.group()):04X}",
+            )
         if tag == _STR:
             return text
         if tag == _NULL and text in ("", "~", "null", "Null", "NULL"):
