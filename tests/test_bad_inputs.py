@@ -1782,6 +1782,28 @@ def att(**change: str) -> tuple[str, ...]:
 
 
 CALCULATORS = [
+    # A model's sections beside a single operation were silently ignored: `--set
+    # weights.x=1` (or a `source:`) on a norm file ran it unchanged.
+    *(
+        case(
+            f"single-operation-with-{key}",
+            f"norm: {{x: [[1, 2]]}}\n{key}: {value}\n",
+            key,
+            2,
+            f"a single operation ('norm:') has no {key}; it belongs to a model config",
+            "expected only title, reference, norm, expect, variants beside 'norm:'",
+            args=("norm", "{file}"),
+        )
+        for key, value in (("source", "[a]"), ("weights", "{}"), ("vocab", "[a]"))
+    ),
+    case(
+        "single-operation-set-weights",
+        "norm: {x: [[1, 2]]}\n",
+        "weights",
+        None,
+        "has no weights; it belongs to a model config (set by --set-b weights.x) (in run B)",
+        args=("diff", "{file}", "--set-b", "weights.x=1"),
+    ),
     case(
         "inline-ragged",
         None,

@@ -1040,6 +1040,16 @@ class _Validator:
                 raise self.ctx.err(
                     ops[1], "a file holds one operation", expected=f"only {ops[0]!r}"
                 )
+            # a model's sections (vocab, weights, source, ...) mean nothing here: never
+            # silently ignored (`--set weights.x=1` on a norm file ran it unchanged)
+            own = ("title", "reference", ops[0], "expect", "variants")
+            for key in (k for k in data if k not in own):
+                raise self.ctx.err(
+                    key,
+                    f"a single operation ('{ops[0]}:') has no {key}; it belongs to a model config",
+                    data[key],
+                    expected=f"only {', '.join(own)} beside '{ops[0]}:'",
+                )
             variants = self.variants(data.get("variants"))
             return OpConfig(
                 file=self.ctx.file,
