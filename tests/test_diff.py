@@ -270,3 +270,18 @@ def test_a_one_step_run_is_counted_in_the_singular(tmp_path: Any) -> None:
     assert code == 0 and "identical: the 1 step agrees within atol" in out
     code, out, _ = invoke("diff", str(a), str(b))
     assert code == 0 and "first difference: pe (differs); of 1 step 1 differs, 0 the same" in out
+
+
+def test_json_writes_a_non_finite_override_as_spec_section_5_does() -> None:
+    # `--set-b title=.nan` is accepted (a title is text); the override's value, a float NaN,
+    # reached json.dumps(allow_nan=False): internal error (exit 3).
+    result = runner.invoke(app, ["diff", "hello", "--set-b", "title=.nan", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["b"]["overrides"] == {"title": "nan"} and data["a"]["overrides"] == {}
+    assert data["identical"] is True
+
+
+def test_json_value_rewrites_non_finite_numbers_inside_mappings() -> None:
+    value = {"a": [1.0, math.inf], "b": {"c": -math.inf, "d": math.nan}, "e": "x"}
+    assert render.json_value(value) == {"a": [1.0, "inf"], "b": {"c": "-inf", "d": "nan"}, "e": "x"}

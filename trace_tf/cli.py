@@ -1401,7 +1401,11 @@ def diff(
     }
     data = {
         "trace_tf": _version(),
-        **sides,
+        # (a --set value is as the user wrote it: `--set-b title=.nan` is a NaN)
+        **{
+            s: {**given, "overrides": render.json_value(given["overrides"])}
+            for s, given in sides.items()
+        },
         "atol": atol,
         "identical": first is None,
         "first_difference": first.path if first is not None else None,

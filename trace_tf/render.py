@@ -523,13 +523,16 @@ def header(
 
 
 def json_value(value: Any) -> Any:
-    """Nested lists with the non-finite numbers JSON lacks written as strings."""
+    """Nested lists (and mappings: a --set value) with the non-finite numbers JSON lacks
+    written as strings."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind != "f" or np.isfinite(value).all():
             return value.tolist()  # nothing to rewrite: skip the walk over every number
         value = value.tolist()
     if isinstance(value, list):
         return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: json_value(v) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
