@@ -406,6 +406,34 @@ def test_standard_output_on_a_full_device_is_exit_2(fmt: str) -> None:
     assert proc.stderr == "trace-tf: error: cannot write standard output: No space left on device\n"
 
 
+@pytest.mark.parametrize(
+    "args, closes, says",
+    [
+        (("encode", "-"), "<&-", "<stdin>: standard input is closed; expected a config on "),
+        (("decode",), ">&-", "cannot write standard output: Bad file descriptor"),
+        (("decode", "--format", "json"), ">&-", "cannot write standard output: Bad file"),
+        (("examples",), ">&-", "cannot write standard output: Bad file descriptor"),
+    ],
+)
+def test_a_closed_standard_input_or_output_is_exit_2(
+    args: tuple[str, ...], closes: str, says: str
+) -> None:
+    # Python leaves sys.stdin / sys.stdout None when the shell closed them: an internal
+    # error (AttributeError on None), exit 3.
+    import subprocess
+    import sys
+
+    script = f'exec "$0" -m trace_tf "$@" {closes}'
+    proc = subprocess.run(
+        ["sh", "-c", script, sys.executable, *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("trace-tf: error: " + says) and proc.stderr.count("\n") == 1
+
+
 def test_force_keeps_the_overwritten_files_permissions(tmp_path: Path) -> None:
     out = tmp_path / "trace.txt"
     out.write_text("old\n")

@@ -1629,6 +1629,24 @@ def _no_options() -> None:
     pass
 
 
+class _ClosedOutput(io.TextIOBase):
+    """Standard output when it was closed: writing to it fails as writing to a closed
+    descriptor does (EBADF), which says so on one line, exit 2, as a full disk does.
+    (As None, it was an internal error, exit 3; click's help skips it.)"""
+
+    def write(self, text: str) -> int:
+        import errno
+
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    @property
+    def buffer(self) -> Any:  # (npz: bytes)
+        return self
+
+    def flush(self) -> None:
+        pass
+
+
 def main() -> None:
     import signal
 
@@ -1636,6 +1654,8 @@ def main() -> None:
     # rather than through rich's exit 1, which would say `check` found a mismatch.
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if sys.stdout is None:  # `trace-tf encode >&-`: Python leaves it None
+        sys.stdout = _ClosedOutput()
     # A config named with bytes that are not UTF-8 (Python keeps a byte 0xNN of an
     # argument as U+DCNN) is shown with those bytes, as a UTF-8 locale's "C" one does.
     if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":

@@ -384,6 +384,13 @@ STDIN = "-"  # the config name that reads the config from standard input
 def read_document(name: str | None) -> Document:
     if name == STDIN:
         file = "<stdin>"
+        if sys.stdin is None:  # `trace-tf encode - <&-`: Python leaves it None
+            raise InputError(
+                "standard input is closed",
+                file=file,
+                expected="a config on standard input",
+                found="no standard input",
+            )
         if sys.stdin.closed:  # `check - -`: the first - read it to its end
             raise InputError("standard input is read once; give - once", file=file)
         text = read_stream(sys.stdin.buffer, file)
