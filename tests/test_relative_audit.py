@@ -6,6 +6,7 @@ masks, temperature, pre-norm, float32, several heads and layers."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import numpy as np
@@ -188,3 +189,47 @@ def test_cached_generation_up_to_max_len_against_plain_numpy(
         checked += 1
     heads_per_iteration = 2 * shape["decoder_layers"]
     assert checked >= bound * heads_per_iteration
+
+
+# ---------------------------------------------------------------------------
+# explain: what it names is what it reads
+# ---------------------------------------------------------------------------
+
+
+def test_explain_of_masked_names_the_biased_scores_it_adds_M_to() -> None:
+    """With a bias, masked = biased + M: the scaled scores alone are not what is added."""
+    from test_generate import invoke
+
+    code, out, err = invoke("explain", "decoder.0.self_attn.h0.masked", "hello", "--set",
+                            "model.positional=relative", "--set", "target=[SOS, hello]",
+                            "--cell", "1,0", "--format", "json")  # fmt: skip
+    assert code == 0, err
+    e = json.loads(out)
+    assert e["lines"][0].startswith("decoder.0.self_attn.h0.masked[1,0] = biased[1,0] + M[1,0] = ")
+    assert e["where"][0] == "biased = decoder.0.self_attn.h0.biased"
+    code, out, _ = invoke("step", "hello", "--set", "model.positional=relative", "--set",
+                          "target=[SOS, hello]", "--stage", "biased", "--format", "json")  # fmt: skip
+    steps = {s["path"]: s["value"] for s in json.loads(out)["steps"]}
+    biased = steps["decoder.0.self_attn.h0.biased"][1][0]
+    assert e["operands"]["biased"] == [biased] == [e["result"]]  # M[1,0] = 0 (causal, j < i)
+
+
+def test_explain_of_a_cached_row_writes_its_position_as_the_formula_does() -> None:
+    """t2's row 0 is position 2: b_rel[j − (2 + i)], never j − 2 + i."""
+    from trace_tf import generate as gen
+    from trace_tf.explain import explain
+    from trace_tf.trace import Tracer
+
+    table = [-1.0, 0.5, 0.0, 1.0, 2.0]  # offsets −2..+2, max_len 3
+    cfg = model_of({"model": {"d_model": 2, "encoder_layers": 0, "decoder_layers": 1,
+                              "positional": "relative", "max_len": 3},
+                    "vocab": ["a", "b"], "tokens": {"bos": "a"},
+                    "weights": {"decoder": [{"self_attn": {"heads": [{"rel_bias": table}]}}]}})  # fmt: skip
+    tr = Tracer()
+    tr.name_all(cfg.named_arrays())
+    gen.run(cfg, gen.settings(greedy=True, max_tokens=3), tr)
+    step = tr.trace["t2.decoder.0.self_attn.h0.rel_bias"]
+    assert step.formula.startswith("B[i,j] = b_rel[j − (2 + i)]")
+    e = explain(cfg, tr.trace, step, (0, 1))  # key 1 from position 2: offset −1, b(−1) = 0.5
+    assert e.chain[:3] == ("b_rel[h0][1 − (2 + 0)]", "b_rel[-1]", "rel_bias[1]")
+    assert e.result == 0.5 and e.agrees

@@ -604,7 +604,7 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     centre = (table.shape[0] - 1) // 2  # max_len − 1: where offset 0 is
     index = centre + offset
     v = float(table[index])
-    row = f"{n_k - n_q} + {i}" if n_k > n_q else f"{i}"
+    row = f"({n_k - n_q} + {i})" if n_k > n_q else f"{i}"  # as the formula: j − (start + i)
     block, _, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
     given = name
@@ -635,17 +635,19 @@ def _biased(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """scaled + M, or biased + M where a relative position bias came between."""
     s_name, m_name = step.inputs
     s, m = float(ctx.get(s_name)[cell]), float(ctx.get(m_name)[cell])
     total = s + m
+    sym = _symbol(s_name)  # scaled, or biased (S / scale + B)
     return _Parts(
         [
-            f"scaled{_idx(cell)} + M{_idx(cell)}",
+            f"{sym}{_idx(cell)} + M{_idx(cell)}",
             f"{ctx.f.num(s)} + {ctx.f.fac(m)}",
         ],
         total,
-        [f"scaled = {s_name}", f"M = {m_name}"],
-        {"scaled": [s], "M": [m]},
+        [f"{sym} = {s_name}", f"M = {m_name}"],
+        {sym: [s], "M": [m]},
     )
 
 
