@@ -783,12 +783,12 @@ def test_another_strategys_option_is_said_and_unused(args: list[str], unused: st
         (
             "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: learned, max_len: 4}\n"
             "vocab: [a, E]\ntokens: {bos: a, eos: E}\n",
-            "beyond the 4 learned ones",
+            "beyond the 4 learned positions",
         ),
         (
             "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: relative, max_len: 4}\n"
             "vocab: [a, E]\ntokens: {bos: a, eos: E}\n",
-            "beyond the 4 relative offsets reach",
+            "beyond the 4 positions the relative bias reaches",
         ),
     ],
 )

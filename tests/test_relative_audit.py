@@ -233,3 +233,42 @@ def test_explain_of_a_cached_row_writes_its_position_as_the_formula_does() -> No
     e = explain(cfg, tr.trace, step, (0, 1))  # key 1 from position 2: offset −1, b(−1) = 0.5
     assert e.chain[:3] == ("b_rel[h0][1 − (2 + 0)]", "b_rel[-1]", "rel_bias[1]")
     assert e.result == 0.5 and e.agrees
+
+
+# ---------------------------------------------------------------------------
+# Messages: what max_len counts
+# ---------------------------------------------------------------------------
+
+TABLE_OF_3 = (
+    "model: {d_model: 2, encoder_layers: 0, decoder_layers: 1, positional: relative, max_len: 3}\n"
+    "vocab: [a]\ntokens: {bos: a}\ntarget: [a]\n"
+    "weights: {decoder: [{self_attn: {heads: [{rel_bias: [1, 2, 3, 4, 5]}]}}]}\n"
+)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        # max_len 3 reaches 3 positions through 5 offsets: never "3 relative offsets"
+        (["decode", "--set", "target=[a, a, a, a]"],
+         ["target: longer than model.max_len (3) positions the relative bias reaches",
+          "expected at most 3 tokens, found 4 tokens"]),
+        (["generate", "--max-tokens", "4"],
+         ["would feed the decoder 4 positions, beyond the 3 positions the relative bias reaches",
+          "expected --max-tokens <= 3, found 4"]),
+        # max_len set on the command line: the table written for max_len 3 no longer fits
+        (["decode", "--set", "model.max_len=4"],
+         ["weights.decoder.0.self_attn.heads.0.rel_bias: wrong shape",
+          "expected shape 7 (2·max_len − 1, max_len 4), found shape 5"]),
+    ],
+)  # fmt: skip
+def test_what_max_len_bounds_is_said_in_positions(
+    tmp_yaml, args: list[str], words: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    from test_generate import invoke
+
+    file = tmp_yaml(TABLE_OF_3)
+    code, _, err = invoke(args[0], file, *args[1:])
+    assert code == 2 and err.count("\n") == 1 and file in err and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)

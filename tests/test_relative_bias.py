@@ -157,12 +157,12 @@ CASES = [
     (
         ENC_DEC + "weights: {encoder: [{self_attn: {heads: [{rel_bias: [1, 2, 3, 4]}]}}]}\n",
         "weights.encoder.0.self_attn.heads.0.rel_bias",
-        ["wrong shape", "shape 5 (2·max_len − 1)", "found shape 4"],
+        ["wrong shape", "shape 5 (2·max_len − 1, max_len 3)", "found shape 4"],
     ),
     (
         ENC_DEC + "weights: {encoder: [{self_attn: {rel_bias: [1, 2, 3, 4, 5]}}]}\n",
         "weights.encoder.0.self_attn.rel_bias",
-        ["wrong shape", "shape 1 x 5 (n_heads x (2·max_len − 1))", "found shape 5"],
+        ["wrong shape", "shape 1 x 5 (n_heads x (2·max_len − 1), max_len 3)", "found shape 5"],
     ),
     (
         ENC_DEC + "weights: {encoder: [{self_attn: {rel_bias: [[1, 2, 3, 4, 5]], "
@@ -173,7 +173,11 @@ CASES = [
     (
         "model: {d_model: 2, positional: relative, max_len: 3}\nvocab: [a]\nsource: [a, a, a, a]\n",
         "source",
-        ["longer than model.max_len (3) relative offsets", "at most 3 tokens", "4 tokens"],
+        [
+            "longer than model.max_len (3) positions the relative bias reaches",
+            "at most 3 tokens",
+            "4 tokens",
+        ],
     ),
 ]
 

@@ -81,7 +81,11 @@ EXPECT_KEYS = ("step", "value", "atol", "rtol", "note", "variant", "document", "
 OP_KINDS = ("attention", "norm", "pe")
 POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
-BOUNDED_POSITIONAL = {"learned": "learned positions", "relative": "relative offsets"}
+# Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).
+BOUNDED_POSITIONAL = {
+    "learned": "learned positions",
+    "relative": "positions the relative bias reaches",
+}
 NORM_KINDS = ("layer", "rms")
 DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
@@ -1721,7 +1725,10 @@ class _Validator:
         if "rel_bias" in fused_keys:
             self.no_rel_bias(f"{p}.rel_bias", m, path, relative)
             fused["rel_bias"] = self.array(
-                a["rel_bias"], f"{p}.rel_bias", (H, n_offsets), dims="n_heads x (2·max_len − 1)"
+                a["rel_bias"],
+                f"{p}.rel_bias",
+                (H, n_offsets),
+                dims=f"n_heads x (2·max_len − 1), max_len {m.max_len}",
             )
             self.given_fused.append(f"{path}.rel_bias")
         for k in fused_keys:
@@ -1758,7 +1765,10 @@ class _Validator:
             elif hd.get("rel_bias") is not None:
                 self.no_rel_bias(f"{hp}.rel_bias", m, path, relative)
                 arrays["rel_bias"] = self.array(
-                    hd["rel_bias"], f"{hp}.rel_bias", (n_offsets,), dims="2·max_len − 1"
+                    hd["rel_bias"],
+                    f"{hp}.rel_bias",
+                    (n_offsets,),
+                    dims=f"2·max_len − 1, max_len {m.max_len}",
                 )
             elif relative:
                 arrays["rel_bias"] = self.draw(f"{path}.heads.{h}.rel_bias", (n_offsets,))

@@ -376,8 +376,7 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
     if m.positional in BOUNDED_POSITIONAL and longest > m.max_len:
         raise InputError(
             f"--max-tokens {s.max_tokens} after a prefix of {len(start)} would feed the decoder "
-            f"{longest} positions, beyond the {m.max_len} "
-            + ("learned ones" if m.positional == "learned" else "relative offsets reach"),
+            f"{longest} positions, beyond the {m.max_len} " + BOUNDED_POSITIONAL[m.positional],
             file=cfg.file,
             path="model.max_len",
             expected=f"--max-tokens <= {m.max_len - len(start) + 1}",
