@@ -272,3 +272,28 @@ def test_what_max_len_bounds_is_said_in_positions(
     assert code == 2 and err.count("\n") == 1 and file in err and "Traceback" not in err, err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_explain_every_cell_of_B_and_biased_against_plain_numpy() -> None:
+    """Each cell of every head's rel_bias, biased and masked written out agrees with the
+    table entry of its offset and with scaled + B (+ M) computed here."""
+    from trace_tf.explain import explain
+
+    raw = random_config(np.random.default_rng(7), d_model=4, n_heads=2, encoder_layers=1,
+                        decoder_layers=1, positional="relative", src_len=3, tgt_len=3,
+                        max_len=3, pad=True)  # fmt: skip
+    cfg = model_of(raw)
+    trace = run(cfg, "full")
+    for stack in ("encoder", "decoder"):
+        for h, head in enumerate(raw["weights"][stack][0]["self_attn"]["heads"]):
+            p = f"{stack}.0.self_attn.h{h}"
+            B = my_B(head["rel_bias"], [0, 1, 2], 3)
+            scaled = trace.value(f"{p}.scaled")
+            for i in range(3):
+                for j in range(3):
+                    for stage, want in (("rel_bias", B[i, j]), ("biased", scaled[i, j] + B[i, j])):
+                        e = explain(cfg, trace, trace[f"{p}.{stage}"], (i, j))
+                        assert e.agrees and e.result == want, (p, stage, i, j)
+                    if f"{p}.masked" in trace:
+                        e = explain(cfg, trace, trace[f"{p}.masked"], (i, j))
+                        assert e.agrees and e.chain[0].startswith(f"biased[{i},{j}] + M")
