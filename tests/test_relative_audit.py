@@ -297,3 +297,24 @@ def test_explain_every_cell_of_B_and_biased_against_plain_numpy() -> None:
                     if f"{p}.masked" in trace:
                         e = explain(cfg, trace, trace[f"{p}.masked"], (i, j))
                         assert e.agrees and e.chain[0].startswith(f"biased[{i},{j}] + M")
+
+
+def test_a_drawn_table_is_drawn_whole_so_max_len_moves_every_offset() -> None:
+    """README: a drawn rel_bias is one vector from offset −(max_len − 1) up, so another
+    max_len puts offset 0 on another draw; a drawn learned table keeps its first rows."""
+    import zlib
+
+    def drawn_b0(max_len: int) -> float:
+        path = "encoder.0.self_attn.heads.0.rel_bias"
+        rng = np.random.default_rng([0, zlib.crc32(path.encode())])
+        return float(rng.standard_normal(2 * max_len - 1)[max_len - 1])
+
+    def traced(positional: str, max_len: int) -> np.ndarray:
+        cfg = model_of({"model": {"d_model": 2, "positional": positional, "max_len": max_len},
+                        "vocab": ["a"], "source": ["a"]})  # fmt: skip
+        step = "encoder.0.self_attn.h0.rel_bias" if positional == "relative" else "encoder.pe"
+        return run(cfg, "full").value(step)
+
+    assert traced("relative", 3).tolist() == [[drawn_b0(3)]]
+    assert traced("relative", 4).tolist() == [[drawn_b0(4)]] != [[drawn_b0(3)]]
+    assert np.array_equal(traced("learned", 3), traced("learned", 4))
