@@ -263,3 +263,66 @@ def test_add_norm_selects_every_step_of_the_norm_calculator(tmp_path: Path, kind
     group = CliRunner().invoke(app, ["step", str(path), "--stage", "add_norm", "--format", "json"])
     assert group.exit_code == 0, group.output
     assert [s["path"] for s in json.loads(group.stdout)["steps"]] == paths
+
+
+def _table_after(out: str, title: str) -> list[list[str]]:
+    """The cells of the table printed under the line that starts with `title`: its header
+    row, then each body row (label first), up to its bottom border."""
+    lines = [x.strip("│ ") for x in out.splitlines()]
+    start = next(i for i, x in enumerate(lines) if x.startswith(title))
+    rows: list[list[str]] = []
+    for x in lines[start + 1 :]:
+        if x.startswith("└"):
+            break
+        if x and not x.startswith(("┏", "┡")):  # (borders)
+            rows.append([c.strip() for c in re.split(r"[┃│]", x.strip("┃│ "))])
+    return rows
+
+
+def test_step_shows_a_tied_output_weight_with_the_vocabulary_over_its_columns() -> None:
+    # It was named ("input embeddings (tied, transposed)") but not shown. Tied, W is
+    # the embedding table transposed: its column for a token is that token's embedding.
+    out = (
+        CliRunner()
+        .invoke(
+            app,
+            ["step", "--stage", "logits", "--set", "model.tie_embeddings=true"],
+            env={"COLUMNS": "200"},
+        )
+        .stdout
+    )
+    header, *body = _table_after(out, "embeddings (tied, transposed)   weight   [4 × 10]")
+    vocab = ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
+    assert header[-10:] == vocab
+    column = {tok: [float(r[1 + k]) for r in body] for k, tok in enumerate(vocab)}
+    assert column["hello"] == [1, 2, 3, 4] and column["world"] == [2, 3, 4, 5]  # 001's E
+
+
+def test_step_labels_given_arrays_as_the_steps_made_from_them() -> None:
+    # A single operation's Q and K were named, not shown; a relative bias table's
+    # entries were labelled 0..4 where they are the offsets j − i = −2..+2.
+    out = (
+        CliRunner()
+        .invoke(
+            app,
+            ["step", "fixtures/002_database_query.yaml", "--stage", "scores"],
+            env={"COLUMNS": "200"},
+        )
+        .stdout
+    )
+    assert [r[0] for r in _table_after(out, "Q   given   [1 × 3]")[1:]] == ["q0"]
+    k = _table_after(out, "K   given   [4 × 3]")
+    assert [r[0] for r in k[1:]] == ["k0", "k1", "k2", "k3"]
+    assert [float(x) for x in k[4][1:]] == [1, 4, 0]  # 002's fourth key, [1, 4, 0]
+    out = (
+        CliRunner()
+        .invoke(
+            app,
+            ["step", "fixtures/000_relative_bias.yaml", "--stage", "rel_bias"],
+            env={"COLUMNS": "200"},
+        )
+        .stdout
+    )
+    table = _table_after(out, "weights.encoder.0.self_attn.heads.0.rel_bias   weight   [5]")
+    assert table[0][-5:] == ["-2", "-1", "0", "+1", "+2"]
+    assert [float(x) for x in table[1][-5:]] == [-1, 0.5, 0, 1, 2]  # b(−2) .. b(+2)

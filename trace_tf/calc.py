@@ -54,12 +54,16 @@ def op_arrays(kind: str, p: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {k: p[k] for k in keys.get(kind, ()) if isinstance(p.get(k), np.ndarray)}
 
 
+def attention_labels(p: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The labels of an attention's queries (q0, q1, ...) and keys (k0, ...)."""
+    return tuple(f"q{i}" for i in range(len(p["Q"]))), tuple(f"k{j}" for j in range(len(p["K"])))
+
+
 def attention_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
     """softmax((score(Q, K) / scale + M) / T) V on given matrices."""
     Q, K, V = (p[k] for k in ("Q", "K", "V"))
     mask = p["mask"]
-    keys = tuple(f"k{j}" for j in range(K.shape[0]))
-    rows = tuple(f"q{i}" for i in range(Q.shape[0]))
+    rows, keys = attention_labels(p)
     sw = ScoreWeights(**{k: p[k] for k in ALL_SCORE_WEIGHTS if p.get(k) is not None})
     with tr.scope("attn", rows=rows, keys=keys):
         tr.name_all(op_arrays("attention", p))

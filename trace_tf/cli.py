@@ -743,9 +743,8 @@ def step(
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
     from trace_tf import render
-    from trace_tf.config import Config
     from trace_tf.errors import InputError
-    from trace_tf.runner import run
+    from trace_tf.runner import input_steps, run
     from trace_tf.trace import check_selection, matches
 
     cfg = _load(config, c)
@@ -756,7 +755,7 @@ def step(
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     steps = trace.select(stage, layer, head)
-    weights = cfg.named_arrays() if isinstance(cfg, Config) else {}
+    weights = input_steps(cfg)
     view = c.view()
     _show(
         cfg,

@@ -23,10 +23,11 @@ import numpy as np
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from trace_tf.calc import NORM_AXES, op_arrays
+from trace_tf.calc import NORM_AXES
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError, quoted
-from trace_tf.model import TIED_OUTPUT, output_weights, target_of
+from trace_tf.model import TIED_OUTPUT, target_of
+from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
 from trace_tf.trace import Step, Trace
@@ -1097,16 +1098,6 @@ EXPLAINERS: dict[str, Explainer] = {
 # ---------------------------------------------------------------------------
 # Entry points
 # ---------------------------------------------------------------------------
-
-
-def named_arrays(cfg: Config | OpConfig) -> dict[str, np.ndarray]:
-    """Every weight or given array a step can name as an input."""
-    if isinstance(cfg, OpConfig):
-        return op_arrays(cfg.kind, cfg.params)
-    arrays = cfg.named_arrays()
-    if cfg.model.tie_embeddings:
-        arrays[TIED_OUTPUT] = output_weights(cfg)[0]
-    return arrays
 
 
 def find_step(trace: Trace, name: str) -> Step:

@@ -458,20 +458,19 @@ def trace_view(steps: Iterable[Step], view: View = View()) -> Group:
 def step_with_inputs(
     step: Step,
     lookup: Mapping[str, Step],
-    weights: Mapping[str, np.ndarray],
+    weights: Mapping[str, Step],
     view: View = View(),
 ) -> RenderableType:
-    """A step preceded by the inputs it was computed from (steps or weights) and its formula."""
+    """A step preceded by the inputs it was computed from (steps, or weights and given
+    arrays: runner.input_steps) and its formula."""
     if view.width is not None:  # inside a panel: its borders and padding take 4 cells
         view = replace(view, width=view.width - 4)
     names = ", ".join(step.inputs) if step.inputs else "the configuration"
     parts: list[RenderableType] = [Text(f"computed from: {names}", style="dim")]
     for name in step.inputs:
-        if name in lookup:
-            parts.append(step_table(lookup[name], view))
-        elif name in weights:
-            w = weights[name]
-            parts.append(titled(name, "weight", w.shape, matrix_table(w, view=view)))
+        given = lookup.get(name) or weights.get(name)
+        if given is not None:
+            parts.append(step_table(given, view))
         elif name != "?":
             parts.append(Text(f"input {name}"))
     parts.append(step_table(step, view))

@@ -9,13 +9,47 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trace_tf import model
-from trace_tf.calc import run_op
+from trace_tf.calc import attention_labels, op_arrays, run_op
 from trace_tf.config import Config, Document, OpConfig, build
 from trace_tf.errors import InputError, quoted
 from trace_tf.text import counted, exact, shape_text
-from trace_tf.trace import Trace, Tracer
+from trace_tf.trace import Step, Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
+_Axis = tuple[str, ...] | None  # an axis's labels (a Step's rows or cols)
+
+
+def named_arrays(cfg: Config | OpConfig) -> dict[str, np.ndarray]:
+    """Every weight or given array a step can name as an input."""
+    if isinstance(cfg, OpConfig):
+        return op_arrays(cfg.kind, cfg.params)
+    arrays = cfg.named_arrays()
+    if cfg.model.tie_embeddings:
+        arrays[model.TIED_OUTPUT] = model.output_weights(cfg)[0]
+    return arrays
+
+
+def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
+    """The arrays of `named_arrays` as steps to show beside those computed from them,
+    labelled where an axis has a meaning, as the steps made from them are: the output
+    weight's columns by the vocabulary (as the logits'), a relative bias table's
+    entries by their offset j − i, an attention's Q rows and K, V rows by q0.., k0..."""
+    labels: dict[str, tuple[_Axis, _Axis]] = {}
+    if isinstance(cfg, OpConfig):
+        if cfg.kind == "attention":
+            q, k = attention_labels(cfg.params)
+            labels = {"Q": (q, None), "K": (k, None), "V": (k, None), "mask": (q, k)}
+    else:
+        labels = {"weights.output.W": (None, cfg.vocab), model.TIED_OUTPUT: (None, cfg.vocab)}
+    what = "given" if isinstance(cfg, OpConfig) else "weight"
+    out: dict[str, Step] = {}
+    for name, value in named_arrays(cfg).items():
+        rows, cols = labels.get(name, (None, None))
+        if name.endswith(".rel_bias") and value.ndim == 1:
+            reach = (len(value) - 1) // 2  # max_len − 1
+            cols = tuple(f"{o:+d}" if o else "0" for o in range(-reach, reach + 1))
+        out[name] = Step(name, what, value, rows=rows, cols=cols)
+    return out
 
 
 def run(
