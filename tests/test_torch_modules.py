@@ -422,6 +422,38 @@ def test_encoder_fast_path_zeroes_pad_rows_that_trace_tf_computes() -> None:
     assert np.all(np.abs(trace.value("encoder.output")[~keep.numpy()]) > 0)
 
 
+@torch.no_grad()
+def test_a_fully_masked_row_is_nan_in_trace_tf_and_zero_attention_in_torch_layers(
+    fastpath: bool,
+) -> None:
+    """A documented difference: a query row whose every key is masked (a target that starts
+    with the pad token) is NaN in trace-tf, with a warning (SPEC section 1). torch's layers
+    call MultiheadAttention with need_weights=False, whose softmax gives 0 there, so the row
+    comes out finite; the fast path and need_weights=True give NaN, as trace-tf does."""
+    raw = random_config(
+        np.random.default_rng(2), d_model=4, n_heads=2, encoder_layers=0, decoder_layers=1,
+        pad=True, tgt_len=4,
+    )  # fmt: skip
+    raw["target"][0] = "PAD"
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    trace = run(cfg, "full")
+    assert trace.warnings and "decoder.0.self_attn.h0" in trace.warnings[0]
+    assert np.isnan(trace.value("decoder.0.self_attn.h0.softmax")[0]).all()
+    layer = encoder_layer(raw["weights"]["decoder"][0], raw["model"])
+    causal, pads = masks(raw["target"], "bool", causal=True)
+    x = tensor(trace.value("decoder.input"))[None]
+    _, weights = layer.self_attn(
+        x, x, x, attn_mask=causal, key_padding_mask=pads, average_attn_weights=False
+    )
+    assert weights is not None and torch.isnan(weights[0, :, 0]).all()
+    y = layer(x, src_mask=causal, src_key_padding_mask=pads, is_causal=True)[0]
+    expected = trace.value("decoder.0.ffn.norm")
+    assert np.isnan(expected[0]).all()
+    assert torch.isnan(y[0]).all() if fastpath else torch.isfinite(y[0]).all()
+    close(y[1:], expected[1:], "the other rows")
+
+
 # ------------------------------------------------------- README recipe: torch → trace-tf
 
 
