@@ -454,6 +454,27 @@ def test_a_fully_masked_row_is_nan_in_trace_tf_and_zero_attention_in_torch_layer
     close(y[1:], expected[1:], "the other rows")
 
 
+@torch.no_grad()
+def test_nn_embedding_and_a_tied_head() -> None:
+    """nn.Embedding's row i is `embeddings.<vocab[i]>` as is; a head tied the torch way
+    (`head.weight = embedding.weight`, vocab × d_model) is trace-tf's tie_embeddings."""
+    raw, trace = traced(
+        dict(d_model=6, n_heads=2, decoder_layers=1, tie_embeddings=True, pad=True), seed=4
+    )
+    vocab = raw["vocab"]
+    embedding = nn.Embedding(len(vocab), raw["model"]["d_model"], dtype=F64)
+    embedding.weight.copy_(tensor([raw["embeddings"][t] for t in vocab]))
+    for stack in ("encoder", "decoder"):
+        ids = torch.tensor(
+            [vocab.index(t) for t in raw["source" if stack == "encoder" else "target"]]
+        )
+        close(embedding(ids), trace.value(f"{stack}.embed"), f"{stack}.embed")
+    head = nn.Linear(raw["model"]["d_model"], len(vocab), dtype=F64)
+    head.weight = embedding.weight
+    head.bias.copy_(tensor(raw["weights"]["output"]["b"]))
+    close(head(tensor(trace.value("decoder.output"))), trace.value("logits"), "logits")
+
+
 # ------------------------------------------------------- README recipe: torch → trace-tf
 
 
