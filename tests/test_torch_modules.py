@@ -15,8 +15,9 @@ The conventions mapped, beside what README lists:
 - trace-tf's decoder-only layer (no cross-attention) is a TransformerEncoderLayer
   run with a causal mask: torch's decoder layer always has cross-attention.
 - TransformerEncoder's fast path (eval, no grad, post-norm, an even number of heads,
-  a key padding mask, enable_nested_tensor left on) runs on a nested tensor and
+  pads at the end, enable_nested_tensor left on) runs on a nested tensor and
   returns 0 in the pad rows; trace-tf computes those rows (only keys are masked).
+- A fully masked query row: NaN in trace-tf (SPEC), finite in torch's layers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import REPO, config_from
-from random_configs import random_config
+from random_configs import PAD, random_config
 from torch import nn
 
 from trace_tf.config import Config, load
@@ -148,7 +149,7 @@ def masks(tokens: list[str], kind: str, causal: bool) -> tuple[torch.Tensor | No
     """(attn_mask, key_padding_mask) for a sequence, boolean (True = may not look) or
     float (added to the scores, as trace-tf's M), batch of one."""
     L = len(tokens)
-    pads = torch.tensor([[t == "PAD" for t in tokens]])
+    pads = torch.tensor([[t == PAD for t in tokens]])
     causal_mask = torch.ones(L, L, dtype=torch.bool).triu(1) if causal else None
     if kind == "float":
         if causal_mask is not None:
@@ -225,6 +226,7 @@ def _ids(shape: dict[str, Any]) -> str:
 
 
 def traced(shape: dict[str, Any], seed: int) -> tuple[dict[str, Any], Trace]:
+    """A random config of `shape` (`eps`: its norm_eps), every array given, and its trace."""
     options = dict(shape)
     eps = options.pop("eps", None)
     raw = random_config(np.random.default_rng(seed), **options)
@@ -272,7 +274,7 @@ def check_decoder_only(raw: dict[str, Any], trace: Trace, mask_kind: str) -> tor
     """trace-tf's decoder-only layers as TransformerEncoderLayers with the causal mask."""
     model, pre = raw["model"], raw["model"].get("norm_position") == "pre"
     causal, pads = masks(raw["target"], mask_kind, causal=True)
-    pads = pads if "PAD" in raw["target"] else None
+    pads = pads if PAD in raw["target"] else None
     layers = [encoder_layer(w, model) for w in raw["weights"]["decoder"]]
     x = trace.value("decoder.input")
     for l, layer in enumerate(layers):
@@ -298,7 +300,7 @@ def check_decoder(
     """Each TransformerDecoderLayer (self → cross → ffn), then the TransformerDecoder stack."""
     model, pre = raw["model"], raw["model"].get("norm_position") == "pre"
     causal, pads = masks(raw["target"], mask_kind, causal=True)
-    pads = pads if "PAD" in raw["target"] else None
+    pads = pads if PAD in raw["target"] else None
     _, memory_pads = masks(raw["source"], mask_kind, causal=False)
     memory_pads = memory_pads if "decoder.cross_mask" in trace else None
     layers = [decoder_layer(w, model) for w in raw["weights"]["decoder"]]
@@ -434,7 +436,7 @@ def test_a_fully_masked_row_is_nan_in_trace_tf_and_zero_attention_in_torch_layer
         np.random.default_rng(2), d_model=4, n_heads=2, encoder_layers=0, decoder_layers=1,
         pad=True, tgt_len=4,
     )  # fmt: skip
-    raw["target"][0] = "PAD"
+    raw["target"][0] = PAD
     cfg = config_from(raw)
     assert isinstance(cfg, Config)
     trace = run(cfg, "full")
