@@ -380,6 +380,18 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
     tied output weight's column j is the embedding of the j-th vocabulary token."""
     if name == TIED_OUTPUT and isinstance(ctx.cfg, Config):
         return name, j, f", the embedding of {quoted(ctx.cfg.vocab[j])}"
+    fused = _fused_source(ctx, name)
+    if fused is not None:
+        source, h = fused
+        width = ctx.get(name).shape[-1]
+        first = h * width
+        return source, first + j, f" (head {h}'s {first}..{first + width - 1})"
+    return name, j, ""
+
+
+def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
+    """The fused weight a per-head `weights.<block>.heads.<h>.<key>` was cut from,
+    `weights.<block>.<key>`, and h, when the file gave it fused (SPEC §2); else None."""
     block, sep, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
     if (
@@ -387,10 +399,8 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
         and isinstance(ctx.cfg, Config)
         and f"{block[len('weights.') :]}.{key}" in ctx.cfg.given_fused
     ):
-        width = ctx.get(name).shape[-1]
-        first = int(h) * width
-        return f"{block}.{key}", first + j, f" (head {h}'s {first}..{first + width - 1})"
-    return name, j, ""
+        return f"{block}.{key}", int(h)
+    return None
 
 
 def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -606,11 +616,9 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     index = centre + offset
     v = float(table[index])
     row = f"({n_k - n_q} + {i})" if n_k > n_q else f"{i}"  # as the formula: j − (start + i)
-    block, _, rest = name.partition(".heads.")
-    h, _, key = rest.partition(".")
-    given = name
-    if isinstance(ctx.cfg, Config) and f"{block[len('weights.') :]}.{key}" in ctx.cfg.given_fused:
-        given = f"row {h} of {block}.{key} (fused), i.e. {name}"
+    h = name.partition(".heads.")[2].partition(".")[0]
+    fused = _fused_source(ctx, name)
+    given = name if fused is None else f"row {h} of {fused[0]} (fused), i.e. {name}"
     plus = f"{centre} + {offset}" if offset >= 0 else f"{centre} − {-offset}"
     return _Parts(
         [f"b_rel[h{h}][{j} − {row}]", f"b_rel[{offset}]", f"rel_bias[{index}]"],
