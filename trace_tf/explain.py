@@ -632,32 +632,29 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     )
 
 
-def _biased(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    s_name, b_name = step.inputs
-    s, b = float(ctx.get(s_name)[cell]), float(ctx.get(b_name)[cell])
-    return _Parts(
-        [f"scaled{_idx(cell)} + B{_idx(cell)}", f"{ctx.f.num(s)} + {ctx.f.fac(b)}"],
-        s + b,
-        [f"scaled = {s_name}", f"B = {b_name}"],
-        {"scaled": [s], "B": [b]},
-    )
-
-
-def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """scaled + M, or biased + M where a relative position bias came between."""
-    s_name, m_name = step.inputs
-    s, m = float(ctx.get(s_name)[cell]), float(ctx.get(m_name)[cell])
-    total = s + m
+def _plus(ctx: _Ctx, step: Step, cell: tuple[int, ...], term: str) -> _Parts:
+    """The step's first input plus its second, `term`, at the cell: scaled + B (biased);
+    scaled + M, or biased + M where a relative position bias came between (masked)."""
+    s_name, t_name = step.inputs
+    s, t = float(ctx.get(s_name)[cell]), float(ctx.get(t_name)[cell])
     sym = _symbol(s_name)  # scaled, or biased (S / scale + B)
     return _Parts(
         [
-            f"{sym}{_idx(cell)} + M{_idx(cell)}",
-            f"{ctx.f.num(s)} + {ctx.f.fac(m)}",
+            f"{sym}{_idx(cell)} + {term}{_idx(cell)}",
+            f"{ctx.f.num(s)} + {ctx.f.fac(t)}",
         ],
-        total,
-        [f"{sym} = {s_name}", f"M = {m_name}"],
-        {sym: [s], "M": [m]},
+        s + t,
+        [f"{sym} = {s_name}", f"{term} = {t_name}"],
+        {sym: [s], term: [t]},
     )
+
+
+def _biased(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    return _plus(ctx, step, cell, "B")
+
+
+def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    return _plus(ctx, step, cell, "M")
 
 
 def _temperature(ctx: _Ctx, step: Step) -> float:
