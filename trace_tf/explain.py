@@ -23,6 +23,7 @@ import numpy as np
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import Config, OpConfig
 from trace_tf.errors import InputError, quoted
@@ -612,7 +613,7 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     n_q, n_k = step.value.shape
     pos = n_k - n_q + i
     offset = j - pos
-    centre = (table.shape[0] - 1) // 2  # max_len − 1: where offset 0 is
+    centre = ops.offset_zero(table)  # max_len − 1
     index = centre + offset
     v = float(table[index])
     row = f"({n_k - n_q} + {i})" if n_k > n_q else f"{i}"  # as the formula: j − (start + i)

@@ -326,7 +326,7 @@ def attend(
         b = tr.rec(
             "rel_bias",
             ops.relative_bias(rel_bias, len(q), len(k), start),
-            f"B[i,j] = b_rel[j − {row}],  b_rel[o] = rel_bias[{(len(rel_bias) - 1) // 2} + o]",
+            f"B[i,j] = b_rel[j − {row}],  b_rel[o] = rel_bias[{ops.offset_zero(rel_bias)} + o]",
             rel_bias,
             cols="keys",
         )

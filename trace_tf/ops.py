@@ -227,9 +227,14 @@ def relative_bias(table: Array, n_q: int, n_k: int, start: int = 0) -> Array:
     row i sits at position start + i (start > 0: the new rows of a KV-cached step), keys
     at 0..n_k − 1. B depends on j − i only (a Toeplitz matrix). -> [n_q, n_k]
     """
-    max_len = (table.shape[0] + 1) // 2
     offsets = np.arange(n_k)[None, :] - (start + np.arange(n_q))[:, None]
-    return table[max_len - 1 + offsets]
+    return table[offset_zero(table) + offsets]
+
+
+def offset_zero(table: Array) -> int:
+    """max_len − 1: where offset 0 sits in a relative bias table, which holds the
+    2·max_len − 1 offsets −(max_len − 1) .. +(max_len − 1) in order."""
+    return (table.shape[0] - 1) // 2
 
 
 # ---------------------------------------------------------------------------
