@@ -1054,11 +1054,12 @@ class _Validator:
             # a model's sections (vocab, weights, source, ...) mean nothing here: never
             # silently ignored (`--set weights.x=1` on a norm file ran it unchanged)
             own = ("title", "reference", ops[0], "expect", "variants")
-            for key in (k for k in data if k not in own):
+            other = next((k for k in data if k not in own), None)
+            if other is not None:
                 raise self.ctx.err(
-                    key,
-                    f"a single operation ('{ops[0]}:') has no {key}; it belongs to a model config",
-                    data[key],
+                    other,
+                    f"a single operation ('{ops[0]}:') has no {other}; it belongs to a model config",
+                    data[other],
                     expected=f"only {', '.join(own)} beside '{ops[0]}:'",
                 )
             variants = self.variants(data.get("variants"))
