@@ -1697,14 +1697,10 @@ class _Validator:
         """Per-head or fused attention weights; fused W_q/W_k/W_v are split by columns,
         a fused rel_bias (`relative`: a self-attention of positional relative) by rows."""
         p = f"weights.{path}"
-        a = self.mapping(
-            value,
-            p,
-            ("heads", "W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias", "W_o", "b_o", "norm"),
-        )
-        d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
         per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
+        a = self.mapping(value, p, ("heads", *per_head, "W_o", "b_o", "norm"))
+        d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         fused_keys = [k for k in per_head if a.get(k) is not None]
         heads_raw = a.get("heads")
         if heads_raw is not None and fused_keys and isinstance(heads_raw, list):
@@ -1732,9 +1728,7 @@ class _Validator:
                 dims=f"n_heads x (2·max_len − 1), max_len {m.max_len}",
             )
             self.given_fused.append(f"{path}.rel_bias")
-        for k in fused_keys:
-            if k == "rel_bias":
-                continue
+        for k in (k for k in fused_keys if k in projections):
             shape = (d, H * sizes[k]) if k.startswith("W") else (H * sizes[k],)
             dims = f"n_heads·{names[k]}"
             dims = f"d_model x {dims}" if k.startswith("W") else dims
