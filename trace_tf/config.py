@@ -790,7 +790,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     attn = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
     if m.score in ("bilinear", "additive"):  # q_b; or q_a, k_a and tanh(q_a[i] + k_a[j])
         attn += H * (L * dk + L * (L + 2) * m.d_a)
-    if m.positional == "relative":  # rel_bias and biased (in place of q_raw and k_raw)
+    if m.positional == "relative":  # rel_bias and biased (as steps, RoPE's q_raw and k_raw's)
         attn += H * 2 * L * L
     ffn = L * (2 * dff + 3 * d + 2)
     stack = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output; the mask
@@ -1439,7 +1439,7 @@ class _Validator:
         if m.positional == "relative":  # a table per self-attention head
             total += (enc + dec) * H * (2 * m.max_len - 1)
         total += trace_size(m, max(lengths, default=1), V)
-        # The weight arrays, at most: per head 6 (and 4 score weights); per block W_o,
+        # The weight arrays, at most: per head 6, 3 score weights and a rel_bias; per block W_o,
         # b_o, gamma, beta; per FFN 6; an embedding per token; a few more.
         total += OBJECT_COST * (blocks * (10 * H + 4) + (enc + dec) * 6 + V + 8)
         if total > self.max_elements:
