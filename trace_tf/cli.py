@@ -1042,11 +1042,9 @@ def _inline_value(text: str, option: str) -> Any:
     from trace_tf.config import parse_matrix
 
     rows = parse_matrix(text, option)
-    if not all(isinstance(row, list) for row in rows):  # YAML: `[1, 2]` is the vector itself
-        return rows[0] if len(rows) == 1 else rows
-    if len(rows) == 1 and len(rows[0]) == 1:
-        return rows[0][0]
-    return rows[0] if len(rows) == 1 else [r[0] if len(r) == 1 else r for r in rows]
+    if all(isinstance(row, list) for row in rows):  # "1 2; 3": a row of one is its number
+        rows = [r[0] if len(r) == 1 else r for r in rows]
+    return rows[0] if len(rows) == 1 else rows  # (YAML `[1, 2]` is the vector itself)
 
 
 def _scale_value(text: str) -> float | str:
