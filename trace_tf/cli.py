@@ -1399,10 +1399,7 @@ def diff(
     data = {
         "trace_tf": _version(),
         # (a --set value is as the user wrote it: `--set-b title=.nan` is a NaN)
-        **{
-            s: {**given, "overrides": render.json_value(given["overrides"])}
-            for s, given in sides.items()
-        },
+        **render.json_value(sides),
         "atol": atol,
         "identical": first is None,
         "first_difference": first.path if first is not None else None,
