@@ -1628,13 +1628,13 @@ class _ClosedOutput(io.TextIOBase):
     descriptor does (EBADF), which says so on one line, exit 2, as a full disk does.
     (As None, it was an internal error, exit 3; click's help skips it.)"""
 
-    def write(self, text: str) -> int:
+    def write(self, data: object) -> int:  # text, or through .buffer npz's bytes
         import errno
 
         raise OSError(errno.EBADF, os.strerror(errno.EBADF))
 
     @property
-    def buffer(self) -> Any:  # (npz: bytes)
+    def buffer(self) -> "_ClosedOutput":
         return self
 
     def flush(self) -> None:
