@@ -212,16 +212,22 @@ def _t(x: Any) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float64)
 
 
+def _torch_layer_norm(gamma: list[float], beta: list[float]) -> np.ndarray:
+    """torch's LayerNorm of X with γ and β (ε 1e-5), the value the norm calculator's must be."""
+    ln = torch.nn.LayerNorm(3, eps=1e-5, dtype=torch.float64)
+    with torch.no_grad():
+        ln.weight.copy_(_t(gamma))
+        ln.bias.copy_(_t(beta))
+        out: np.ndarray = ln(_t(X)).numpy()
+    return out
+
+
 def test_norm_layer_matches_torch_layer_norm() -> None:
     gamma, beta = [1.5, -0.5, 2.0], [0.1, 0.2, -0.3]
     steps = steps_of(
         "norm", "--x", X_TEXT, "--kind", "layer", "--gamma", "1.5 -0.5 2", "--beta", "0.1 0.2 -0.3"
     )
-    ln = torch.nn.LayerNorm(3, eps=1e-5, dtype=torch.float64)
-    with torch.no_grad():
-        ln.weight.copy_(_t(gamma))
-        ln.bias.copy_(_t(beta))
-        want = ln(_t(X)).numpy()
+    want = _torch_layer_norm(gamma, beta)
     np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
     xs = np.array(X)
     np.testing.assert_allclose(steps["norm.mean"], xs.mean(1, keepdims=True), atol=1e-15)
@@ -234,11 +240,7 @@ def test_norm_gamma_and_beta_given_as_yaml_lists_are_the_vectors() -> None:
     steps = steps_of(
         "norm", "--x", X_TEXT, "--gamma", "[1.5, -0.5, 2]", "--beta", "[0.1, 0.2, -0.3]"
     )
-    ln = torch.nn.LayerNorm(3, eps=1e-5, dtype=torch.float64)
-    with torch.no_grad():
-        ln.weight.copy_(_t(gamma))
-        ln.bias.copy_(_t(beta))
-        want = ln(_t(X)).numpy()
+    want = _torch_layer_norm(gamma, beta)
     np.testing.assert_allclose(steps["norm.out"], want, rtol=0, atol=1e-14)
 
 
