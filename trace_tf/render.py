@@ -1243,9 +1243,11 @@ def _beams_table(
     where = [divmod(int(f), V) for f in shown]
     # p is a column of probabilities: one notation, as the distributions' (0.0001 and
     # 4.6844e-10 in one column read as if the first had one digit)
-    p_cells = _format_cells(np.array([it.beams[j].probs[i] for j, i in where]), view.precision)
+    ps = np.array([it.beams[j].probs[i] for j, i in where])
+    p_cells = _format_cells(ps, view.precision)
     live = 0
-    for rank, (f, (j, i), p_cell) in enumerate(zip(shown, where, p_cells, strict=True), start=1):
+    rows = zip(shown, where, ps.tolist(), p_cells, strict=True)
+    for rank, (f, (j, i), p, p_cell) in enumerate(rows, start=1):
         c = kept.get(int(f))
         if c is None:
             status = Text("dropped", style="dim")
@@ -1256,7 +1258,6 @@ def _beams_table(
         else:
             status = Text(f"→ beam {live}", style="bold green")
             live += 1
-        p = float(it.beams[j].probs[i])
         table.add_row(
             str(rank),
             str(j),
