@@ -777,14 +777,25 @@ def _fitted(
     wrap: str | None = None,
     **table: Any,
 ) -> tuple[Table, int]:
-    """A plain table (no borders, two spaces between columns) of `rows`, its columns
-    as wide as their texts, and the room left of `width` for one more column. When it
-    does not fit, the `wrap` column (of step paths) narrows first, to its widest
-    part, its paths going onto lines after their dots (the caller adds the rows with
-    `_add_rows`); then the `give_way` columns (names) in turn, each to its least,
-    their texts cut in the middle (see _cut); the others (verdicts, numbers) keep
-    their width. Columns of numbers (a name with `|`, `atol`, `tolerance`, `cells`)
-    are right-aligned."""
+    """A plain table (no borders, two spaces between columns) of `rows` fitted to
+    `width` (see _fit), and the room left of `width` for one more column."""
+    widths, room = _fit(names, rows, width, give_way, wrap)
+    return _plain_table(names, widths, **table), room
+
+
+def _fit(
+    names: list[str],
+    rows: list[list[str]],
+    width: int,
+    give_way: Sequence[tuple[str, int]],
+    wrap: str | None = None,
+) -> tuple[list[int], int]:
+    """The widths of the columns of `rows`, as wide as their texts, and the room left
+    of `width` for one more column. When they do not fit, the `wrap` column (of step
+    paths) narrows first, to its widest part, its paths going onto lines after their
+    dots (the caller adds the rows with `_add_rows`); then the `give_way` columns
+    (names) in turn, each to its least, their texts cut in the middle in `rows` (see
+    _cut); the others (verdicts, numbers) keep their width."""
     widths = (
         [
             max(cell_len(x) for x in (name, *column))
@@ -810,13 +821,19 @@ def _fitted(
             room += cut
             for row, text in zip(rows, whole, strict=True):
                 row[i] = _cut(text[i], widths[i])
+    return widths, room
+
+
+def _plain_table(names: list[str], widths: list[int], **table: Any) -> Table:
+    """An empty plain table of the columns `names`, each as wide as `widths` says;
+    columns of numbers (a name with `|`, `atol`, `tolerance`, `cells`) right-aligned."""
     out = Table(title_justify="left", box=None, pad_edge=False, **table)
     for name, w in zip(names, widths, strict=True):
         right = "|" in name or name in ("atol", "tolerance", "cells")
         out.add_column(
             name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
         )
-    return out, room
+    return out
 
 
 def _add_rows(table: Table, rows: Sequence[Sequence[RenderableType]], paths: int) -> None:
@@ -871,27 +888,21 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     ]
     names = ["step", "variant", "ok", "max |error|"]
     names += ["tolerance" if relative else "atol"] * (len(tolerances) > 1)
+    # One fit to all the rows for every group's table, so that their columns line up.
+    widths, room = _fit(names, rows, width, (("variant", 8),), wrap="step")
     out: list[RenderableType] = []
     if len(groups) > 1:
         out.append(Text(title, style="table.title"))
     for k, (config, group) in enumerate(groups.items()):
-        # Every group's table is fitted to all the rows, so that their columns line up.
-        cut = [list(row) for row in rows]
-        table, room = _fitted(
-            names,
-            cut,
-            width,
-            (("variant", 8),),
-            wrap="step",
-            title=title if len(groups) == 1 else None,
-            show_header=k == 0,
+        table = _plain_table(
+            names, widths, title=title if len(groups) == 1 else None, show_header=k == 0
         )
         if room >= 12:
             table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
         styled: list[list[RenderableType]] = []
         for i in group:
             r = results[i]
-            styled.append([*cut[i], *([printable(r.note)] if room >= 12 else [])])
+            styled.append([*rows[i], *([printable(r.note)] if room >= 12 else [])])
             styled[-1][names.index("ok")] = (
                 Text("ok", style="green") if r.ok else Text("FAIL", style="bold red")
             )
