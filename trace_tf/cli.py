@@ -320,26 +320,6 @@ def running(
     return wrap
 
 
-def _output_in_a_directory(given: str) -> None:
-    """--output as the system reads the name, before Path() and realpath() tidy it: `x/`
-    and `x/.` name a directory, and in `f.txt/../y` or `gone/../y` the part before the
-    file name is no directory (a shell's `>` refuses all three). Tidied, they were the
-    files x and y: `x/` wrote (with --force, overwrote) the file x."""
-    head, name = os.path.split(given)
-    if name in ("", ".", ".."):
-        last = "a name ending in '/'" if not name else f"'{name}' as its last part"
-        _fail(f"--output {given} names a directory; expected a file name, found {last}")
-    if head:
-        import stat
-
-        try:
-            mode = os.stat(head).st_mode
-        except OSError as exc:  # `gone/..`: no such directory; `f.txt/..`: not a directory
-            _fail(f"cannot write --output {given}: {head}: {exc.strerror}")
-        if not stat.S_ISDIR(mode):
-            _fail(f"cannot write --output {given}: {head}: Not a directory")
-
-
 def _fail(message: str) -> NoReturn:
     from trace_tf.errors import InputError
 
@@ -498,6 +478,26 @@ def _write_errors(shown: str) -> Iterator[None]:
             f"{exc.object[exc.start]!r} (U+{ord(exc.object[exc.start]):04X}); expected an "
             "output that takes UTF-8 (a UTF-8 locale, or PYTHONIOENCODING=utf-8)"
         )
+
+
+def _output_in_a_directory(given: str) -> None:
+    """--output as the system reads the name, before Path() and realpath() tidy it: `x/`
+    and `x/.` name a directory, and in `f.txt/../y` or `gone/../y` the part before the
+    file name is no directory (a shell's `>` refuses all three). Tidied, they were the
+    files x and y: `x/` wrote (with --force, overwrote) the file x."""
+    head, name = os.path.split(given)
+    if name in ("", ".", ".."):
+        last = "a name ending in '/'" if not name else f"'{name}' as its last part"
+        _fail(f"--output {given} names a directory; expected a file name, found {last}")
+    if head:
+        import stat
+
+        try:
+            mode = os.stat(head).st_mode
+        except OSError as exc:  # `gone/..`: no such directory; `f.txt/..`: not a directory
+            _fail(f"cannot write --output {given}: {head}: {exc.strerror}")
+        if not stat.S_ISDIR(mode):
+            _fail(f"cannot write --output {given}: {head}: Not a directory")
 
 
 def _is_stream(path: Path) -> bool:
