@@ -72,6 +72,8 @@ def norm_formula(m: ModelConfig, of: str) -> str:
 def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0) -> Array:
     """Token embeddings (x embed_scale) + positional encoding. tokens -> [L, d]
 
+    Only sinusoidal and learned positions are added here; relative (a bias on the
+    scores) and rope (a rotation of q and k) act in self-attention, none nowhere.
     The tokens sit at positions start..start+L-1 (start > 0 for the new tokens of
     a KV-cached decoding step)."""
     m = cfg.model
