@@ -392,7 +392,8 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
 
 def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
     """The fused weight a per-head `weights.<block>.heads.<h>.<key>` was cut from,
-    `weights.<block>.<key>`, and h, when the file gave it fused (SPEC §2); else None."""
+    `weights.<block>.<key>`, and h, when the file gave it fused (head h's columns of a
+    W_q/W_k/W_v, SPEC §2, or its entries of a b_q/b_k/b_v; row h of a rel_bias); else None."""
     block, sep, rest = name.partition(".heads.")
     h, _, key = rest.partition(".")
     if (
