@@ -156,3 +156,19 @@ def test_check_names_each_config_whole_above_its_own_rows(columns: int) -> None:
         verdicts = [x for x in body if re.search(r"\s(ok|FAIL)\s", x)]
         assert len(verdicts) == sum(Path(r["config"]).name == name for r in results)
     assert "config" not in out[2].split()  # no config column: the header is the step's
+
+
+def test_check_keeps_two_configs_of_one_file_name_apart(tmp_path: Path) -> None:
+    # Grouped (and named) by file name, a/x.yaml and b/x.yaml were one "x.yaml" in the
+    # title, the rows of both under it. Each is now named by the path as given.
+    for d, fixture in (("a", "000_relative_bias.yaml"), ("b", "002_causal_mask.yaml")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x.yaml").write_text(Path("fixtures", fixture).read_text())
+    files = [str(tmp_path / "a" / "x.yaml"), str(tmp_path / "b" / "x.yaml")]
+    results = data(["check", *files])["results"]
+    out = shown(["check", *files], 400).splitlines()
+    at = [out.index(f) for f in files] + [len(out)]  # each path on a line of its own
+    for file, start, end in zip(files, at[:-1], at[1:], strict=True):
+        body = [x for x in out[start + 1 : end] if not x.startswith("step ")]  # (the header)
+        verdicts = [x for x in body if re.search(r"\s(ok|FAIL)\s", x)]
+        assert len(verdicts) == sum(r["config"] == file for r in results) > 0

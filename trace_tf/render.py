@@ -856,9 +856,12 @@ def _tolerance(atol: float, rtol: float) -> str:
     return (f"{exact(atol)}+" if atol else "") + f"{exact(rtol)}·|v|"
 
 
-def _config_name(r: CheckResult) -> str:
-    """A checked config's file name as shown: printable, so that it stays on its line."""
-    return printable(Path(r.config).name)
+def _config_names(results: Sequence[CheckResult]) -> dict[str, str]:
+    """Each checked config's name as shown, printable so that it stays on its line: its
+    file name, or, where two configs share one (a/x.yaml, b/x.yaml), the path as given."""
+    names = {r.config: Path(r.config).name for r in results}
+    shared = {n for n in names.values() if list(names.values()).count(n) > 1}
+    return {c: printable(c if n in shared else n) for c, n in names.items()}
 
 
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
@@ -870,9 +873,10 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     or, on a terminal too narrow for them, no column (they are in --format json)."""
     if not results:
         return [Text("trace-tf check: no `expect` entries to check", style="dim")]
+    shown = _config_names(results)
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(results):
-        groups.setdefault(_config_name(r), []).append(i)
+        groups.setdefault(shown[r.config], []).append(i)
     tolerances = {(r.atol, r.rtol) for r in results}
     relative = any(r.rtol for r in results)
     title = "trace-tf check"
@@ -912,7 +916,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         out.append(table)
 
     def where(r: CheckResult) -> str:
-        return f"{_config_name(r)}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
+        return f"{shown[r.config]}: {r.step}" + (f" (variant {r.variant})" if r.variant else "")
 
     for r in results:
         if r.problem:
