@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from trace_tf import model
+from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
 from trace_tf.config import Config, Document, OpConfig, build
 from trace_tf.errors import InputError, quoted
@@ -46,7 +46,7 @@ def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
     for name, value in named_arrays(cfg).items():
         rows, cols = labels.get(name, (None, None))
         if name.endswith(".rel_bias") and value.ndim == 1:
-            reach = (len(value) - 1) // 2  # max_len − 1
+            reach = ops.offset_zero(value)  # max_len − 1
             cols = tuple(f"{o:+d}" if o else "0" for o in range(-reach, reach + 1))
         out[name] = Step(name, what, value, rows=rows, cols=cols)
     return out
