@@ -42,6 +42,11 @@ from trace_tf.trace import Trace
 
 RTOL = ATOL = 1e-12
 F64 = torch.float64
+# torch's notes on its nested-tensor fast path, which these tests take on purpose
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True:UserWarning"),
+]
 
 
 def tensor(value: Any) -> torch.Tensor:
