@@ -507,6 +507,13 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     layer, x = scope["layer"], scope["x"]
     expected = layer.double()(x.double()[None])[0]
     close(expected, run(cfg, "encode").value("encoder.output"), "encoder.output")
+    # its .npz form: every array from the file, every step the same bit for bit
+    from_npz = load("from_torch_npz.yaml")
+    assert isinstance(from_npz, Config) and from_npz.drawn == ()
+    assert from_npz.weights_file == "from_torch.npz" and from_npz.weights_file_arrays == 16
+    a, b = run(cfg, "encode"), run(from_npz, "encode")
+    assert list(a.steps) == list(b.steps)
+    assert all(np.array_equal(a.value(p), b.value(p)) for p in a.steps)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from trace_tf.loader import (
     examples_dir,
     join,
     parse_yaml,
+    read_npz,
     read_number,
     read_stream,
     read_text,
@@ -71,6 +72,7 @@ TOP_KEYS = [
     "source",
     "target",
     "weights",
+    "weights_file",
     "expect",
     "variants",
     "attention",
@@ -267,6 +269,8 @@ class Config:
     given_fused: tuple[str, ...] = ()
     variant: str | None = None
     overrides: tuple[str, ...] = ()
+    weights_file: str | None = None  # the .npz the weights came from, and how many
+    weights_file_arrays: int = 0
 
     @property
     def embedding_matrix(self) -> np.ndarray:
@@ -343,6 +347,7 @@ class Origin:
     by: str
     at: str | None = None
     pads: str | None = None  # an empty entry added for this key, past a list's end
+    array: str | None = None  # the array of a weights_file (`by`) that gave this key
 
 
 @dataclass
@@ -354,6 +359,7 @@ class Document:
     lines: Lines
     overridden: list[str] = field(default_factory=list)  # keys set over the file, in order
     origins: dict[str, Origin] = field(default_factory=dict)  # key -> what set it last
+    base: Path | None = None  # the file's directory (None: the current directory)
 
 
 def resolve(name: str | None) -> Path:
@@ -387,7 +393,7 @@ STDIN = "-"  # the config name that reads the config from standard input
 
 def read_document(name: str | None) -> Document:
     if name == STDIN:
-        file = "<stdin>"
+        file, base = "<stdin>", None
         if sys.stdin is None:  # `trace-tf encode - <&-`: Python leaves it None
             raise InputError(
                 "standard input is closed",
@@ -405,6 +411,7 @@ def read_document(name: str | None) -> Document:
         packaged = name is None or path != Path(name)
         file = f"{path.stem} (packaged example)" if packaged else str(path)
         text = read_text(path)
+        base = None if packaged else path.parent
     data, lines = parse_yaml(text, file)
     if data is None:
         raise InputError("the config is empty", file=file, expected="a YAML mapping")
@@ -415,7 +422,7 @@ def read_document(name: str | None) -> Document:
             expected="a mapping (model:, vocab:, source:, ... or one operation)",
             found=_kind(data),
         )
-    return Document(file=file, data=data, lines=lines)
+    return Document(file=file, data=data, lines=lines, base=base)
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -533,6 +540,8 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
     parts = key.split(".")
     node: Any = doc.data
     file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
+    if origin.array is not None:
+        file = f"{doc.file} (weights_file {origin.by}, array {quoted(origin.array)})"
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
@@ -646,7 +655,7 @@ def overridden(
     """A copy of the document with its variant, then each --set, then a command's own
     options (key, value, option name) set over it; the document itself is untouched."""
     doc = Document(
-        doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins)
+        doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins), doc.base
     )
     if variant is not None:
         apply_variant(doc, variant)
@@ -678,8 +687,70 @@ def build(
                 expected="a config with a 'model:' section (single operations run in float64)",
             )
         apply_override(doc, "model.dtype", dtype, Origin("--dtype"))
+    if "model" in doc.data and doc.data.get("weights_file") is not None:
+        place_weights_file(doc, max_elements)
     ctx = _ctx(doc)
     return _Validator(ctx, max_elements).document(doc.data, variant)
+
+
+def place_weights_file(doc: Document, max_elements: int) -> None:
+    """Put each array of the document's `weights_file` (an .npz) into its data where the
+    YAML would hold it: `embeddings.<token>` or, below `weights`, its key path
+    (`encoder.0.self_attn.W_q`), so that every check of the YAML's arrays applies to it.
+    The arrays stay numpy arrays (the validator takes them as they are); a key the
+    document already gives is refused, naming both."""
+    ctx = _ctx(doc)
+    raw = doc.data["weights_file"]
+    if not isinstance(raw, str) or not raw.strip():
+        raise ctx.err("weights_file", "not a file name", raw, "the path of an .npz file")
+    path = (doc.base or Path()) / raw  # relative to the config's directory; no ~
+    name = str(path)
+    set_by = doc.origins.get("weights_file")
+    try:
+        arrays = read_npz(path, name, max_elements, OBJECT_COST)
+    except InputError as exc:
+        line = doc.lines.get("weights_file")
+        exc.message += f" (the weights_file of {doc.file}" + (
+            f", set by {set_by.by})" if set_by else f", line {line})" if line else ")"
+        )
+        raise
+    for array, value in arrays:
+        key = array if array.startswith("embeddings.") else f"weights.{array}"
+        if array.startswith("embeddings."):  # a token may hold dots: one key below
+            given = doc.data.get("embeddings")
+            given = given.get(array[len("embeddings.") :]) if isinstance(given, dict) else None
+        else:
+            given = _at(doc.data, key.split("."))
+        if given is not None:
+            raise ctx.err(
+                key,
+                f"given twice: in {doc.file} and as array {quoted(array)} of weights_file {name}"
+                + (f" (set by {set_by.by})" if set_by else ""),
+                expected="each weight given once, in the YAML or in the .npz",
+            )
+        origin = Origin(name, at="weights_file", array=array)
+        if array.startswith("embeddings."):
+            if doc.data.get("embeddings") is None:
+                doc.data["embeddings"] = {}
+            if not isinstance(doc.data["embeddings"], dict):
+                raise ctx.err("embeddings", "not a mapping", doc.data["embeddings"], "a mapping")
+            doc.data["embeddings"][array[len("embeddings.") :]] = value
+            doc.overridden.append(key)
+            doc.origins[key] = origin
+        else:
+            apply_override(doc, key, value, origin)
+
+
+def _at(data: Any, parts: Sequence[str]) -> Any:
+    """The value at a key path of plain data (list entries by index), or None."""
+    for part in parts:
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and whole_number(part) and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data
 
 
 # ---------------------------------------------------------------------------
@@ -710,6 +781,8 @@ def _kind(value: Any) -> str:
         return f"a list of {len(value)}"
     if isinstance(value, dict):
         return "a mapping"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {shape_text(value.shape, 'x')}"
     return type(value).__name__
 
 
@@ -741,20 +814,26 @@ class _Ctx:
             if self.lines.given(path)
             else list(dict.fromkeys(k for k in self.overridden if k.startswith(path + ".")))
         )
-        if key is None and len(made) == 1:
-            key = made[0]
+        from_npz = [self.origins.get(k, Origin("")) for k in made]
+        arrays = [k for k, o in zip(made, from_npz, strict=True) if o.array and not o.pads]
+        if key is None and (len(made) == 1 or (made and all(o.array for o in from_npz))):
+            key = made[0]  # (the arrays of a weights_file below path: the first named)
         line = None if made else self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
             written = origin.pads or key  # the key as the user wrote it
             by = origin.by
-            if by in ("--set", "--set-b"):  # KEY=VALUE options: the key given
+            if origin.array is not None:  # from a weights_file: name its array
+                by = f"from weights_file {by}, array {quoted(origin.array)}"
+                if len(arrays) > 1:
+                    by += f" and {len(arrays) - 1} more"
+            elif by in ("--set", "--set-b"):  # KEY=VALUE options: the key given
                 by += f" {written}"
             elif origin.at is not None and written != path:  # a variant's key, above path
                 by += f", at {written}"
-            if origin.pads:
+            if origin.pads and origin.array is None:
                 by += f", which added {key} empty before it"
-            message += f" (set by {by})"
+            message += f" ({by})" if origin.array is not None else f" (set by {by})"
             rest = "" if origin.pads else path[len(key) :]
             line = None if origin.at is None else self.lines.get(origin.at + rest)
         return InputError(
@@ -885,8 +964,11 @@ class _Validator:
 
         `dims` names the expected dimensions (`d_model x d_k`) for the error message,
         so a wrong shape says which size of the model it disagrees with."""
-        self._shape(value, path)
-        arr = np.array(value, dtype=np.float64)
+        if isinstance(value, np.ndarray):  # from a weights_file: float64 already
+            arr = value
+        else:
+            self._shape(value, path)
+            arr = np.array(value, dtype=np.float64)
         if finite and not np.isfinite(arr).all():
             bad = np.argwhere(~np.isfinite(arr))[0]
             where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
@@ -922,6 +1004,8 @@ class _Validator:
             raise self.ctx.err(path, "not a number", value, "a number")
         if isinstance(value, int | float):
             return ()
+        if isinstance(value, np.ndarray):  # (a weights_file's row, given on its own)
+            return tuple(value.shape)
         if not isinstance(value, list):
             raise self.ctx.err(path, "not a number", value, "a number")
         if not value:
@@ -988,7 +1072,7 @@ class _Validator:
             if key == "w":  # a number, or one kernel width per feature
                 if raw is None:
                     w = self.draw(f"{draw_path}.w", ()) if draw_path else 1.0
-                elif isinstance(raw, list):
+                elif isinstance(raw, list | np.ndarray):
                     w = self.array(raw, where, (d_q,))
                 else:
                     w = self.number(raw, where)
@@ -1547,6 +1631,7 @@ class _Validator:
             )
         output_W, output_b = self.output(w.get("output"), m, vocab)
         variants = self.variants(data.get("variants"))
+        from_file = [o for o in self.ctx.origins.values() if o.array is not None and not o.pads]
         config = Config(
             file=self.ctx.file,
             title=self.text(data.get("title"), "title"),
@@ -1568,7 +1653,11 @@ class _Validator:
             drawn=tuple(self.drawn),
             given_fused=tuple(self.given_fused),
             variant=variant,
-            overrides=tuple(self.ctx.overridden),
+            overrides=tuple(
+                k for k in self.ctx.overridden if self.ctx.origins.get(k, Origin("")).array is None
+            ),
+            weights_file=next((o.by for o in from_file), None),
+            weights_file_arrays=len(from_file),
         )
         if m.dtype == "float64":
             return config

@@ -318,7 +318,7 @@ def resized(
         m["d_model"] = value
         for key in ("d_k", "d_v", "d_ff", "d_a"):  # each follows d_model by its default
             m.pop(key, None)
-        for key in ("embeddings", "weights"):
+        for key in ("embeddings", "weights", "weights_file"):
             d.data.pop(key, None)
     with _naming_the_value(name, value, base):
         cfg = build(d, (), None, max_elements, dtype)

@@ -742,3 +742,120 @@ def read_stream(fh: BinaryIO, name: str) -> str:
             expected="UTF-8 text",
             found=f"the byte 0x{data[exc.start]:02x}",
         ) from None
+
+
+# ---------------------------------------------------------------------------
+# Weights from a .npz file (`weights_file:`)
+# ---------------------------------------------------------------------------
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first local header, or an empty zip
+
+
+def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[str, Any]]:
+    """The arrays of a numpy .npz file, in the file's order, each float64 (ints and
+    float32 widened exactly; a 0-d array as a number), or an InputError naming the file
+    (`name`) and the array. Never pickle: `numpy.load(allow_pickle=False)`, and every
+    member's header is read, its dtype and shape checked, before any data: more than
+    `max_numbers` numbers in all (each array counting `cost` more) is refused unread."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+    from numpy.lib import format as npy
+
+    if os.path.isdir(path):
+        raise InputError("is a directory, not an .npz file", file=name)
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            FILES_READ.add((st.st_dev, st.st_ino))
+            magic = fh.read(6)
+    except FileNotFoundError:
+        raise InputError("no such file", file=name) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=name) from None
+    if not magic.startswith(_ZIP_MAGIC):
+        single = magic == b"\x93NUMPY"
+        raise InputError(
+            "not an .npz file" + (" (a single .npy array)" if single else ""),
+            file=name,
+            expected="a numpy .npz archive (numpy.savez), one array per weight",
+            found="an .npy file" if single else f"the bytes {magic!r} at its start",
+        )
+    member = ""
+
+    def bad(message: str, expected: str | None = None, found: str | None = None) -> InputError:
+        return InputError(
+            message,
+            file=name,
+            path=f"array {quoted(member.removesuffix('.npy'))}" if member else None,
+            expected=expected,
+            found=found,
+        )
+
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            assert isinstance(npz, np.lib.npyio.NpzFile) and npz.zip is not None
+            archive = npz.zip
+            members = archive.namelist()
+            headers: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
+            seen: set[str] = set()
+            for member in members:
+                if not member.endswith(".npy"):
+                    raise bad("not an array", "members written by numpy.savez (NAME.npy)")
+                if member in seen:
+                    raise bad("given twice in the archive", "each array once")
+                seen.add(member)
+                with archive.open(member) as fp:
+                    version = npy.read_magic(fp)
+                    if version not in ((1, 0), (2, 0)):
+                        raise bad(
+                            "an .npy format version trace-tf does not read",
+                            "version 1.0 or 2.0",
+                            f"{version[0]}.{version[1]}",
+                        )
+                    read = (
+                        npy.read_array_header_1_0
+                        if version == (1, 0)
+                        else npy.read_array_header_2_0
+                    )
+                    shape, _, dtype = read(fp)
+                if dtype.kind not in "fiu" or dtype.itemsize > 8 or dtype.fields is not None:
+                    raise bad(
+                        "not an array of real numbers",
+                        "float64, float32, float16 or integers",
+                        f"dtype {dtype}",
+                    )
+                headers.append((member, shape, dtype))
+            member = ""
+            numbers = sum(math.prod(shape) for _, shape, _ in headers)
+            if numbers + cost * len(headers) > max_numbers:
+                raise bad(
+                    "too large: its arrays are over the limit (raise it with --max-elements); "
+                    "refused before reading them",
+                    f"at most {max_numbers:,} numbers (each array counting {cost} more)",
+                    f"{numbers:,} numbers in {len(headers):,} arrays",
+                )
+            out: list[tuple[str, Any]] = []
+            for member, _, _ in headers:
+                key = member.removesuffix(".npy")
+                arr = np.asarray(npz[key], dtype=np.float64, order="C")  # (0-d stays 0-d)
+                out.append((key, arr[()] if arr.ndim == 0 else arr))
+            return out
+    except InputError:
+        raise
+    except (
+        ValueError,
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        zlib.error,
+        RuntimeError,
+        NotImplementedError,
+    ) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise bad(
+            "corrupt or unreadable" + (" member" if member else " .npz (zip) file"),
+            "a numpy .npz archive (numpy.savez)",
+            quoted(detail, 80),
+        ) from None

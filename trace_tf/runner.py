@@ -197,6 +197,11 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         (
             "weights",
             (
+                f"given in {cfg.weights_file} ({cfg.weights_file_arrays}); "
+                if cfg.weights_file is not None
+                else ""
+            )
+            + (
                 f"drawn with seed {m.seed}, N(0, {exact(m.init_std)}²): {drawn}"
                 if cfg.drawn
                 else "none drawn"

@@ -1,0 +1,414 @@
+"""`weights_file:` weights (and embeddings) from a numpy .npz, named by their YAML key
+paths: the same numbers and the same checks as the YAML's, refused as the YAML's are."""
+
+from __future__ import annotations
+
+import copy
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from random_configs import random_config, to_per_head
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+from trace_tf.config import Config, load
+from trace_tf.runner import run
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def flatten(value: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
+    """Each array of a YAML `weights`/`embeddings` value under its dotted key path."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(value, list) and value and isinstance(value[0], dict):  # layers, heads
+        for i, v in enumerate(value):
+            flatten(v, f"{prefix}.{i}", out)
+    else:
+        out[prefix] = np.asarray(value, dtype=np.float64)
+
+
+def split(data: dict[str, Any], d: Path, npz: str = "w.npz") -> tuple[Path, Path]:
+    """The config written twice: every array in the YAML (all.yaml), and every array in
+    an .npz beside a YAML holding the rest (npz.yaml)."""
+    full = d / "all.yaml"
+    full.write_text(yaml.safe_dump(data), encoding="utf-8")
+    rest = copy.deepcopy(data)
+    arrays: dict[str, np.ndarray] = {}
+    flatten(rest.pop("weights", {}), "", arrays)
+    flatten({"embeddings": rest.pop("embeddings", {})}, "", arrays)
+    np.savez(d / npz, **arrays)
+    rest["weights_file"] = npz
+    (d / "npz.yaml").write_text(yaml.safe_dump(rest), encoding="utf-8")
+    return full, d / "npz.yaml"
+
+
+def same_trace(a: Config, b: Config) -> None:
+    ta, tb = run(a), run(b)
+    assert list(ta.steps) == list(tb.steps)
+    for path in ta.steps:  # bit for bit
+        assert np.array_equal(ta.value(path), tb.value(path)), path
+
+
+def loaded(path: Path | str, **kw: Any) -> Config:
+    cfg = load(str(path), **kw)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+CASES = {
+    "fused": dict(fused=True, decoder_layers=1, encoder_layers=2),
+    "per_head": dict(fused=False, decoder_layers=1),
+    "pre_learned_tied": dict(
+        norm_position="pre",
+        positional="learned",
+        encoder_layers=0,
+        decoder_layers=2,
+        tie_embeddings=True,
+    ),
+    "relative_fused": dict(positional="relative", fused=True),
+    "relative_per_head": dict(positional="relative", fused=False, norm="rms"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_npz_gives_the_same_trace_as_the_yaml(case: str, tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(7), d_model=6, n_heads=2, **CASES[case])
+    full, npz = split(data, tmp_path)
+    a, b = loaded(full), loaded(npz)
+    same_trace(a, b)
+    assert not b.drawn  # every array came from the file
+    assert b.given_fused == a.given_fused
+    assert b.weights_file == str(tmp_path / "w.npz") and b.overrides == ()
+
+
+def test_the_arrays_are_named_as_the_drawing_rule_names_them(tmp_path: Path) -> None:
+    """A per-head W_k and a score weight given in the npz, the rest drawn: the drawn
+    ones are the numbers SPEC's rule gives, the given ones exactly the file's."""
+    rng = np.random.default_rng(3)
+    W_k = rng.standard_normal((4, 2))
+    w = rng.uniform(0.5, 2, 2)
+    np.savez(
+        tmp_path / "w.npz",
+        **{"encoder.0.self_attn.heads.1.W_k": W_k, "encoder.0.self_attn.heads.0.w": w},
+    )
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4, n_heads: 2, score: gaussian, seed: 5}\n"
+        "source: [[1, 2, 3, 4]]\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    cfg = loaded(tmp_path / "c.yaml")
+    head0, head1 = cfg.encoder[0].self_attn.heads
+    assert np.array_equal(head1.W_k, W_k) and np.array_equal(head0.score.w, w)
+    drawn = np.random.default_rng([5, __import__("zlib").crc32(b"encoder.0.self_attn.heads.0.W_k")])
+    assert np.array_equal(head0.W_k, drawn.standard_normal((4, 2)))
+    assert "encoder.0.self_attn.heads.1.W_k" not in cfg.drawn
+
+
+def test_float32_and_integer_arrays_are_widened_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    W32 = rng.standard_normal((4, 16)).astype(np.float32)
+    b_int = np.arange(-8, 8, dtype=np.int32)
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": W32, "encoder.0.ffn.b_1": b_int})
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    ffn = loaded(tmp_path / "c.yaml").encoder[0].ffn
+    assert ffn.W_1.dtype == np.float64 and ffn.b_1 is not None
+    assert ffn.W_1.tolist() == [[float(x) for x in row] for row in W32.tolist()]
+    assert ffn.b_1.tolist() == list(range(-8, 8))
+
+
+def test_yaml_and_npz_mixed(tmp_path: Path) -> None:
+    """Some arrays in the YAML, the others in the npz: the same as all in the YAML."""
+    data = random_config(np.random.default_rng(2), d_model=4, n_heads=2, decoder_layers=1)
+    full = tmp_path / "all.yaml"
+    full.write_text(yaml.safe_dump(data), encoding="utf-8")
+    mixed = copy.deepcopy(data)
+    enc = mixed["weights"]["encoder"][0]
+    out = mixed["weights"].pop("output")
+    np.savez(
+        tmp_path / "part.npz",
+        **{
+            "encoder.0.ffn.W_2": np.array(enc["ffn"].pop("W_2")),
+            "encoder.0.self_attn.heads.1.W_q": np.array(enc["self_attn"]["heads"][1].pop("W_q")),
+            "output.W": np.array(out["W"]),
+            "output.b": np.array(out["b"]),
+            "embeddings.t2": np.array(mixed["embeddings"].pop("t2")),
+        },
+    )
+    mixed["weights_file"] = "part.npz"
+    (tmp_path / "mixed.yaml").write_text(yaml.safe_dump(mixed), encoding="utf-8")
+    b = loaded(tmp_path / "mixed.yaml")
+    same_trace(loaded(full), b)
+    assert b.weights_file_arrays == 5
+
+
+def test_the_path_is_relative_to_the_config_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sub = tmp_path / "model"
+    sub.mkdir()
+    data = random_config(np.random.default_rng(4), d_model=4, n_heads=1)
+    full, npz = split(data, sub)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    same_trace(loaded(full), loaded(npz))
+    code, out, err = invoke("encode", str(npz))
+    assert code == 0, err
+    assert f"given in {sub / 'w.npz'} (" in out.replace("\n", "")
+
+
+def test_set_and_variant_give_the_weights_file(tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(5), d_model=4, n_heads=2)
+    full, npz = split(data, tmp_path)
+    (tmp_path / "other.npz").write_bytes((tmp_path / "w.npz").read_bytes())
+    rest = yaml.safe_load(npz.read_text(encoding="utf-8"))
+    del rest["weights_file"]
+    rest["variants"] = {"real": {"weights_file": "other.npz"}}
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(rest), encoding="utf-8")
+    a = loaded(full)
+    same_trace(a, loaded(bare, sets=["weights_file=w.npz"]))
+    same_trace(a, loaded(bare, variant="real"))
+    assert loaded(bare).drawn  # without it, drawn
+
+
+def test_a_number_from_the_npz_is_checked_as_the_yaml_s_naming_both_files(
+    tmp_path: Path,
+) -> None:
+    data = random_config(np.random.default_rng(6), d_model=4, n_heads=2)
+    _, npz = split(data, tmp_path)
+    arrays = dict(np.load(tmp_path / "w.npz"))
+    cases: dict[str, tuple[dict[str, Any], list[str]]] = {
+        "typo": (
+            {"encoder.0.self_atn.W_x": np.zeros((4, 2))},
+            [
+                "weights.encoder.0.self_atn",
+                "unknown key 'self_atn' (did you mean 'self_attn'?)",
+                "array 'encoder.0.self_atn.W_x'",
+            ],
+        ),
+        "shape": (
+            {"encoder.0.ffn.W_1": np.zeros((4, 3))},
+            [
+                "weights.encoder.0.ffn.W_1: wrong shape",
+                "expected shape 4 x 16",
+                "found shape 4 x 3",
+            ],
+        ),
+        "nan": (
+            {"encoder.0.ffn.b_2": np.array([0, 1, np.nan, 0])},
+            ["weights.encoder.0.ffn.b_2.2: not a finite number", "found the number nan"],
+        ),
+        "inf": (
+            {"output.b": np.full(len(data["vocab"]), -np.inf)},
+            ["weights.output.b.0: not a finite number"],
+        ),
+        "0-d": (
+            {"encoder.0.ffn.b_1": np.array(2.0)},
+            ["weights.encoder.0.ffn.b_1: wrong shape", "found shape scalar"],
+        ),
+        "layers": (
+            {"encoder.3.ffn.W_1": np.zeros((4, 16))},
+            ["weights.encoder.1: more encoder layers than model.encoder_layers (1)"],
+        ),
+        "token": (
+            {"embeddings.tt": np.zeros(4)},
+            ["embeddings.tt: token 'tt' is not in the vocabulary (did you mean"],
+        ),
+        "part": (
+            {"encoder_final_norm.gamma": np.ones(4)},
+            ["weights.encoder_final_norm: a final norm is given but model.final_norm is off"],
+        ),
+        "forms": (
+            {"encoder.0.self_attn.W_q": np.zeros((4, 4))},
+            ["one form per block"],
+        ),
+    }
+    for name, (change, words) in cases.items():
+        np.savez(tmp_path / "bad.npz", **{**arrays, **change})
+        text = npz.read_text(encoding="utf-8").replace("w.npz", "bad.npz")
+        (tmp_path / "bad.yaml").write_text(text, encoding="utf-8")
+        code, out, err = invoke("encode", str(tmp_path / "bad.yaml"))
+        assert code == 2, (name, out)
+        assert err.count("\n") == 1 and "Traceback" not in err, (name, err)
+        assert f"{tmp_path / 'bad.yaml'}:" in err, (name, err)
+        if name != "forms":  # (that one names the YAML's per-head entry it meets)
+            key = next(iter(change))
+            assert f"(from weights_file {tmp_path / 'bad.npz'}, array '" in err, (name, err)
+            assert f"'{key}'" in err, (name, err)
+        for word in words:
+            assert word in err, (name, word, err)
+
+
+def test_a_key_in_both_the_yaml_and_the_npz_is_refused(tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(8), d_model=4, n_heads=1)
+    _, npz = split(data, tmp_path)
+    rest = yaml.safe_load(npz.read_text(encoding="utf-8"))
+    rest["weights"] = {"encoder": [{"ffn": {"b_1": [0.0] * 16}}]}
+    npz.write_text(yaml.safe_dump(rest), encoding="utf-8")
+    code, _, err = invoke("encode", str(npz))
+    assert code == 2
+    assert "weights.encoder.0.ffn.b_1: given twice" in err
+    assert f"array 'encoder.0.ffn.b_1' of weights_file {tmp_path / 'w.npz'}" in err
+    code, _, err = invoke("encode", str(npz.with_name("all.yaml")), "--set", "weights_file=w.npz")
+    assert code == 2 and "given twice" in err and "set" in err
+
+
+def _bad_file(tmp_path: Path, write: Any) -> str:
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    write(tmp_path / "w.npz")
+    code, out, err = invoke("encode", str(tmp_path / "c.yaml"))
+    assert code == 2 and out == "", out
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"trace-tf: error: {tmp_path / 'w.npz'}: ")
+    assert f"(the weights_file of {tmp_path / 'c.yaml'}, line 3)" in err
+    return err
+
+
+def _corrupt(path: Path) -> None:
+    np.savez(path, **{"encoder.0.ffn.W_1": np.arange(64.0).reshape(4, 16)})
+    data = bytearray(path.read_bytes())
+    at = data.find(b"NUMPY") + 200  # in the numbers: the CRC no longer matches
+    data[at : at + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+
+
+def _zip_of(members: dict[str, bytes]) -> Any:
+    def write(path: Path) -> None:
+        with zipfile.ZipFile(path, "w") as z:
+            for name, body in members.items():
+                z.writestr(name, body)
+
+    return write
+
+
+BAD_FILES: dict[str, tuple[Any, list[str]]] = {
+    "missing": (lambda p: None, ["no such file"]),
+    "directory": (lambda p: p.mkdir(), ["is a directory"]),
+    "not a zip": (lambda p: p.write_text("W_1: [1, 2]"), ["not an .npz file", "found the bytes"]),
+    "an .npy": (
+        lambda p: np.save(open(p, "wb"), np.zeros(3)),  # noqa: SIM115
+        ["not an .npz file (a single .npy array)"],
+    ),
+    "truncated": (
+        lambda p: (np.savez(p, a=np.zeros(100)), p.write_bytes(p.read_bytes()[:200])),
+        ["corrupt or unreadable"],
+    ),
+    "corrupt member": (_corrupt, ["array 'encoder.0.ffn.W_1': corrupt or unreadable member"]),
+    "not an array": (_zip_of({"notes.txt": b"hi"}), ["array 'notes.txt': not an array"]),
+    "bad header": (_zip_of({"x.npy": b"\x93NUMPY\x01\x00garbage"}), ["array 'x': corrupt"]),
+    "object": (
+        lambda p: np.savez(p, **{"encoder.0.ffn.b_1": np.array([{}, 1], dtype=object)}),
+        ["array 'encoder.0.ffn.b_1': not an array of real numbers", "found dtype object"],
+    ),
+    "complex": (
+        lambda p: np.savez(p, **{"encoder.0.ffn.b_1": np.zeros(16, complex)}),
+        ["found dtype complex128"],
+    ),
+    "bool": (lambda p: np.savez(p, x=np.ones(3, bool)), ["found dtype bool"]),
+    "text": (lambda p: np.savez(p, x=np.array(["1.5"])), ["found dtype <U3"]),
+    "long double": (
+        lambda p: np.savez(p, x=np.ones(3, np.longdouble)),
+        ["not an array of real numbers"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_npz_is_refused_naming_it_and_the_config(case: str, tmp_path: Path) -> None:
+    write, words = BAD_FILES[case]
+    if case == "long double" and np.dtype(np.longdouble).itemsize <= 8:
+        pytest.skip("long double is float64 here")
+    err = _bad_file(tmp_path, write)
+    for word in words:
+        assert word in err, err
+
+
+def test_too_many_numbers_are_refused_from_the_headers_before_any_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": np.zeros((4, 16))})
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("array data read")
+
+    monkeypatch.setattr(np.lib.format, "read_array", never)
+    code, _, err = invoke("encode", str(tmp_path / "c.yaml"), "--max-elements", "150")
+    assert code == 2, err
+    assert "too large" in err and "refused before reading them" in err
+    assert "expected at most 150 numbers" in err and "found 64 numbers in 1 arrays" in err
+
+
+def test_output_never_replaces_the_npz(tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(9), d_model=4, n_heads=1)
+    _, npz = split(data, tmp_path)
+    before = (tmp_path / "w.npz").read_bytes()
+    code, _, err = invoke(
+        "encode", str(npz), "--format", "npz", "--output", str(tmp_path / "w.npz"), "--force"
+    )
+    assert code == 2, err
+    assert (tmp_path / "w.npz").read_bytes() == before
+
+
+def test_weights_file_in_a_single_operation_file_is_refused(tmp_yaml: Any) -> None:
+    path = tmp_yaml("norm: {x: [[1, 2]]}\nweights_file: w.npz\n")
+    code, _, err = invoke("norm", path)
+    assert code == 2 and "has no weights_file" in err
+
+
+def test_weights_file_must_be_a_name(tmp_yaml: Any) -> None:
+    path = tmp_yaml("model: {d_model: 2}\nsource: [[1, 2]]\nweights_file: [a]\n")
+    code, _, err = invoke("encode", path)
+    assert code == 2 and "weights_file: not a file name" in err
+
+
+def test_cost_vary_d_draws_every_weight_of_the_new_width(tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(10), d_model=4, n_heads=2)
+    _, npz = split(data, tmp_path)
+    code, _, err = invoke("cost", str(npz), "--vary", "D=4,8")
+    assert code == 0, err
+
+
+def test_per_head_npz_of_a_fused_yaml(tmp_path: Path) -> None:
+    """The fused YAML's columns given per head in the npz: the same trace."""
+    data = random_config(np.random.default_rng(11), d_model=6, n_heads=3, fused=True)
+    full = tmp_path / "all.yaml"
+    full.write_text(yaml.safe_dump(data), encoding="utf-8")
+    _, npz = split(to_per_head(data), tmp_path)
+    same_trace(loaded(full), loaded(npz))
+
+
+def test_an_array_name_that_cannot_be_placed_names_the_array(tmp_path: Path) -> None:
+    """An index far past a list's end, or a name through another array or a number."""
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights: {encoder: 5}\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    cases = {
+        "encoder.0.ffn.W_1": "weights.encoder is not a mapping or list (line 3 of",
+        "decoder.99999.ffn.W_1": "index 99999 is far past the end of weights.decoder",
+    }
+    for array, words in cases.items():
+        np.savez(tmp_path / "w.npz", **{array: np.zeros((4, 16))})
+        code, _, err = invoke("encode", str(tmp_path / "c.yaml"))
+        assert code == 2 and "Traceback" not in err
+        assert f"(weights_file {tmp_path / 'w.npz'}, array '{array}')" in err, err
+        assert words in err, err
