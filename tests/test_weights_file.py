@@ -396,6 +396,21 @@ def test_per_head_npz_of_a_fused_yaml(tmp_path: Path) -> None:
     same_trace(loaded(full), loaded(npz))
 
 
+def test_fused_npz_beside_per_head_yaml_names_the_npz_array(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4, n_heads: 2}\nsource: [[1, 2, 3, 4]]\nweights:\n  encoder:\n"
+        "    - self_attn: {heads: [{W_q: [[1, 2], [1, 2], [1, 2], [1, 2]]}]}\n"
+        "weights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    np.savez(tmp_path / "w.npz", **{"encoder.0.self_attn.W_k": np.zeros((4, 4))})
+    code, _, err = invoke("encode", str(tmp_path / "c.yaml"))
+    assert code == 2, err
+    assert "c.yaml:5: weights.encoder.0.self_attn.heads.0.W_q: one form per block" in err
+    assert f"(fused W_k from weights_file {tmp_path / 'w.npz'}, array " in err
+    assert "'encoder.0.self_attn.W_k')" in err
+
+
 def test_an_array_name_that_cannot_be_placed_names_the_array(tmp_path: Path) -> None:
     """An index far past a list's end, or a name through another array or a number."""
     (tmp_path / "c.yaml").write_text(

@@ -1797,9 +1797,19 @@ class _Validator:
             for h, entry in enumerate(heads_raw):
                 given = [k for k in per_head if isinstance(entry, dict) and k in entry]
                 if given:
+                    # fused ones from a weights_file, when the error names the YAML's head
+                    origins = [(k, self.ctx.origins.get(f"{p}.{k}")) for k in fused_keys]
+                    npz = [(k, o) for k, o in origins if o is not None and o.array is not None]
+                    source = (
+                        f" (fused {npz[0][0]} from weights_file {npz[0][1].by}, "
+                        f"array {quoted(str(npz[0][1].array))})"
+                        if npz
+                        else ""
+                    )
                     raise self.ctx.err(
                         f"{p}.heads.{h}.{given[0]}",
-                        "one form per block: per-head 'heads' and fused weights are both given",
+                        "one form per block: per-head 'heads' and fused weights are both given"
+                        + source,
                         expected="either heads: [...] or fused W_q/W_k/W_v (and rel_bias) "
                         "(with fused weights, heads may hold only score weights)",
                         found_text=f"fused {', '.join(fused_keys)} beside heads.{h}.{given[0]}",
