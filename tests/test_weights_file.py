@@ -427,3 +427,32 @@ def test_an_array_name_that_cannot_be_placed_names_the_array(tmp_path: Path) -> 
         assert code == 2 and "Traceback" not in err
         assert f"(weights_file {tmp_path / 'w.npz'}, array '{array}')" in err, err
         assert words in err, err
+
+
+def test_a_config_on_stdin_finds_its_weights_file_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = random_config(np.random.default_rng(12), d_model=4, n_heads=2)
+    full, npz = split(data, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    a = runner.invoke(app, ["encode", "-", "--format", "json"], input=npz.read_text())
+    b = runner.invoke(app, ["encode", str(full), "--format", "json"])
+    assert a.exit_code == 0, a.stderr
+    assert yaml.safe_load(a.stdout)["steps"] == yaml.safe_load(b.stdout)["steps"]
+    monkeypatch.chdir(tmp_path.parent)
+    a = runner.invoke(app, ["encode", "-"], input=npz.read_text())
+    assert a.exit_code == 2 and "w.npz: no such file (the weights_file of <stdin>" in a.stderr
+
+
+def test_a_number_beyond_float32_is_refused_under_dtype_float32(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    b_1 = np.zeros(16)
+    b_1[5] = 1e39
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.b_1": b_1})
+    assert invoke("encode", str(tmp_path / "c.yaml"))[0] == 0  # float64: a number
+    code, _, err = invoke("encode", str(tmp_path / "c.yaml"), "--dtype", "float32")
+    assert code == 2
+    assert "weights.encoder.0.ffn.b_1.5: beyond the range of float32" in err
+    assert "array 'encoder.0.ffn.b_1'" in err
