@@ -252,50 +252,33 @@ def fastpath(request: pytest.FixtureRequest) -> Iterator[bool]:
     torch.backends.mha.set_fastpath_enabled(before)
 
 
-def check_encoder(raw: dict[str, Any], trace: Trace, mask_kind: str) -> torch.Tensor:
-    """Each TransformerEncoderLayer, then the TransformerEncoder stack. -> its output"""
+def check_self_stack(raw: dict[str, Any], trace: Trace, mask_kind: str, stack: str) -> torch.Tensor:
+    """Each layer of a stack without cross-attention as a TransformerEncoderLayer, then
+    the TransformerEncoder stack: the encoder, or a decoder-only model's decoder (with
+    the causal mask). -> its output"""
     model, pre = raw["model"], raw["model"].get("norm_position") == "pre"
-    _, pads = masks(raw["source"], mask_kind, causal=False)
-    pads = pads if "encoder.mask" in trace else None
-    layers = [encoder_layer(w, model) for w in raw["weights"]["encoder"]]
-    x = trace.value("encoder.input")
+    decoder = stack == "decoder"
+    seq = raw["target" if decoder else "source"]
+    causal, pads = masks(seq, mask_kind, causal=decoder)
+    # (the decoder always has a mask, the causal one: its pads are seen in the target)
+    pads = pads if (PAD in seq if decoder else "encoder.mask" in trace) else None
+    is_causal = {"is_causal": True} if decoder else {}
+    layers = [encoder_layer(w, model) for w in raw["weights"][stack]]
+    x = trace.value(f"{stack}.input")
     for l, layer in enumerate(layers):
-        prefix = f"encoder.{l}"
-        query = attention_input(trace, prefix, "self_attn", x, pre)
-        check_heads(layer.self_attn, trace, f"{prefix}.self_attn", query, query, None, pads)
-        y = layer(tensor(x)[None], src_key_padding_mask=pads)[0]
-        close(y, trace.value(output_of(prefix, model)), prefix)
-        x = y.numpy()  # the next layer reads torch's output
-    stack = nn.TransformerEncoder(
-        layers[0], len(layers), norm=final_norm(raw, "encoder"), enable_nested_tensor=False
-    )
-    stack.layers = nn.ModuleList(layers)  # the stack deep-copies its layer: give it ours
-    out = stack(tensor(trace.value("encoder.input"))[None], src_key_padding_mask=pads)[0]
-    close(out, trace.value("encoder.output"), "encoder.output")
-    return out
-
-
-def check_decoder_only(raw: dict[str, Any], trace: Trace, mask_kind: str) -> torch.Tensor:
-    """trace-tf's decoder-only layers as TransformerEncoderLayers with the causal mask."""
-    model, pre = raw["model"], raw["model"].get("norm_position") == "pre"
-    causal, pads = masks(raw["target"], mask_kind, causal=True)
-    pads = pads if PAD in raw["target"] else None
-    layers = [encoder_layer(w, model) for w in raw["weights"]["decoder"]]
-    x = trace.value("decoder.input")
-    for l, layer in enumerate(layers):
-        prefix = f"decoder.{l}"
+        prefix = f"{stack}.{l}"
         query = attention_input(trace, prefix, "self_attn", x, pre)
         check_heads(layer.self_attn, trace, f"{prefix}.self_attn", query, query, causal, pads)
-        y = layer(tensor(x)[None], src_mask=causal, src_key_padding_mask=pads, is_causal=True)[0]
+        y = layer(tensor(x)[None], src_mask=causal, src_key_padding_mask=pads, **is_causal)[0]
         close(y, trace.value(output_of(prefix, model)), prefix)
-        x = y.numpy()
-    stack = nn.TransformerEncoder(
-        layers[0], len(layers), norm=final_norm(raw, "decoder"), enable_nested_tensor=False
+        x = y.numpy()  # the next layer reads torch's output
+    whole = nn.TransformerEncoder(
+        layers[0], len(layers), norm=final_norm(raw, stack), enable_nested_tensor=False
     )
-    stack.layers = nn.ModuleList(layers)
-    x0 = tensor(trace.value("decoder.input"))[None]
-    out = stack(x0, mask=causal, src_key_padding_mask=pads, is_causal=True)[0]
-    close(out, trace.value("decoder.output"), "decoder.output")
+    whole.layers = nn.ModuleList(layers)  # the stack deep-copies its layer: give it ours
+    x0 = tensor(trace.value(f"{stack}.input"))[None]
+    out = whole(x0, mask=causal, src_key_padding_mask=pads, **is_causal)[0]
+    close(out, trace.value(f"{stack}.output"), f"{stack}.output")
     return out
 
 
@@ -309,6 +292,12 @@ def check_decoder(
     _, memory_pads = masks(raw["source"], mask_kind, causal=False)
     memory_pads = memory_pads if "decoder.cross_mask" in trace else None
     layers = [decoder_layer(w, model) for w in raw["weights"]["decoder"]]
+    given = dict(  # the masks, to each layer and to the stack
+        tgt_mask=causal,
+        tgt_key_padding_mask=pads,
+        memory_key_padding_mask=memory_pads,
+        tgt_is_causal=True,
+    )
     x = trace.value("decoder.input")
     for l, layer in enumerate(layers):
         prefix = f"decoder.{l}"
@@ -320,26 +309,12 @@ def check_decoder(
         check_heads(
             layer.multihead_attn, trace, f"{prefix}.cross_attn", query, enc, None, memory_pads
         )
-        y = layer(
-            tensor(x)[None],
-            memory[None],
-            tgt_mask=causal,
-            tgt_key_padding_mask=pads,
-            memory_key_padding_mask=memory_pads,
-            tgt_is_causal=True,
-        )[0]
+        y = layer(tensor(x)[None], memory[None], **given)[0]
         close(y, trace.value(output_of(prefix, model)), prefix)
         x = y.numpy()
     stack = nn.TransformerDecoder(layers[0], len(layers), norm=final_norm(raw, "decoder"))
     stack.layers = nn.ModuleList(layers)
-    out = stack(
-        tensor(trace.value("decoder.input"))[None],
-        memory[None],
-        tgt_mask=causal,
-        tgt_key_padding_mask=pads,
-        memory_key_padding_mask=memory_pads,
-        tgt_is_causal=True,
-    )[0]
+    out = stack(tensor(trace.value("decoder.input"))[None], memory[None], **given)[0]
     close(out, trace.value("decoder.output"), "decoder.output")
     return out
 
@@ -356,10 +331,10 @@ def test_every_layer_matches_torch_nn(
     model = raw["model"]
     last = memory = None
     if model["encoder_layers"]:
-        last = memory = check_encoder(raw, trace, mask_kind)
+        last = memory = check_self_stack(raw, trace, mask_kind, "encoder")
     if model["decoder_layers"]:
         if memory is None:
-            last = check_decoder_only(raw, trace, mask_kind)
+            last = check_self_stack(raw, trace, mask_kind, "decoder")
         else:
             last = check_decoder(raw, trace, mask_kind, memory)
     assert last is not None
