@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -1120,6 +1121,14 @@ def find_step(trace: Trace, name: str) -> Step:
             f"{quoted(name)} selects {len(matches)} steps; name one",
             expected="a full step path",
             found=shown,
+        )
+    if re.match(r"t\d+\.", name):  # an iteration of generate (t3.decoder...), not run here
+        raise InputError(
+            f"no step {quoted(name)} in this run: explain runs the model as decode does, and "
+            "generate's iteration steps (t<i>.…) are not explained; `trace-tf generate "
+            "--trace --stage PATH` shows one",
+            expected="a step path of encode or decode, or a stage that selects one step",
+            found=quoted(name),
         )
     near = difflib.get_close_matches(name, list(trace.steps), n=1, cutoff=0.5)
     raise InputError(
