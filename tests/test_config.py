@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,3 +247,49 @@ def test_set_creates_missing_layers_to_reach_an_index(tmp_yaml) -> None:  # type
     assert isinstance(cfg, Config)
     np.testing.assert_array_equal(cfg.encoder[1].ffn.b_2, [1, 2, 3, 4])
     assert cfg.encoder[0].ffn.b_2 is None
+
+
+_RELATIVE = """
+model: {d_model: 2, positional: relative, max_len: 2, norm_position: pre}
+vocab: [a]
+source: [a]
+weights:
+  encoder:
+    - self_attn: {heads: [{rel_bias: [1, 2, 3]}]}
+  encoder_final_norm: {gamma: [1, 1]}
+  output: {W: [[1], [2]]}
+"""
+_LEARNED = """
+model: {d_model: 2, positional: learned, max_len: 2}
+vocab: [a]
+source: [a]
+weights: {positional: [[0, 0], [0, 0]]}
+variants: {off: {model.positional: none}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "sets", "variant", "said"),
+    [
+        # the file gives rel_bias; positional is turned away from relative
+        (_RELATIVE, ["model.positional=sinusoidal"], None, "(model.positional set by --set)"),
+        # the file gives learned positions; a variant turns positional to none
+        (_LEARNED, [], "off", "(model.positional set by variant 'off')"),
+        # the file gives output.W; tying is switched on
+        (_RELATIVE, ["model.tie_embeddings=true"], None, "(model.tie_embeddings set by --set)"),
+        # the file gives a final norm; post-norm turns the default final norm off
+        (_RELATIVE, ["model.norm_position=post"], None, "(model.norm_position set by --set)"),
+        (_RELATIVE, ["model.final_norm=false"], None, "(model.final_norm set by --set)"),
+    ],
+)
+def test_a_part_turned_off_by_an_override_names_the_override(
+    tmp_path: Path, text: str, sets: list[str], variant: str | None, said: str
+) -> None:
+    # The weight is refused at its own key, which nothing overrode: only the value of
+    # the key that made it wrong was said, not that a --set or a variant had set it.
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as caught:
+        load(str(path), sets, variant)
+    assert said in str(caught.value)
+    load(str(path))  # (the file itself is sound)

@@ -845,6 +845,16 @@ class _Ctx:
             found=found_text if found is ... else _kind(found),
         )
 
+    def set_by(self, *keys: str) -> str:
+        """' (KEY set by WHAT)' for the first of `keys` an override set, where a message
+        about another key says what this one's value makes wrong; else ''. (A variant
+        or a --set that turns a part off names itself, not only the value it left.)"""
+        for key in keys:
+            origin = self.origins.get(key)
+            if origin is not None and origin.array is None:
+                return f" ({key} set by {origin.by})"
+        return ""
+
 
 def _ctx(doc: Document) -> _Ctx:
     return _Ctx(doc.file, doc.lines, doc.overridden, doc.origins)
@@ -1626,7 +1636,8 @@ class _Validator:
         elif w.get("positional") is not None:
             raise self.ctx.err(
                 "weights.positional",
-                f"learned positions given, but model.positional is {m.positional}",
+                f"learned positions given, but model.positional is {m.positional}"
+                + self.ctx.set_by("model.positional"),
                 expected="model.positional: learned",
             )
         output_W, output_b = self.output(w.get("output"), m, vocab)
@@ -1910,7 +1921,8 @@ class _Validator:
             )
         raise self.ctx.err(
             where,
-            f"a relative position bias is given, but model.positional is {m.positional}",
+            f"a relative position bias is given, but model.positional is {m.positional}"
+            + self.ctx.set_by("model.positional"),
             expected="model.positional: relative, or no rel_bias",
             found_text=f"model.positional: {m.positional}",
         )
@@ -1978,8 +1990,9 @@ class _Validator:
             return self.norm(w.get(key), f"weights.{key}", m.d_model)
         if w.get(key) is not None:
             reason = "model.final_norm is off" if has_stack else "the model has no such stack"
+            cause = self.ctx.set_by("model.final_norm", "model.norm_position") if has_stack else ""
             raise self.ctx.err(
-                f"weights.{key}", f"a final norm is given but {reason}", expected="no " + key
+                f"weights.{key}", f"a final norm is given but {reason}{cause}", expected="no " + key
             )
         return None
 
@@ -1991,7 +2004,8 @@ class _Validator:
         if m.tie_embeddings and o.get("W") is not None:
             raise self.ctx.err(
                 "weights.output.W",
-                "output.W is given but model.tie_embeddings is on (the output uses the embeddings)",
+                "output.W is given but model.tie_embeddings is on (the output uses the embeddings)"
+                + self.ctx.set_by("model.tie_embeddings"),
                 expected="no output.W with tied embeddings",
             )
         if V == 0:
