@@ -4,6 +4,9 @@ paths: the same numbers and the same checks as the YAML's, refused as the YAML's
 from __future__ import annotations
 
 import copy
+import io
+import struct
+import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -288,6 +291,22 @@ def _corrupt(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _npy(array: np.ndarray) -> bytes:
+    """An array as numpy.save writes it."""
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def _npy_header_only(shape: tuple[int, ...]) -> bytes:
+    """An .npy header for float64 numbers of this shape, with no data."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": "<f8", "fortran_order": False, "shape": shape}
+    )
+    return out.getvalue()
+
+
 def _zip_of(members: dict[str, bytes]) -> Any:
     def write(path: Path) -> None:
         with zipfile.ZipFile(path, "w") as z:
@@ -325,6 +344,14 @@ BAD_FILES: dict[str, tuple[Any, list[str]]] = {
     "long double": (
         lambda p: np.savez(p, x=np.ones(3, np.longdouble)),
         ["not an array of real numbers"],
+    ),
+    "more data than its shape": (
+        _zip_of({"encoder.0.ffn.b_1.npy": _npy(np.zeros(16)) + b"\0" * 1000}),
+        ["array 'encoder.0.ffn.b_1': corrupt", "more data than its header's shape holds"],
+    ),
+    "negative dimension": (
+        _zip_of({"x.npy": _npy_header_only((-2,)) + b"\0" * 1000}),
+        ["array 'x': corrupt", "a negative dimension"],
     ),
 }
 
@@ -456,3 +483,44 @@ def test_a_number_beyond_float32_is_refused_under_dtype_float32(tmp_path: Path) 
     assert code == 2
     assert "weights.encoder.0.ffn.b_1.5: beyond the range of float32" in err
     assert "array 'encoder.0.ffn.b_1'" in err
+
+
+def test_a_token_ending_in_npy_gets_its_own_vector(tmp_path: Path) -> None:
+    """Tokens `a` and `a.npy`: numpy.load's npz["embeddings.a.npy"] reads the member
+    of that name, the array `embeddings.a`; each must have its own vector."""
+    data = random_config(np.random.default_rng(4), d_model=4, n_heads=1)
+    rename = {data["vocab"][0]: "a", data["vocab"][1]: "a.npy"}
+    data["vocab"] = [rename.get(t, t) for t in data["vocab"]]
+    data["embeddings"] = {rename.get(t, t): v for t, v in data["embeddings"].items()}
+    data["tokens"] = {k: rename.get(v, v) for k, v in data["tokens"].items()}
+    data["source"] = ["a.npy", "a", "a.npy"]
+    full, npz = split(data, tmp_path)
+    embed = run(loaded(npz)).value("encoder.embed")
+    assert embed.tolist() == [data["embeddings"][t] for t in data["source"]]
+    same_trace(loaded(full), loaded(npz))
+
+
+def test_a_header_claiming_gigabytes_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A version-2.0 .npy header may claim 4 GB; numpy reads all of it before checking
+    its length, so a few kB of compressed spaces filled the memory. Refused unread."""
+    claimed = 50_000_000
+    with (
+        zipfile.ZipFile(tmp_path / "w.npz", "w", zipfile.ZIP_DEFLATED) as z,
+        z.open("encoder.0.ffn.b_1.npy", "w") as member,
+    ):
+        member.write(b"\x93NUMPY\x02\x00" + struct.pack("<I", claimed))
+        for _ in range(claimed // 1_000_000):
+            member.write(b" " * 1_000_000)
+    assert (tmp_path / "w.npz").stat().st_size < 1_000_000
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    tracemalloc.start()
+    try:
+        code, _, err = invoke("encode", str(tmp_path / "c.yaml"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2 and "array 'encoder.0.ffn.b_1': corrupt" in err, err
+    assert "an array header of 50,000,000 bytes" in err, err
+    assert peak < 10_000_000, peak

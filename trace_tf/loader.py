@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import yaml
 
@@ -749,31 +749,66 @@ def read_stream(fh: BinaryIO, name: str) -> str:
 # ---------------------------------------------------------------------------
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first local header, or an empty zip
+_NPY_HEADER_MAX = 10_000  # numpy.load's own bound on an .npy header (max_header_size)
+
+
+def _npy_header(fp: IO[bytes]) -> tuple[tuple[int, ...], bool, Any]:
+    """An .npy member's (shape, fortran_order, dtype), its header's length read and
+    bounded before the header is: numpy reads a header of any claimed length (4 GB in
+    version 2.0) before it checks it, and a few MB of compressed spaces would fill it."""
+    import io
+    import struct
+
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(fp)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"an .npy format version {version[0]}.{version[1]}, not 1.0 or 2.0")
+    size = 2 if version == (1, 0) else 4
+    length_bytes = fp.read(size)
+    if len(length_bytes) < size:
+        raise ValueError("EOF: reading the array header's length")
+    (length,) = struct.unpack("<H" if size == 2 else "<I", length_bytes)
+    if length > _NPY_HEADER_MAX:
+        raise ValueError(f"an array header of {length:,} bytes (numpy's limit {_NPY_HEADER_MAX:,})")
+    header = io.BytesIO(length_bytes + fp.read(length))
+    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, fortran, dtype = read(header, max_header_size=_NPY_HEADER_MAX)
+    if any(n < 0 for n in shape):  # (numpy reads the shape unchecked)
+        raise ValueError(f"a negative dimension in its shape {shape}")
+    return shape, fortran, dtype
 
 
 def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[str, Any]]:
     """The arrays of a numpy .npz file, in the file's order, each float64 (ints and
     float32 widened exactly; a 0-d array as a number), or an InputError naming the file
-    (`name`) and the array. Never pickle: `numpy.load(allow_pickle=False)`, and every
-    member's header is read, its dtype and shape checked, before any data: more than
-    `max_numbers` numbers in all (each array counting `cost` more) is refused unread."""
-    import zipfile
-    import zlib
-
-    import numpy as np
-    from numpy.lib import format as npy
-
+    (`name`) and the array. Never pickle, and every member's header is read (bounded:
+    `_npy_header`), its dtype and shape checked, before any data: more than
+    `max_numbers` numbers in all (each array counting `cost` more) is refused unread.
+    Each member is read by its own name (numpy.load's `npz["a.npy"]` would read member
+    `a.npy`, the array `a`, for the array `a.npy`)."""
     if os.path.isdir(path):
         raise InputError("is a directory, not an .npz file", file=name)
     try:
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            FILES_READ.add((st.st_dev, st.st_ino))
-            magic = fh.read(6)
+        fh = open(path, "rb")  # noqa: SIM115 (closed below)
     except FileNotFoundError:
         raise InputError("no such file", file=name) from None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
+    with fh:
+        st = os.fstat(fh.fileno())
+        FILES_READ.add((st.st_dev, st.st_ino))
+        return _read_npz_file(fh, name, max_numbers, cost)
+
+
+def _read_npz_file(fh: BinaryIO, name: str, max_numbers: int, cost: int) -> list[tuple[str, Any]]:
+    """read_npz's reading of the open regular file `fh`."""
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    magic = fh.read(6)
     if not magic.startswith(_ZIP_MAGIC):
         single = magic == b"\x93NUMPY"
         raise InputError(
@@ -782,6 +817,7 @@ def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[s
             expected="a numpy .npz archive (numpy.savez), one array per weight",
             found="an .npy file" if single else f"the bytes {magic!r} at its start",
         )
+    fh.seek(0)
     member = ""
 
     def bad(message: str, expected: str | None = None, found: str | None = None) -> InputError:
@@ -794,11 +830,9 @@ def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[s
         )
 
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            assert isinstance(npz, np.lib.npyio.NpzFile) and npz.zip is not None
-            archive = npz.zip
+        with zipfile.ZipFile(fh) as archive:
             members = archive.namelist()
-            headers: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
+            headers: list[tuple[str, tuple[int, ...], bool, Any]] = []
             seen: set[str] = set()
             for member in members:
                 if not member.endswith(".npy"):
@@ -807,28 +841,16 @@ def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[s
                     raise bad("given twice in the archive", "each array once")
                 seen.add(member)
                 with archive.open(member) as fp:
-                    version = npy.read_magic(fp)
-                    if version not in ((1, 0), (2, 0)):
-                        raise bad(
-                            "an .npy format version trace-tf does not read",
-                            "version 1.0 or 2.0",
-                            f"{version[0]}.{version[1]}",
-                        )
-                    read = (
-                        npy.read_array_header_1_0
-                        if version == (1, 0)
-                        else npy.read_array_header_2_0
-                    )
-                    shape, _, dtype = read(fp)
+                    shape, fortran, dtype = _npy_header(fp)
                 if dtype.kind not in "fiu" or dtype.itemsize > 8 or dtype.fields is not None:
                     raise bad(
                         "not an array of real numbers",
                         "float64, float32, float16 or integers",
                         f"dtype {dtype}",
                     )
-                headers.append((member, shape, dtype))
+                headers.append((member, shape, fortran, dtype))
             member = ""
-            numbers = sum(math.prod(shape) for _, shape, _ in headers)
+            numbers = sum(math.prod(shape) for _, shape, _, _ in headers)
             if numbers + cost * len(headers) > max_numbers:
                 raise bad(
                     "too large: its arrays are over the limit (raise it with --max-elements); "
@@ -837,10 +859,23 @@ def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[s
                     f"{numbers:,} numbers in {len(headers):,} arrays",
                 )
             out: list[tuple[str, Any]] = []
-            for member, _, _ in headers:
-                key = member.removesuffix(".npy")
-                arr = np.asarray(npz[key], dtype=np.float64, order="C")  # (0-d stays 0-d)
-                out.append((key, arr[()] if arr.ndim == 0 else arr))
+            for member, shape, fortran, dtype in headers:
+                with archive.open(member) as fp:
+                    if _npy_header(fp) != (shape, fortran, dtype):
+                        raise ValueError("its header changed while it was read")
+                    size = math.prod(shape) * dtype.itemsize
+                    data = fp.read(size)
+                    if len(data) < size:
+                        raise ValueError(f"EOF: {len(data):,} bytes of data, expected {size:,}")
+                    if fp.read(1):
+                        raise ValueError(
+                            f"more data than its header's shape holds ({size:,} bytes)"
+                        )
+                flat = np.frombuffer(data, dtype=dtype)
+                arr = np.asarray(
+                    flat.reshape(shape, order="F" if fortran else "C"), dtype=np.float64, order="C"
+                )  # (0-d stays 0-d)
+                out.append((member.removesuffix(".npy"), arr[()] if arr.ndim == 0 else arr))
             return out
     except InputError:
         raise
