@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import struct
+import subprocess
+import sys
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -524,3 +527,23 @@ def test_a_header_claiming_gigabytes_is_refused_before_it_is_read(tmp_path: Path
     assert code == 2 and "array 'encoder.0.ffn.b_1': corrupt" in err, err
     assert "an array header of 50,000,000 bytes" in err, err
     assert peak < 10_000_000, peak
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_pipe_as_weights_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO with no writer made open() wait for ever; a zip needs seeking anyway."""
+    os.mkfifo(tmp_path / "w.npz")
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "trace_tf", "encode", str(tmp_path / "c.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        f"trace-tf: error: {tmp_path / 'w.npz'}: not a regular file (a pipe)"
+    )
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -786,17 +786,27 @@ def read_npz(path: Path, name: str, max_numbers: int, cost: int) -> list[tuple[s
     `_npy_header`), its dtype and shape checked, before any data: more than
     `max_numbers` numbers in all (each array counting `cost` more) is refused unread.
     Each member is read by its own name (numpy.load's `npz["a.npy"]` would read member
-    `a.npy`, the array `a`, for the array `a.npy`)."""
+    `a.npy`, the array `a`, for the array `a.npy`), and only a regular file is opened
+    for reading (a pipe or a terminal would wait for bytes a zip cannot use)."""
+    import stat
+
     if os.path.isdir(path):
         raise InputError("is a directory, not an .npz file", file=name)
     try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed below)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise InputError("no such file", file=name) from None
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=name) from None
-    with fh:
+    with open(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a pipe" if stat.S_ISFIFO(st.st_mode) else "a device or special file"
+            raise InputError(
+                f"not a regular file ({kind})",
+                file=name,
+                expected="an .npz file (a zip archive is read by seeking in it)",
+            )
         FILES_READ.add((st.st_dev, st.st_ino))
         return _read_npz_file(fh, name, max_numbers, cost)
 
