@@ -348,6 +348,7 @@ BAD_FILES: dict[str, tuple[Any, list[str]]] = {
         lambda p: np.savez(p, x=np.ones(3, np.longdouble)),
         ["not an array of real numbers"],
     ),
+    "empty archive": (lambda p: np.savez(p), ["holds no arrays", "found an empty archive"]),
     "more data than its shape": (
         _zip_of({"encoder.0.ffn.b_1.npy": _npy(np.zeros(16)) + b"\0" * 1000}),
         ["array 'encoder.0.ffn.b_1': corrupt", "more data than its header's shape holds"],

@@ -842,6 +842,10 @@ def _read_npz_file(fh: BinaryIO, name: str, max_numbers: int, cost: int) -> list
     try:
         with zipfile.ZipFile(fh) as archive:
             members = archive.namelist()
+            if not members:
+                raise bad(
+                    "holds no arrays", "one array per weight (numpy.savez)", "an empty archive"
+                )
             headers: list[tuple[str, tuple[int, ...], bool, Any]] = []
             seen: set[str] = set()
             for member in members:
