@@ -405,10 +405,13 @@ def test_weights_file_in_a_single_operation_file_is_refused(tmp_yaml: Any) -> No
     assert code == 2 and "has no weights_file" in err
 
 
-def test_weights_file_must_be_a_name(tmp_yaml: Any) -> None:
-    path = tmp_yaml("model: {d_model: 2}\nsource: [[1, 2]]\nweights_file: [a]\n")
+@pytest.mark.parametrize("value", ["[a]", '"w\\0.npz"'])
+def test_weights_file_must_be_a_name(value: str, tmp_yaml: Any) -> None:
+    """A list, or a string holding NUL (which no path can: an internal error, exit 3)."""
+    path = tmp_yaml(f"model: {{d_model: 2}}\nsource: [[1, 2]]\nweights_file: {value}\n")
     code, _, err = invoke("encode", path)
-    assert code == 2 and "weights_file: not a file name" in err
+    assert code == 2 and "weights_file: not a file name" in err, err
+    assert err.count("\n") == 1, err
 
 
 def test_cost_vary_d_draws_every_weight_of_the_new_width(tmp_path: Path) -> None:

@@ -701,7 +701,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
     document already gives is refused, naming both."""
     ctx = _ctx(doc)
     raw = doc.data["weights_file"]
-    if not isinstance(raw, str) or not raw.strip():
+    if not isinstance(raw, str) or not raw.strip() or "\0" in raw:  # (no path holds NUL)
         raise ctx.err("weights_file", "not a file name", raw, "the path of an .npz file")
     path = (doc.base or Path()) / raw  # relative to the config's directory; no ~
     name = str(path)
