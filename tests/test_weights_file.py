@@ -463,6 +463,25 @@ def test_an_array_name_that_cannot_be_placed_names_the_array(tmp_path: Path) -> 
         assert words in err, err
 
 
+@pytest.mark.parametrize(
+    ("array", "why"),
+    [
+        ("encoder.0.ffn.b_1.", "an empty part between its dots"),
+        ("encoder.0..ffn.b_1", "an empty part between its dots"),
+        ("", "an empty name"),
+    ],
+)
+def test_an_array_name_with_an_empty_part_is_refused_naming_it(
+    array: str, why: str, tmp_path: Path
+) -> None:
+    """`encoder.0.ffn.b_1.` was placed as a mapping {'': ...} below b_1, and refused as
+    'weights.encoder.0.ffn.b_1: not a number ... found a mapping'."""
+    np.savez(tmp_path / "w.npz", **{array: np.zeros(16)})
+    err = _bad_file(tmp_path, lambda p: None)
+    assert f"w.npz: array '{array}': not a key path: {why}" in err, err
+    assert "expected a key path below weights, such as encoder.0.ffn.W_1" in err, err
+
+
 def test_a_config_on_stdin_finds_its_weights_file_in_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -706,16 +706,26 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
     path = (doc.base or Path()) / raw  # relative to the config's directory; no ~
     name = str(path)
     set_by = doc.origins.get("weights_file")
+    line = doc.lines.get("weights_file")
+    of_config = f" (the weights_file of {doc.file}" + (
+        f", set by {set_by.by})" if set_by else f", line {line})" if line else ")"
+    )
     try:
         arrays = read_npz(path, name, max_elements, OBJECT_COST)
     except InputError as exc:
-        line = doc.lines.get("weights_file")
-        exc.message += f" (the weights_file of {doc.file}" + (
-            f", set by {set_by.by})" if set_by else f", line {line})" if line else ")"
-        )
+        exc.message += of_config
         raise
     for array, value in arrays:
         key = array if array.startswith("embeddings.") else f"weights.{array}"
+        if not array.startswith("embeddings.") and "" in array.split("."):
+            raise InputError(  # (`b_1.` would become a mapping {'': ...} below b_1)
+                "not a key path: "
+                + ("an empty name" if not array else "an empty part between its dots")
+                + of_config,
+                file=name,
+                path=f"array {quoted(array)}",
+                expected="a key path below weights, such as encoder.0.ffn.W_1",
+            )
         if array.startswith("embeddings."):  # a token may hold dots: one key below
             given = doc.data.get("embeddings")
             given = given.get(array[len("embeddings.") :]) if isinstance(given, dict) else None
