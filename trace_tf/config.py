@@ -715,6 +715,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
     except InputError as exc:
         exc.message += of_config
         raise
+    placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
     for array, value in arrays:
         key = array if array.startswith("embeddings.") else f"weights.{array}"
         if not array.startswith("embeddings.") and "" in array.split("."):
@@ -732,12 +733,18 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         else:
             given = _at(doc.data, key.split("."))
         if given is not None:
+            first = (  # another array of the file (`encoder.00.` is `encoder.0.`)
+                f"as arrays {quoted(placed[id(given)])} and {quoted(array)}"
+                if id(given) in placed
+                else f"in {doc.file} and as array {quoted(array)}"
+            )
             raise ctx.err(
                 key,
-                f"given twice: in {doc.file} and as array {quoted(array)} of weights_file {name}"
+                f"given twice: {first} of weights_file {name}"
                 + (f" (set by {set_by.by})" if set_by else ""),
                 expected="each weight given once, in the YAML or in the .npz",
             )
+        placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
         if array.startswith("embeddings."):
             if doc.data.get("embeddings") is None:
