@@ -265,6 +265,13 @@ def test_add_norm_selects_every_step_of_the_norm_calculator(tmp_path: Path, kind
     assert [s["path"] for s in json.loads(group.stdout)["steps"]] == paths
 
 
+def _wide(args: list[str]) -> str:
+    """What a command prints on a terminal 200 columns wide."""
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
 def _table_after(out: str, title: str) -> list[list[str]]:
     """The cells of the table printed under the line that starts with `title`: its header
     row, then each body row (label first), up to its bottom border."""
@@ -282,15 +289,7 @@ def _table_after(out: str, title: str) -> list[list[str]]:
 def test_step_shows_a_tied_output_weight_with_the_vocabulary_over_its_columns() -> None:
     # It was named ("input embeddings (tied, transposed)") but not shown. Tied, W is
     # the embedding table transposed: its column for a token is that token's embedding.
-    out = (
-        CliRunner()
-        .invoke(
-            app,
-            ["step", "--stage", "logits", "--set", "model.tie_embeddings=true"],
-            env={"COLUMNS": "200"},
-        )
-        .stdout
-    )
+    out = _wide(["step", "--stage", "logits", "--set", "model.tie_embeddings=true"])
     header, *body = _table_after(out, "embeddings (tied, transposed)   weight   [4 × 10]")
     vocab = ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
     assert header[-10:] == vocab
@@ -301,28 +300,12 @@ def test_step_shows_a_tied_output_weight_with_the_vocabulary_over_its_columns() 
 def test_step_labels_given_arrays_as_the_steps_made_from_them() -> None:
     # A single operation's Q and K were named, not shown; a relative bias table's
     # entries were labelled 0..4 where they are the offsets j − i = −2..+2.
-    out = (
-        CliRunner()
-        .invoke(
-            app,
-            ["step", "fixtures/002_database_query.yaml", "--stage", "scores"],
-            env={"COLUMNS": "200"},
-        )
-        .stdout
-    )
+    out = _wide(["step", "fixtures/002_database_query.yaml", "--stage", "scores"])
     assert [r[0] for r in _table_after(out, "Q   given   [1 × 3]")[1:]] == ["q0"]
     k = _table_after(out, "K   given   [4 × 3]")
     assert [r[0] for r in k[1:]] == ["k0", "k1", "k2", "k3"]
     assert [float(x) for x in k[4][1:]] == [1, 4, 0]  # 002's fourth key, [1, 4, 0]
-    out = (
-        CliRunner()
-        .invoke(
-            app,
-            ["step", "fixtures/000_relative_bias.yaml", "--stage", "rel_bias"],
-            env={"COLUMNS": "200"},
-        )
-        .stdout
-    )
+    out = _wide(["step", "fixtures/000_relative_bias.yaml", "--stage", "rel_bias"])
     table = _table_after(out, "weights.encoder.0.self_attn.heads.0.rel_bias   weight   [5]")
     assert table[0][-5:] == ["-2", "-1", "0", "+1", "+2"]
     assert [float(x) for x in table[1][-5:]] == [-1, 0.5, 0, 1, 2]  # b(−2) .. b(+2)

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -717,8 +717,10 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         raise
     placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
     for array, value in arrays:
-        key = array if array.startswith("embeddings.") else f"weights.{array}"
-        if not array.startswith("embeddings.") and "" in array.split("."):
+        # an embedding's token may hold dots: it is one key below `embeddings`
+        token = array[len("embeddings.") :] if array.startswith("embeddings.") else None
+        key = array if token is not None else f"weights.{array}"
+        if token is None and "" in array.split("."):
             raise InputError(  # (`b_1.` would become a mapping {'': ...} below b_1)
                 "not a key path: "
                 + ("an empty name" if not array else "an empty part between its dots")
@@ -727,9 +729,9 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
                 path=f"array {quoted(array)}",
                 expected="a key path below weights, such as encoder.0.ffn.W_1",
             )
-        if array.startswith("embeddings."):  # a token may hold dots: one key below
+        if token is not None:
             given = doc.data.get("embeddings")
-            given = given.get(array[len("embeddings.") :]) if isinstance(given, dict) else None
+            given = given.get(token) if isinstance(given, dict) else None
         else:
             given = _at(doc.data, key.split("."))
         if given is not None:
@@ -746,12 +748,12 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             )
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
-        if array.startswith("embeddings."):
+        if token is not None:
             if doc.data.get("embeddings") is None:
                 doc.data["embeddings"] = {}
             if not isinstance(doc.data["embeddings"], dict):
                 raise ctx.err("embeddings", "not a mapping", doc.data["embeddings"], "a mapping")
-            doc.data["embeddings"][array[len("embeddings.") :]] = value
+            doc.data["embeddings"][token] = value
             doc.overridden.append(key)
             doc.origins[key] = origin
         else:
@@ -1847,7 +1849,8 @@ class _Validator:
         n_offsets = 2 * m.max_len - 1  # offsets −(max_len − 1) .. +(max_len − 1)
         fused: dict[str, np.ndarray] = {}
         if "rel_bias" in fused_keys:
-            self.no_rel_bias(f"{p}.rel_bias", m, path, relative)
+            if not relative:
+                self.refuse_rel_bias(f"{p}.rel_bias", m, path)
             fused["rel_bias"] = self.array(
                 a["rel_bias"],
                 f"{p}.rel_bias",
@@ -1885,7 +1888,8 @@ class _Validator:
             if "rel_bias" in fused:  # head h's row, a contiguous copy
                 arrays["rel_bias"] = np.ascontiguousarray(fused["rel_bias"][h])
             elif hd.get("rel_bias") is not None:
-                self.no_rel_bias(f"{hp}.rel_bias", m, path, relative)
+                if not relative:
+                    self.refuse_rel_bias(f"{hp}.rel_bias", m, path)
                 arrays["rel_bias"] = self.array(
                     hd["rel_bias"],
                     f"{hp}.rel_bias",
@@ -1924,11 +1928,9 @@ class _Validator:
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
         )
 
-    def no_rel_bias(self, where: str, m: ModelConfig, path: str, relative: bool) -> None:
-        """Refuse a rel_bias where the model has none: a cross-attention (its keys are
-        another sequence) or a model whose positional is not relative."""
-        if relative:
-            return
+    def refuse_rel_bias(self, where: str, m: ModelConfig, path: str) -> NoReturn:
+        """A rel_bias where the model has none: a cross-attention (its keys are another
+        sequence) or a model whose positional is not relative."""
         if path.endswith("cross_attn"):
             raise self.ctx.err(
                 where,
