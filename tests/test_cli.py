@@ -1586,3 +1586,41 @@ def test_the_two_apostrophe_token_and_the_ellipsis_token_show_as_themselves(
     code, out, err = invoke("explain", "encoder.0.self_attn.h0.q", path, "--cell", "1,1")
     assert code == 0, err
     assert "row 1 ('…') of encoder.input" in out
+
+
+DOTTED = """\
+model: {d_model: 2, n_heads: 1, d_ff: 2, encoder_layers: 1, decoder_layers: 0}
+vocab: [hi, ".", e.g., "0"]
+embeddings:
+  hi: [1, 2]
+  ".": [3, 4]
+  e.g.: [5, 6]
+  "0": [7, 8]
+source: [hi, ".", e.g., "0"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("set_", "rows"),
+    [
+        ("embeddings...=[9, 9]", [[1, 2], [9, 9], [5, 6], [7, 8]]),
+        ("embeddings.e.g.=[9, 9]", [[1, 2], [3, 4], [9, 9], [7, 8]]),
+        ("embeddings.e.g..1=9", [[1, 2], [3, 4], [5, 9], [7, 8]]),
+        ("embeddings.hi.0=9", [[9, 2], [3, 4], [5, 6], [7, 8]]),
+        ("embeddings.0=[9, 9]", [[1, 2], [3, 4], [5, 6], [9, 9]]),  # the token "0"
+    ],
+)
+def test_set_addresses_a_token_that_holds_dots(tmp_yaml, set_: str, rows: Any) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = invoke(
+        "step", tmp_yaml(DOTTED), "--set", set_, "--stage", "embed", "--format", "json"
+    )
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+    assert step["value"] == rows
+
+
+def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = invoke("encode", tmp_yaml(DOTTED), "--set", "embeddings..x=1")
+    assert code == 2
+    assert "cannot set embeddings..x: an empty part between its dots" in err
+    assert "Traceback" not in err

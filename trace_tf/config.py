@@ -429,7 +429,9 @@ def parse_set(item: str) -> tuple[str, Any]:
     """`KEY=VALUE` from --set, the value read as YAML."""
     key, sep, text = item.partition("=")
     key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
+    # (a token below `embeddings` may be "." or hold dots: apply_override reads it)
+    parts = [key] if key.startswith("embeddings.") else key.split(".")
+    if not sep or not key or any(not part for part in parts):
         raise InputError(
             "malformed --set",
             path=None,
@@ -531,17 +533,44 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
 MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing layers are drawn)
 
 
-def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
-    """Set a dotted key inside the document's data, creating mappings as needed, and
-    record what set it.
+def key_parts(doc: Document, key: str) -> list[str]:
+    """The parts of a dotted key. A token may hold dots (".", "e.g."): below `embeddings`,
+    the longest token of the document's vocab or embeddings that the rest of the key
+    is, or begins with before a dot, is one part (`embeddings.e.g..0`: e.g., 0)."""
+    head, _, rest = key.partition(".")
+    if head == "embeddings" and rest:
+        vocab, given = doc.data.get("vocab"), doc.data.get("embeddings")
+        known = [t for t in vocab if isinstance(t, str)] if isinstance(vocab, list) else []
+        known += [t for t in given if isinstance(t, str)] if isinstance(given, dict) else []
+        for token in sorted({t for t in known if "." in t}, key=len, reverse=True):
+            if rest == token or rest.startswith(token + "."):
+                tail = rest[len(token) + 1 :]
+                return [head, token, *(tail.split(".") if tail else [])]
+    return key.split(".")
+
+
+def apply_override(
+    doc: Document, key: str, value: Any, origin: Origin, parts: list[str] | None = None
+) -> None:
+    """Set a dotted key (or the key of `parts`) inside the document's data, creating
+    mappings as needed, and record what set it.
 
     A key through a value that is neither a mapping nor a list (`model.d_model.x`
     when d_model is a number) is refused rather than silently replacing the value."""
-    parts = key.split(".")
+    parts = key_parts(doc, key) if parts is None else parts
     node: Any = doc.data
     file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
     if origin.array is not None:
         file = f"{doc.file} (weights_file {origin.by}, array {quoted(origin.array)})"
+    if "" in parts:  # (`embeddings..x` where no token is "." or begins "x")
+        raise InputError(
+            f"cannot set {key}: an empty part between its dots",
+            path=key,
+            expected="a dotted key path (a token below embeddings may hold dots "
+            "when the vocabulary has it)",
+            found=quoted(key),
+            file=file,
+        )
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         here = ".".join(parts[: i + 1])
@@ -580,9 +609,9 @@ def apply_override(doc: Document, key: str, value: Any, origin: Origin) -> None:
             if last:
                 node[part] = value
             else:
-                if node.get(part) is None:
+                if node.get(part) is None:  # (below embeddings, "0" is a token)
                     nxt = parts[i + 1]
-                    node[part] = [] if whole_number(nxt) else {}
+                    node[part] = [] if whole_number(nxt) and here != "embeddings" else {}
                 node = node[part]
         if not last and not isinstance(node, dict | list):
             line = doc.lines.get(here) if here not in doc.overridden else None
@@ -748,16 +777,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             )
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
-        if token is not None:
-            if doc.data.get("embeddings") is None:
-                doc.data["embeddings"] = {}
-            if not isinstance(doc.data["embeddings"], dict):
-                raise ctx.err("embeddings", "not a mapping", doc.data["embeddings"], "a mapping")
-            doc.data["embeddings"][token] = value
-            doc.overridden.append(key)
-            doc.origins[key] = origin
-        else:
-            apply_override(doc, key, value, origin)
+        apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
 
 
 def _at(data: Any, parts: Sequence[str]) -> Any:
