@@ -1624,3 +1624,15 @@ def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(tm
     assert code == 2
     assert "cannot set embeddings..x: an empty part between its dots" in err
     assert "Traceback" not in err
+
+
+def test_a_typeset_minus_in_the_file_is_named_as_such(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    text = DOTTED.replace("hi: [1, 2]", "hi: [1, −2]")  # U+2212, as a PDF or a web page types it
+    code, _, err = invoke("encode", tmp_yaml(text))
+    assert code == 2
+    assert "embeddings.hi.1: not a number" in err
+    assert "found the string '−2' (its '−' is a typeset minus sign: write '-')" in err
+    code, _, err = invoke("encode", tmp_yaml(DOTTED), "--set", "embeddings.hi=[1, −2]")
+    assert code == 2 and "typeset minus" in err
+    code, _, err = invoke("encode", tmp_yaml(text.replace("−2", "'a−b'")))
+    assert code == 2 and "typeset minus" not in err  # not a number either way: no hint

@@ -815,7 +815,11 @@ def _kind(value: Any) -> str:
     if isinstance(value, int | float):
         return f"the number {value!r}"
     if isinstance(value, str):
-        return f"the string {quoted(value, 40)}"
+        typeset = value.strip().replace("−", "-")  # (a minus sign as typeset, U+2212)
+        minus = " (its '−' is a typeset minus sign: write '-')"
+        return f"the string {quoted(value, 40)}" + (
+            minus if "−" in value and read_number(typeset) is not None else ""
+        )
     if isinstance(value, list):
         return f"a list of {len(value)}"
     if isinstance(value, dict):
