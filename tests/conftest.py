@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,16 @@ from trace_tf.loader import Lines
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
+
+
+def readme_python(section: str) -> str:
+    """The one Python block of README's section `section` (a `###` heading), as printed."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"### {section}\n", 1)[1]
+    body = re.split(r"\n#{2,3} ", body, maxsplit=1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+    assert len(blocks) == 1, f"README's {section!r} holds one Python block"
+    return str(blocks[0])
 
 
 def config_from(data: dict[str, Any], **kw: Any) -> Config | OpConfig:

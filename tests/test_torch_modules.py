@@ -23,7 +23,6 @@ The conventions mapped, beside what README lists:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, config_from
+from conftest import config_from, readme_python
 from random_configs import PAD, random_config
 from torch import nn
 
@@ -462,12 +461,7 @@ def test_nn_embedding_and_a_tied_head() -> None:
 
 def readme_recipe() -> str:
     """The Python block of README's "From PyTorch weights" section, as printed."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("### From PyTorch weights\n", 1)[1]
-    section = re.split(r"\n#{2,3} ", section, maxsplit=1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1, "the section holds one Python block"
-    return str(blocks[0])
+    return readme_python("From PyTorch weights")
 
 
 @torch.no_grad()
