@@ -48,10 +48,10 @@ class _Group(TyperGroup):
                 args, prog_name, complete_var, False, windows_expand_args, **extra
             )
 
-        try:  # typer 0.2x carries its own click
+        try:  # typer 0.2x carries its own click (a click installed beside it is another class)
             from typer._click.exceptions import ClickException
         except ImportError:
-            from click import ClickException  # type: ignore[no-redef]
+            from click import ClickException  # type: ignore[no-redef,assignment,unused-ignore]
 
         if not standalone_mode:
             return run()
