@@ -290,7 +290,11 @@ def test_step_shows_a_tied_output_weight_with_the_vocabulary_over_its_columns() 
     # It was named ("input embeddings (tied, transposed)") but not shown. Tied, W is
     # the embedding table transposed: its column for a token is that token's embedding.
     out = _wide(["step", "--stage", "logits", "--set", "model.tie_embeddings=true"])
-    header, *body = _table_after(out, "embeddings (tied, transposed)   weight   [4 × 10]")
+    header, *body = _table_after(
+        out,
+        "embeddings (tied, transposed)   weight (tied: the embeddings transposed; "
+        "model.tie_embeddings from --set)   [4 × 10]",
+    )
     vocab = ["hello", "mundo", "world", "how", "?", "EOS", "SOS", "a", "hola", "c"]
     assert header[-10:] == vocab
     column = {tok: [float(r[1 + k]) for r in body] for k, tok in enumerate(vocab)}
@@ -306,6 +310,10 @@ def test_step_labels_given_arrays_as_the_steps_made_from_them() -> None:
     assert [r[0] for r in k[1:]] == ["k0", "k1", "k2", "k3"]
     assert [float(x) for x in k[4][1:]] == [1, 4, 0]  # 002's fourth key, [1, 4, 0]
     out = _wide(["step", "fixtures/000_relative_bias.yaml", "--stage", "rel_bias"])
-    table = _table_after(out, "weights.encoder.0.self_attn.heads.0.rel_bias   weight   [5]")
+    table = _table_after(
+        out,
+        "weights.encoder.0.self_attn.heads.0.rel_bias   "
+        "weight (fixtures/000_relative_bias.yaml line 29)   [5]",
+    )
     assert table[0][-5:] == ["-2", "-1", "0", "+1", "+2"]
     assert [float(x) for x in table[1][-5:]] == [-1, 0.5, 0, 1, 2]  # b(−2) .. b(+2)

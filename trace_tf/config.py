@@ -242,6 +242,46 @@ class Tokens:
     pad: str | None = None
 
 
+TIED_OUTPUT = "embeddings (tied, transposed)"  # the output weight with tie_embeddings, as named
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the numbers of one array handed to the engine came from, said once for
+    `explain`, `step` and `weights`. `kind` is one of:
+
+    - file: typed in the config (`file`, `line`)
+    - npz: an array of the config's weights_file (`file`, `array`)
+    - set: a --set or a command's option (`by`: '--set', or '--set KEY' for a key above)
+    - variant: a variant of the file (`by`: "variant 'name'"; `file` and `line`)
+    - drawn: SPEC section 2's rule, `default_rng([seed, crc32(draw_path)])` × init_std
+    - default: γ ones, β zeros
+    - fused: head h's columns (entries, row) `part` of the fused weight `fused`
+    - tied: the output weight, the embeddings transposed (`file`, `line`, `by`: where
+      model.tie_embeddings was set)"""
+
+    kind: str
+    text: str  # short, for a reader: "hello.yaml line 41", "drawn: seed 0, N(0, 1²)"
+    file: str | None = None
+    line: int | None = None
+    array: str | None = None
+    by: str | None = None
+    seed: int | None = None
+    init_std: float | None = None
+    draw_path: str | None = None
+    fused: str | None = None
+    part: str | None = None
+    # overrides that set entries inside a weight given whole elsewhere
+    partly: tuple[str, ...] = ()
+
+    def json(self) -> dict[str, Any]:
+        """The fields that are set (JSON: `explain`'s and `weights`' "sources")."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in out.items() if v not in (None, ())
+        }
+
+
 @dataclass(frozen=True, eq=False)
 class Config:
     """A whole model: its description, every weight, and the inputs to run."""
@@ -271,6 +311,9 @@ class Config:
     overrides: tuple[str, ...] = ()
     weights_file: str | None = None  # the .npz the weights came from, and how many
     weights_file_arrays: int = 0
+    # where each array came from, by the names of `named_arrays` (the fused weights a
+    # head's part was cut from, TIED_OUTPUT, and numeric source/target as well)
+    sources: Mapping[str, Source] = field(default_factory=dict)
 
     @property
     def embedding_matrix(self) -> np.ndarray:
@@ -835,6 +878,9 @@ class _Ctx:
     lines: Lines
     overridden: list[str]
     origins: dict[str, Origin] = field(default_factory=dict)
+    # (`given`'s index of the overrides: each key's last place, and those inside a key)
+    _last: dict[str, int] | None = None
+    _inside: dict[str, list[str]] = field(default_factory=dict)
 
     def err(
         self,
@@ -887,6 +933,48 @@ class _Ctx:
             expected=expected,
             found=found_text if found is ... else _kind(found),
         )
+
+    def given(self, key: str, parents: Sequence[str]) -> Source:
+        """Where the value of `key`, given in the document, came from: the last override
+        at `key` or one of its `parents` (--set, a variant, an array of weights_file),
+        else the file's line; with the overrides that set entries inside it."""
+        if self._last is None:  # (indexed once: an .npz may set thousands of keys)
+            self._last, self._inside = {}, {}
+            for n, k in enumerate(self.overridden):
+                if self.origins[k].pads:
+                    continue
+                self._last[k] = n
+                parts = k.split(".")
+                for i in range(1, len(parts)):  # entries of an array: indices below it
+                    if all(whole_number(p) for p in parts[i:]):
+                        self._inside.setdefault(".".join(parts[:i]), []).append(k)
+        setters = sorted((self._last[k], k) for k in (*parents, key) if k in self._last)
+        partly = tuple(
+            dict.fromkeys(
+                self.origins[k].by + (f" {k}" if self.origins[k].by == "--set" else "")
+                for k in self._inside.get(key, ())
+                if self._last[k] > (setters[-1][0] if setters else -1)  # (not replaced since)
+            )
+        )
+        if not setters:
+            line = self.lines.get(key)
+            where = f"{self.file} line {line}" if line else f"given in {self.file}"
+            src = Source("file", where, file=self.file, line=line)
+        elif (origin := self.origins[setters[-1][1]]).array is not None:
+            text = f"{origin.by}, array {quoted(origin.array)}"
+            src = Source("npz", text, file=origin.by, array=origin.array)
+        else:
+            k = setters[-1][1]
+            by = origin.by + (f" {k}" if origin.at is None and k != key else "")
+            line = None if origin.at is None else self.lines.get(origin.at + key[len(k) :])
+            text = by + (f", {self.file} line {line}" if line else "")
+            kind = "set" if origin.at is None else "variant"
+            src = Source(kind, text, file=self.file if line else None, line=line, by=by)
+        if partly:
+            src = replace(
+                src, text=f"{src.text}; entries set by {', '.join(partly)}", partly=partly
+            )
+        return src
 
     def set_by(self, *keys: str) -> str:
         """' (KEY set by WHAT)' for the first of `keys` an override set, where a message
@@ -1713,6 +1801,7 @@ class _Validator:
             weights_file=next((o.by for o in from_file), None),
             weights_file_arrays=len(from_file),
         )
+        config = replace(config, sources=self.sources(data, config))
         if m.dtype == "float64":
             return config
         # Drawn and given numbers are read in float64 (the same numbers whatever the
@@ -1723,9 +1812,65 @@ class _Validator:
             **{
                 f.name: _astype(getattr(config, f.name), dt)
                 for f in fields(config)
-                if f.name not in ("model", "expect")
+                if f.name not in ("model", "expect", "sources")
             },
         )
+
+    def sources(self, data: dict[str, Any], cfg: Config) -> dict[str, Source]:
+        """Where each array handed to the engine came from (Config.sources), in the order
+        of `named_arrays`, a fused weight just before the first head's part of it."""
+        m = cfg.model
+        drawn = {p if p.startswith("embeddings.") else f"weights.{p}": p for p in self.drawn}
+        fused = {f"weights.{k}" for k in self.given_fused}
+
+        def given(key: str) -> Source:
+            if key.startswith("embeddings."):  # (a token may hold dots)
+                return self.ctx.given(key, ("embeddings",))
+            parts = key.split(".")
+            return self.ctx.given(key, [".".join(parts[:n]) for n in range(1, len(parts))])
+
+        out: dict[str, Source] = {}
+        for key, value in cfg.named_arrays().items():
+            block, sep, rest = key.partition(".heads.")
+            h, _, name = rest.partition(".")
+            whole = f"{block}.{name}"
+            if key in drawn:
+                out[key] = Source(
+                    "drawn",
+                    f"drawn: seed {m.seed}, N(0, {exact(m.init_std)}²)",
+                    seed=m.seed,
+                    init_std=m.init_std,
+                    draw_path=drawn[key],
+                )
+            elif sep and whole in fused:
+                if whole not in out:
+                    out[whole] = given(whole)
+                n, first = value.shape[-1], int(h) * value.shape[-1]
+                matrix = name.startswith("W")
+                if name == "rel_bias":
+                    part = f"row {h}"
+                elif n == 1:
+                    part = f"{'column' if matrix else 'entry'} {first}"
+                else:
+                    part = f"{'columns' if matrix else 'entries'} {first}..{first + n - 1}"
+                text = f"{part} of {whole} ({out[whole].text})"
+                out[key] = Source("fused", text, fused=whole, part=part)
+            elif key.startswith("weights.") and _at(data, key.split(".")) is None:
+                out[key] = Source(
+                    "default",
+                    "default: " + ("ones" if key.endswith(".gamma") else "zeros"),
+                )
+            else:
+                out[key] = given(key)
+        if m.tie_embeddings:
+            tie = given("model.tie_embeddings")
+            text = f"tied: the embeddings transposed; model.tie_embeddings from {tie.text}"
+            out[TIED_OUTPUT] = replace(tie, kind="tied", text=text)
+        for name in ("source", "target"):  # numbers given as the embeddings
+            seq: Sequence_ | None = getattr(cfg, name)
+            if seq is not None and seq.matrix is not None:
+                out[name] = given(name)
+        return out
 
     def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
         if value is None:

@@ -26,9 +26,9 @@ from rich.text import Text
 
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
-from trace_tf.config import Config, OpConfig
+from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source
 from trace_tf.errors import InputError, quoted
-from trace_tf.model import TIED_OUTPUT, target_of
+from trace_tf.model import target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -59,6 +59,9 @@ class Explanation:
     inputs: tuple[str, ...]
     remarks: tuple[str, ...] = ()  # what the arithmetic depends on, beyond the numbers
     rtol: float = 1e-9  # how near value and result must be: the step's dtype's rounding
+    sources: dict[str, Source] = field(
+        default_factory=dict
+    )  # of the weights named (Config.sources)
 
     @property
     def lhs(self) -> str:
@@ -91,6 +94,7 @@ class Explanation:
             "operands": {k: json_value(v) for k, v in self.operands.items()},
             "inputs": list(self.inputs),
             "remarks": list(self.remarks),
+            "sources": {k: v.json() for k, v in self.sources.items()},
         }
 
 
@@ -319,6 +323,7 @@ class _Ctx:
     trace: Trace
     arrays: dict[str, np.ndarray]
     f: _Fmt  # how the numbers are written; an explainer computes with them as written
+    named: dict[str, Source] = field(default_factory=dict)  # the sources `source` said
     _shown: dict[str, np.ndarray] = field(default_factory=dict)
 
     def get(self, name: str) -> np.ndarray:
@@ -332,6 +337,15 @@ class _Ctx:
                 raise InputError(f"cannot explain: the input {name!r} of this step is not known")
             self._shown[name] = self.f.shown_array(value)
         return self._shown[name]
+
+    def source(self, name: str) -> str:
+        """` (where the weight came from)`, said briefly (Config.sources), and kept for
+        the JSON; '' for a step or a calculator's given array."""
+        src = self.cfg.sources.get(name) if isinstance(self.cfg, Config) else None
+        if src is None:
+            return ""
+        self.named[name] = src
+        return f" ({src.text})"
 
     def param(self, key: str) -> Any:
         assert isinstance(self.cfg, OpConfig)
@@ -376,34 +390,33 @@ Explainer = Callable[[_Ctx, Step, tuple[int, ...]], _Parts]
 
 
 def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
-    """Where entry (or column) j of a weight is in the file, with a note: a per-head
-    `weights.<block>.heads.<h>.W_q` given fused is head h's columns of
-    `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j there; the
-    tied output weight's column j is the embedding of the j-th vocabulary token."""
+    """Where entry (or column) j of a weight is in the file, with a note that says where
+    it came from: a per-head `weights.<block>.heads.<h>.W_q` given fused is head h's
+    columns of `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j
+    there; the tied output weight's column j is the embedding of the j-th vocabulary
+    token."""
     if name == TIED_OUTPUT and isinstance(ctx.cfg, Config):
-        return name, j, f", the embedding of {quoted(ctx.cfg.vocab[j])}"
+        token = ctx.cfg.vocab[j]
+        ctx.source(name)  # (named in the JSON: the tie)
+        return name, j, f", the embedding of {quoted(token)}{ctx.source(f'embeddings.{token}')}"
     fused = _fused_source(ctx, name)
     if fused is not None:
         source, h = fused
         width = ctx.get(name).shape[-1]
         first = h * width
-        return source, first + j, f" (head {h}'s {first}..{first + width - 1})"
-    return name, j, ""
+        given = ctx.source(source)[2:-1]
+        return source, first + j, f" (head {h}'s {first}..{first + width - 1}; {given})"
+    return name, j, ctx.source(name)
 
 
 def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
     """The fused weight a per-head `weights.<block>.heads.<h>.<key>` was cut from,
     `weights.<block>.<key>`, and h, when the file gave it fused (head h's columns of a
     W_q/W_k/W_v, SPEC §2, or its entries of a b_q/b_k/b_v; row h of a rel_bias); else None."""
-    block, sep, rest = name.partition(".heads.")
-    h, _, key = rest.partition(".")
-    if (
-        sep
-        and isinstance(ctx.cfg, Config)
-        and f"{block[len('weights.') :]}.{key}" in ctx.cfg.given_fused
-    ):
-        return f"{block}.{key}", int(h)
-    return None
+    src = ctx.cfg.sources.get(name) if isinstance(ctx.cfg, Config) else None
+    if src is None or src.fused is None:
+        return None
+    return src.fused, int(name.partition(".heads.")[2].partition(".")[0])
 
 
 def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -430,7 +443,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         fused = None if fused is None else fused + float(b[j])
         b_key, b_at, b_note = _given_as(ctx, b_name, j)
         where.append(
-            f"{bs} = {b_name}"
+            f"{bs} = {b_name}{b_note}"
             if b_key == b_name
             else f"{bs}[{j}] = entry {b_at} of {b_key}{b_note}"
         )
@@ -516,7 +529,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             ],
             total,
             [
-                f"v_a = {v_name} = {f.vec(v_a)}",
+                f"v_a = {v_name}{ctx.source(v_name)} = {f.vec(v_a)}",
                 f"q_a{i} = {ctx.row_of(qa_name, i)} = {f.vec(qa)}",
                 f"k_a{j} = {ctx.row_of(ka_name, j, step.cols)} = {f.vec(ka)}",
             ],
@@ -546,7 +559,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             [
                 f"q{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
                 f"k{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
-                f"w = {w_name} = {f.vec(np.atleast_1d(ctx.get(w_name)))}",
+                f"w = {w_name}{ctx.source(w_name)} = {f.vec(np.atleast_1d(ctx.get(w_name)))}",
             ],
             {f"q{i}": q.tolist(), f"k{j}": k.tolist(), "w": w.tolist()},
         )
@@ -621,7 +634,11 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     row = f"({n_k - n_q} + {i})" if n_k > n_q else f"{i}"  # as the formula: j − (start + i)
     h = name.partition(".heads.")[2].partition(".")[0]
     fused = _fused_source(ctx, name)
-    given = name if fused is None else f"row {h} of {fused[0]} (fused), i.e. {name}"
+    given = (
+        f"{name}{ctx.source(name)}"
+        if fused is None
+        else f"row {h} of {fused[0]} (fused; {ctx.source(fused[0])[2:-1]}), i.e. {name}"
+    )
     plus = f"{centre} + {offset}" if offset >= 0 else f"{centre} − {-offset}"
     return _Parts(
         [f"b_rel[h{h}][{j} − {row}]", f"b_rel[{offset}]", f"rel_bias[{index}]"],
@@ -762,7 +779,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x_name, g_name, b_name = step.inputs
     x, g, b = float(ctx.get(x_name)[i, j]), float(ctx.get(g_name)[j]), float(ctx.get(b_name)[j])
     eps = ctx.cfg.model.norm_eps
-    where = [f"x = {x_name}", f"γ = {g_name}, β = {b_name}"]
+    where = [f"x = {x_name}", f"γ = {g_name}{ctx.source(g_name)}, β = {b_name}{ctx.source(b_name)}"]
     if ctx.cfg.model.norm == "rms":
         r = float(ctx.get(f"{step.path}.rms")[i, 0])
         total = _div(x, r) * g + b
@@ -953,7 +970,7 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         return _Parts(
             [f"{name}[{i},{j}]  (the given matrix)"],
             v,
-            [f"{name} is given as numbers: they are the embeddings"],
+            [f"{name} is given as numbers{ctx.source(name)}: they are the embeddings"],
             {name: [v]},
         )
     token = step.rows[i] if step.rows is not None else "?"
@@ -962,7 +979,10 @@ def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     return _Parts(
         [f"{entry}[{j}]"],
         v,
-        [f"row {i} is the token {quoted(token)}; {entry} = {ctx.f.vec(ctx.cfg.embeddings[token])}"],
+        [
+            f"row {i} is the token {quoted(token)}; {entry}{ctx.source(f'embeddings.{token}')}"
+            f" = {ctx.f.vec(ctx.cfg.embeddings[token])}"
+        ],
         {f"embedding['{token}']": ctx.cfg.embeddings[token].tolist()},  # (JSON: as it is)
     )
 
@@ -988,7 +1008,7 @@ def _pe(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         return _Parts(
             [f"positional[{i},{j}]  (learned)"],
             v,
-            [f"positional = {step.inputs[0]}"],
+            [f"positional = {step.inputs[0]}{ctx.source(step.inputs[0])}"],
             {"positional": [v]},
         )
     return _sinusoid(ctx, i, j, step.value.shape[1], m.pe_base)
@@ -1182,9 +1202,10 @@ def explain(
     if stage is None or stage.key not in EXPLAINERS:
         raise InputError(f"no explanation is known for step {step.path}")
     arrays = named_arrays(cfg)
+    named: dict[str, Source] = {}  # (each writing names the same weights)
 
     def written(f: _Fmt) -> _Parts:
-        return EXPLAINERS[stage.key](_Ctx(cfg, trace, arrays, f), step, cell)
+        return EXPLAINERS[stage.key](_Ctx(cfg, trace, arrays, f, named), step, cell)
 
     in_full = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
@@ -1217,6 +1238,7 @@ def explain(
         inputs=step.inputs,
         remarks=tuple(remarks),
         rtol=rtol,
+        sources=named,
     )
 
 

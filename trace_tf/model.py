@@ -19,6 +19,7 @@ import numpy as np
 
 from trace_tf import ops
 from trace_tf.config import (
+    TIED_OUTPUT,
     AttentionWeights,
     Config,
     FFNWeights,
@@ -595,9 +596,6 @@ def decoder(
             cache.tokens = keys.tokens
         x = _final(x, cfg.decoder_final_norm, m, tr)
         return tr.rec("output", x, "decoder output", x)
-
-
-TIED_OUTPUT = "embeddings (tied, transposed)"  # the output weight with tie_embeddings, as named
 
 
 def output_weights(cfg: Config) -> tuple[Array, Array | None]:

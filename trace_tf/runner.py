@@ -10,7 +10,7 @@ import numpy as np
 
 from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
-from trace_tf.config import Config, Document, OpConfig, build
+from trace_tf.config import TIED_OUTPUT, Config, Document, OpConfig, build
 from trace_tf.errors import InputError, quoted
 from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Step, Trace, Tracer
@@ -25,7 +25,7 @@ def named_arrays(cfg: Config | OpConfig) -> dict[str, np.ndarray]:
         return op_arrays(cfg.kind, cfg.params)
     arrays = cfg.named_arrays()
     if cfg.model.tie_embeddings:
-        arrays[model.TIED_OUTPUT] = model.output_weights(cfg)[0]
+        arrays[TIED_OUTPUT] = model.output_weights(cfg)[0]
     return arrays
 
 
@@ -33,21 +33,25 @@ def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
     """The arrays of `named_arrays` as steps to show beside those computed from them,
     labelled where an axis has a meaning, as the steps made from them are: the output
     weight's columns by the vocabulary (as the logits'), a relative bias table's
-    entries by their offset j − i, an attention's Q rows and K, V rows by q0.., k0..."""
+    entries by their offset j − i, an attention's Q rows and K, V rows by q0.., k0...
+    A weight is titled with where it came from (Config.sources)."""
     labels: dict[str, tuple[_Axis, _Axis]] = {}
     if isinstance(cfg, OpConfig):
         if cfg.kind == "attention":
             q, k = attention_labels(cfg.params)
             labels = {"Q": (q, None), "K": (k, None), "V": (k, None), "mask": (q, k)}
     else:
-        labels = {"weights.output.W": (None, cfg.vocab), model.TIED_OUTPUT: (None, cfg.vocab)}
-    what = "given" if isinstance(cfg, OpConfig) else "weight"
+        labels = {"weights.output.W": (None, cfg.vocab), TIED_OUTPUT: (None, cfg.vocab)}
     out: dict[str, Step] = {}
     for name, value in named_arrays(cfg).items():
         rows, cols = labels.get(name, (None, None))
         if name.endswith(".rel_bias") and value.ndim == 1:
             reach = ops.offset_zero(value)  # max_len − 1
             cols = tuple(f"{o:+d}" if o else "0" for o in range(-reach, reach + 1))
+        src = None if isinstance(cfg, OpConfig) else cfg.sources.get(name)
+        what = (
+            "given" if isinstance(cfg, OpConfig) else "weight" + (f" ({src.text})" if src else "")
+        )
         out[name] = Step(name, what, value, rows=rows, cols=cols)
     return out
 

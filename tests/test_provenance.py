@@ -1,0 +1,280 @@
+"""Where every weight came from (Config.sources), as `explain` and `step` say it: typed
+in the YAML (its line), an array of weights_file, a --set, a variant, drawn (seed and
+σ, reproduced here by SPEC section 2's formula), a default, a fused matrix's columns,
+or the tied output."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from typer.testing import CliRunner
+
+from trace_tf.cli import app
+
+runner = CliRunner()
+
+# Line numbers below are this text's own (1-based).
+CONFIG = """\
+model:
+  d_model: 2
+  n_heads: 2
+  d_k: 1
+  d_ff: 2
+  seed: 3
+  init_std: 0.5
+vocab: [a, b, c]
+embeddings:
+  a: [1, 2]
+source: [a, b]
+weights:
+  encoder:
+    - self_attn:
+        W_q: [[1, 2], [3, 4]]
+        b_q: [0.5, 0.25]
+      ffn:
+        W_1: [[1, 0], [0, 1]]
+        norm: {gamma: [2, 3]}
+variants:
+  v:
+    weights.encoder.0.ffn.W_2: [[1, 1], [2, 2]]
+"""
+
+
+def line_of(text: str, needle: str) -> int:
+    """The 1-based line of the first line holding `needle`."""
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def explain(path: str, step: str, cell: str, *args: str) -> tuple[str, dict[str, Any]]:
+    """explain's text (200 columns wide) and its JSON."""
+    base = ["explain", step, path, "--cell", cell, *args]
+    text = runner.invoke(app, base, env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    data = runner.invoke(app, [*base, "--format", "json"])
+    assert data.exit_code == 0, data.output
+    return text.stdout, json.loads(data.stdout)
+
+
+def write(tmp_path: Path, text: str = CONFIG) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_a_weight_typed_in_the_yaml_is_named_by_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    line = line_of(CONFIG, "W_1:")
+    text, data = explain(path, "encoder.0.ffn.hidden", "1,1")
+    assert f"column 1 of weights.encoder.0.ffn.W_1 ({path} line {line}) = [0, 1]" in text
+    src = data["sources"]["weights.encoder.0.ffn.W_1"]
+    assert src == {"kind": "file", "text": f"{path} line {line}", "file": path, "line": line}
+    # γ given, β the default
+    text, data = explain(path, "encoder.0.ffn.norm", "0,1")
+    assert f"weights.encoder.0.ffn.norm.gamma ({path} line {line_of(CONFIG, 'gamma')})" in text
+    assert "weights.encoder.0.ffn.norm.beta (default: zeros)" in text
+    assert data["sources"]["weights.encoder.0.ffn.norm.beta"]["kind"] == "default"
+
+
+def test_a_drawn_weight_says_seed_and_sigma_and_they_reproduce_it(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    text, data = explain(path, "encoder.0.ffn.out", "0,1")
+    assert "column 1 of weights.encoder.0.ffn.W_2 (drawn: seed 3, N(0, 0.5²)) = [" in text
+    src = data["sources"]["weights.encoder.0.ffn.W_2"]
+    assert src["kind"] == "drawn" and src["draw_path"] == "encoder.0.ffn.W_2"
+    # SPEC section 2, from the stated seed, σ and path alone
+    rng = np.random.default_rng([src["seed"], zlib.crc32(src["draw_path"].encode())])
+    W_2 = rng.standard_normal((2, 2)) * src["init_std"]
+    assert (src["seed"], src["init_std"]) == (3, 0.5)
+    assert data["operands"]["W_2[:,1]"] == W_2[:, 1].tolist()
+    # an embedding drawn likewise, under embeddings.<token>
+    text, data = explain(path, "encoder.embed", "1,0")
+    assert "embedding['b'] (drawn: seed 3, N(0, 0.5²))" in text
+    src = data["sources"]["embeddings.b"]
+    rng = np.random.default_rng([3, zlib.crc32(b"embeddings.b")])
+    assert data["operands"]["embedding['b']"] == (rng.standard_normal(2) * 0.5).tolist()
+    assert src["draw_path"] == "embeddings.b"
+
+
+def test_a_set_and_a_variant_are_named(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    text, data = explain(
+        path, "encoder.0.ffn.out", "0,0", "--variant", "v",
+        "--set", "weights.encoder.0.self_attn.W_o=[[1, 0], [0, 1]]",
+    )  # fmt: skip
+    line = line_of(CONFIG, "weights.encoder.0.ffn.W_2")
+    assert (
+        f"column 0 of weights.encoder.0.ffn.W_2 (variant 'v', {path} line {line}) = [1, 2]" in text
+    )
+    assert data["sources"]["weights.encoder.0.ffn.W_2"] == {
+        "kind": "variant",
+        "text": f"variant 'v', {path} line {line}",
+        "file": path,
+        "line": line,
+        "by": "variant 'v'",
+    }
+    text, data = explain(
+        path,
+        "encoder.0.self_attn.wo",
+        "0,1",
+        "--set",
+        "weights.encoder.0.self_attn.W_o=[[1, 0], [0, 1]]",
+    )
+    assert "column 1 of weights.encoder.0.self_attn.W_o (--set) = [0, 1]" in text
+    assert data["sources"]["weights.encoder.0.self_attn.W_o"]["kind"] == "set"
+    # a --set of a mapping above the weight names the key it set; one inside, the entry
+    text, _ = explain(
+        path,
+        "encoder.0.ffn.hidden",
+        "0,1",
+        "--set",
+        "weights.encoder.0.ffn={W_1: [[5, 6], [7, 8]]}",
+    )
+    assert "column 1 of weights.encoder.0.ffn.W_1 (--set weights.encoder.0.ffn) = [6, 8]" in text
+    text, data = explain(
+        path, "encoder.0.ffn.hidden", "0,1", "--set", "weights.encoder.0.ffn.W_1.0.1=9"
+    )
+    line = line_of(CONFIG, "W_1:")
+    assert (
+        f"(... line {line}; entries set by --set weights.encoder.0.ffn.W_1.0.1) = [9, 1]"
+        in text.replace(path, "...")
+    )
+    assert data["sources"]["weights.encoder.0.ffn.W_1"]["partly"] == [
+        "--set weights.encoder.0.ffn.W_1.0.1"
+    ]
+
+
+def test_a_fused_heads_columns_name_the_fused_matrix_and_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    text, data = explain(path, "encoder.0.self_attn.h1.q", "0,0")
+    w_line, b_line = line_of(CONFIG, "W_q:"), line_of(CONFIG, "b_q:")
+    assert (
+        f"column 1 of weights.encoder.0.self_attn.W_q (head 1's 1..1; {path} line {w_line}) = [2, 4]"
+        in text
+    )
+    assert (
+        f"entry 1 of weights.encoder.0.self_attn.b_q (head 1's 1..1; {path} line {b_line})" in text
+    )
+    assert data["sources"]["weights.encoder.0.self_attn.W_q"]["line"] == w_line
+    # the per-head key's own source, as `step` and `weights` show it
+    cfg_step = runner.invoke(
+        app, ["step", path, "--stage", "encoder.0.self_attn.h1.q"], env={"COLUMNS": "200"}
+    )
+    assert (
+        "weights.encoder.0.self_attn.heads.1.W_q   weight (column 1 of weights.encoder.0.self_attn.W_q "
+        f"({path} line {w_line}))" in cfg_step.stdout
+    )
+
+
+def test_the_tied_output_names_each_tokens_embedding(tmp_path: Path) -> None:
+    text = CONFIG.replace(
+        "  init_std: 0.5\n", "  init_std: 0.5\n  tie_embeddings: true\n  decoder_layers: 1\n"
+    )
+    text = text.replace("source: [a, b]\n", "source: [a, b]\ntarget: [a]\n")
+    path = write(tmp_path, text)
+    out, data = explain(path, "logits", "0,0")
+    assert f"the embedding of 'a' ({path} line {line_of(text, 'a: [1, 2]')}) = [1, 2]" in out
+    out, data = explain(path, "logits", "0,2")
+    assert "the embedding of 'c' (drawn: seed 3, N(0, 0.5²)) = [" in out
+    tie = data["sources"]["embeddings (tied, transposed)"]
+    assert tie["kind"] == "tied" and tie["line"] == line_of(text, "tie_embeddings")
+    assert data["sources"]["embeddings.c"]["draw_path"] == "embeddings.c"
+
+
+def test_an_npz_array_is_named(tmp_path: Path) -> None:
+    W_1 = np.array([[3.0, 4.0], [5.0, 6.0]])
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": W_1})
+    text = CONFIG.replace("        W_1: [[1, 0], [0, 1]]\n", "").replace(
+        "vocab:", "weights_file: w.npz\nvocab:"
+    )
+    path = write(tmp_path, text)
+    npz = str(tmp_path / "w.npz")
+    out, data = explain(path, "encoder.0.ffn.hidden", "0,1")
+    assert (
+        f"column 1 of weights.encoder.0.ffn.W_1 ({npz}, array 'encoder.0.ffn.W_1') = [4, 6]" in out
+    )
+    assert data["sources"]["weights.encoder.0.ffn.W_1"] == {
+        "kind": "npz",
+        "text": f"{npz}, array 'encoder.0.ffn.W_1'",
+        "file": npz,
+        "array": "encoder.0.ffn.W_1",
+    }
+
+
+def test_step_titles_a_weight_input_with_its_source(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    result = runner.invoke(
+        app, ["step", path, "--stage", "encoder.0.ffn.*"], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    line = line_of(CONFIG, "W_1:")
+    assert f"weights.encoder.0.ffn.W_1   weight ({path} line {line})   [2 × 2]" in result.stdout
+    assert (
+        "weights.encoder.0.ffn.W_2   weight (drawn: seed 3, N(0, 0.5²))   [2 × 2]" in result.stdout
+    )
+
+
+SCORES = """\
+model:
+  d_model: 2
+  n_heads: 2
+  d_k: 2
+  d_ff: 2
+  positional: relative
+  max_len: 3
+  score: additive
+  norm_position: pre
+vocab: [a, b]
+source: [[1, 2], [3, 4]]
+weights:
+  encoder:
+    - self_attn:
+        rel_bias: [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+        heads:
+          - v_a: [1, -1]
+  encoder_final_norm: {beta: [0.5, 0.5]}
+"""
+
+
+def test_score_weights_rel_bias_final_norm_and_a_numeric_source(tmp_path: Path) -> None:
+    path = write(tmp_path, SCORES)
+    out, data = explain(path, "encoder.0.self_attn.h0.scores", "1,0")
+    assert (
+        f"v_a = weights.encoder.0.self_attn.heads.0.v_a ({path} line {line_of(SCORES, 'v_a')})"
+        in out
+    )
+    out, _ = explain(path, "encoder.0.self_attn.h0.q_a", "1,0")
+    assert "column 0 of weights.encoder.0.self_attn.heads.0.W_a_q (drawn: seed 0, N(0, 1²))" in out
+    out, data = explain(path, "encoder.0.self_attn.h1.rel_bias", "1,0")
+    line = line_of(SCORES, "rel_bias")
+    assert f"row 1 of weights.encoder.0.self_attn.rel_bias (fused; {path} line {line})" in out
+    out, _ = explain(path, "encoder.final_norm", "1,0")
+    assert "weights.encoder_final_norm.gamma (default: ones)" in out
+    assert (
+        f"weights.encoder_final_norm.beta ({path} line {line_of(SCORES, 'encoder_final_norm')})"
+        in out
+    )
+    out, data = explain(path, "encoder.embed", "1,0")
+    assert f"source is given as numbers ({path} line {line_of(SCORES, 'source')})" in out
+    assert data["sources"]["source"]["line"] == line_of(SCORES, "source")
+
+
+def test_bilinear_and_learned_positions(tmp_path: Path) -> None:
+    text = SCORES.replace("score: additive", "score: bilinear").replace("relative", "learned")
+    text = text.replace("        rel_bias: [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]\n", "")
+    text = text.replace("          - v_a: [1, -1]\n", "          - W_b: [[1, 0], [0, 2]]\n")
+    text = text.replace("source: [[1, 2], [3, 4]]", "source: [a, b]")
+    path = write(tmp_path, text)
+    out, _ = explain(path, "encoder.0.self_attn.h0.q_b", "0,1")
+    assert (
+        f"column 1 of weights.encoder.0.self_attn.heads.0.W_b ({path} line {line_of(text, 'W_b')})"
+        in out
+    )
+    out, data = explain(path, "encoder.pe", "1,0")
+    assert "positional = weights.positional (drawn: seed 0, N(0, 1²))" in out
+    src = data["sources"]["weights.positional"]
+    rng = np.random.default_rng([0, zlib.crc32(src["draw_path"].encode())])
+    assert data["operands"]["positional"] == [rng.standard_normal((3, 2))[1, 0]]
