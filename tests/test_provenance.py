@@ -278,3 +278,32 @@ def test_bilinear_and_learned_positions(tmp_path: Path) -> None:
     src = data["sources"]["weights.positional"]
     rng = np.random.default_rng([0, zlib.crc32(src["draw_path"].encode())])
     assert data["operands"]["positional"] == [rng.standard_normal((3, 2))[1, 0]]
+
+
+def test_the_weights_command_lists_every_weight_with_shape_and_source(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    result = runner.invoke(app, ["weights", path, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["path"]: r for r in json.loads(result.stdout)["weights"]}
+    assert rows["weights.encoder.0.ffn.W_1"] == {
+        "path": "weights.encoder.0.ffn.W_1",
+        "shape": [2, 2],
+        "kind": "file",
+        "text": f"{path} line {line_of(CONFIG, 'W_1:')}",
+        "file": path,
+        "line": line_of(CONFIG, "W_1:"),
+    }
+    assert rows["weights.encoder.0.self_attn.heads.1.W_q"]["part"] == "column 1"
+    assert rows["weights.encoder.0.ffn.norm.beta"]["kind"] == "default"
+    assert "weights.encoder.0.ffn.b_1" not in rows  # not given: the model adds no bias
+    src = rows["weights.encoder.0.ffn.W_2"]
+    assert src["shape"] == [2, 2] and (src["seed"], src["init_std"]) == (3, 0.5)
+    assert src["draw_path"] == "encoder.0.ffn.W_2"
+    table = runner.invoke(app, ["weights", path], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "weights.encoder.0.ffn.W_2" in table.stdout
+    assert "drawn: seed 3, N(0, 0.5²)" in table.stdout
+    single = tmp_path / "op.yaml"
+    single.write_text("norm: {x: [[1, 2]]}\n", encoding="utf-8")
+    result = runner.invoke(app, ["weights", str(single)])
+    assert result.exit_code == 2 and "single norm operation" in result.stderr

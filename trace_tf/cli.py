@@ -853,6 +853,24 @@ def _check_warnings(c: Common, results: "list[CheckResult]") -> None:
 
 
 @app.command()
+@running(REPORTS)
+def weights(c: Common, config: ConfigArg = None) -> None:
+    """Every weight the model reads: its key path, shape and where its numbers came from."""
+    from trace_tf import render
+    from trace_tf.runner import require_model
+    from trace_tf.runner import weights as listed
+
+    cfg = require_model(_load(config, c), "weights")
+    rows = listed(cfg)
+    data = {
+        "trace_tf": _version(),
+        "title": cfg.title,
+        "weights": [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows],
+    }
+    emit(c, [render.weights_table([(k, shape, src.text) for k, shape, src in rows])], data)
+
+
+@app.command()
 def examples(debug: DebugOpt = False) -> None:
     """List the packaged examples."""
     with guarded(debug):

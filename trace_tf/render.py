@@ -953,6 +953,17 @@ def cost_ledger(costs: Iterable[Cost]) -> Table:
     return keep_whole(table)
 
 
+def weights_table(rows: Sequence[tuple[str, Sequence[int], str]]) -> Table:
+    """Every weight: its key path, shape and where its numbers came from."""
+    table = Table(title="weights: where each came from", title_justify="left")
+    table.add_column("weight", style="bold cyan", overflow="fold")
+    table.add_column("shape", justify="right", no_wrap=True, min_width=0)
+    table.add_column("source", overflow="fold")
+    for path, shape, source in rows:
+        table.add_row(printable(path), shape_text(shape), printable(source))
+    return table
+
+
 def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
     """Multiply-adds per stage and per kind, and the total."""
     table = Table(title="totals", title_justify="left")

@@ -10,7 +10,7 @@ import numpy as np
 
 from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
-from trace_tf.config import TIED_OUTPUT, Config, Document, OpConfig, build
+from trace_tf.config import TIED_OUTPUT, Config, Document, OpConfig, Source, build
 from trace_tf.errors import InputError, quoted
 from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Step, Trace, Tracer
@@ -54,6 +54,11 @@ def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
         )
         out[name] = Step(name, what, value, rows=rows, cols=cols)
     return out
+
+
+def weights(cfg: Config) -> list[tuple[str, tuple[int, ...], Source]]:
+    """Every weight the engine reads, by key path: its shape and where it came from."""
+    return [(k, v.shape, cfg.sources[k]) for k, v in named_arrays(cfg).items()]
 
 
 def run(
