@@ -8,6 +8,7 @@ hand on carries the line it came from.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -756,7 +757,6 @@ def _npy_header(fp: IO[bytes]) -> tuple[tuple[int, ...], bool, Any]:
     """An .npy member's (shape, fortran_order, dtype), its header's length read and
     bounded before the header is: numpy reads a header of any claimed length (4 GB in
     version 2.0) before it checks it, and a few MB of compressed spaces would fill it."""
-    import io
     import struct
 
     from numpy.lib import format as npy
@@ -771,9 +771,19 @@ def _npy_header(fp: IO[bytes]) -> tuple[tuple[int, ...], bool, Any]:
     (length,) = struct.unpack("<H" if size == 2 else "<I", length_bytes)
     if length > _NPY_HEADER_MAX:
         raise ValueError(f"an array header of {length:,} bytes (numpy's limit {_NPY_HEADER_MAX:,})")
-    header = io.BytesIO(length_bytes + fp.read(length))
+    return _parsed_npy_header(version, length_bytes + fp.read(length))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_npy_header(version: tuple[int, int], raw: bytes) -> tuple[tuple[int, ...], bool, Any]:
+    """_npy_header's parse of the header bytes `raw`, kept for the next member with the
+    same header (numpy parses it as Python: 50,000 embeddings of one shape took 9 s)."""
+    import io
+
+    from numpy.lib import format as npy
+
     read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-    shape, fortran, dtype = read(header, max_header_size=_NPY_HEADER_MAX)
+    shape, fortran, dtype = read(io.BytesIO(raw), max_header_size=_NPY_HEADER_MAX)
     if any(n < 0 for n in shape):  # (numpy reads the shape unchecked)
         raise ValueError(f"a negative dimension in its shape {shape}")
     return shape, fortran, dtype
