@@ -307,3 +307,23 @@ def test_the_weights_command_lists_every_weight_with_shape_and_source(tmp_path: 
     single.write_text("norm: {x: [[1, 2]]}\n", encoding="utf-8")
     result = runner.invoke(app, ["weights", str(single)])
     assert result.exit_code == 2 and "single norm operation" in result.stderr
+
+
+def test_the_weights_table_elides_a_long_vocabulary_unless_full(tmp_path: Path) -> None:
+    vocab = [f"w{i}" for i in range(20)]
+    path = tmp_path / "v.yaml"
+    path.write_text(
+        "model: {d_model: 2, n_heads: 1, d_ff: 2, encoder_layers: 1, decoder_layers: 0}\n"
+        f"vocab: [{', '.join(vocab)}]\nsource: [w0]\n",
+        encoding="utf-8",
+    )
+    wide = {"COLUMNS": "200"}
+    table = runner.invoke(app, ["weights", str(path)], env=wide).stdout
+    shown = [t for t in vocab if f"embeddings.{t} " in table]
+    assert shown == ["w0", "w1", "w2", "w3", "w16", "w17", "w18", "w19"]
+    assert "… 12 more embeddings (--full shows them)" in table
+    assert "weights.encoder.0.ffn.W_1" in table  # the layers' weights are all shown
+    full = runner.invoke(app, ["weights", str(path), "--full"], env=wide).stdout
+    assert all(f"embeddings.{t} " in full for t in vocab) and "more embeddings" not in full
+    listed = json.loads(runner.invoke(app, ["weights", str(path), "--format", "json"]).stdout)
+    assert sum(r["path"].startswith("embeddings.") for r in listed["weights"]) == 20

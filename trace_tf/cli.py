@@ -867,7 +867,8 @@ def weights(c: Common, config: ConfigArg = None) -> None:
         "title": cfg.title,
         "weights": [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows],
     }
-    emit(c, [render.weights_table([(k, shape, src.text) for k, shape, src in rows])], data)
+    table = render.weights_table([(k, shape, src.text) for k, shape, src in rows], c.view())
+    emit(c, [table], data)
 
 
 @app.command()

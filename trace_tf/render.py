@@ -953,14 +953,24 @@ def cost_ledger(costs: Iterable[Cost]) -> Table:
     return keep_whole(table)
 
 
-def weights_table(rows: Sequence[tuple[str, Sequence[int], str]]) -> Table:
-    """Every weight: its key path, shape and where its numbers came from."""
+def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) -> Table:
+    """Every weight: its key path, shape and where its numbers came from. Over
+    `view.max_rows` embeddings (a real vocabulary has tens of thousands), the first and
+    last `view.row_edge` around a row that counts the others, unless `view.full`."""
     table = Table(title="weights: where each came from", title_justify="left")
     table.add_column("weight", style="bold cyan", overflow="fold")
     table.add_column("shape", justify="right", no_wrap=True, min_width=0)
     table.add_column("source", overflow="fold")
-    for path, shape, source in rows:
-        table.add_row(printable(path), shape_text(shape), printable(source))
+    embeddings = [i for i, (path, _, _) in enumerate(rows) if path.startswith("embeddings.")]
+    hidden = set()
+    if not view.full and len(embeddings) > view.max_rows:
+        hidden = set(embeddings[view.row_edge : -view.row_edge])
+    for i, (path, shape, source) in enumerate(rows):
+        if i not in hidden:
+            table.add_row(printable(path), shape_text(shape), printable(source))
+        elif i - 1 not in hidden:
+            more = f"… {len(hidden):,} more embeddings (--full shows them)"
+            table.add_row(Text(more, style="dim"), "", "")
     return table
 
 
