@@ -316,7 +316,10 @@ def test_explain_command_table_and_json() -> None:
         (("scores",), "'scores' selects 6 steps"),
         (("encoder.0.self_attn.h0.scors",), "did you mean 'encoder.0.self_attn.h0.scores'"),
         # a generate iteration's step: it suggested decode's, which holds other numbers
-        (("t1.decoder.0.self_attn.h0.scores",), "generate's iteration steps (t<i>.…) are not"),
+        (
+            ("t1.decoder.0.self_attn.h0.scores",),
+            "is explained by `trace-tf generate [CONFIG] [its options] --explain STEP",
+        ),
         (("probs", "--cell", "0"), "--cell needs 2 indices"),
         (("probs", "--cell", "0,10"), "--cell 0,10 is outside probs"),
         (("probs", "--cell", "a,b"), "--cell must be whole numbers"),

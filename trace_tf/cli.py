@@ -982,11 +982,31 @@ def generate(
     show: Annotated[
         int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
     ] = 10,
+    explain_step: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--explain",
+            metavar="STEP",
+            help="Show only one entry of this step of the generation written out with its "
+            "numbers, as `explain` does: a path (t3.decoder.0.self_attn.h0.softmax) or a "
+            "stage or pattern that selects one step.",
+            show_default=False,
+        ),
+    ] = None,
+    cell: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--cell",
+            help="With --explain: the entry, I,J (default: the first, 0,0).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Autoregressive decoding until tokens.eos or --max-tokens, iteration by iteration.
 
     From the target (tokens.bos when the file gives none), each iteration shows its prefix,
-    the next-token distribution and the token chosen."""
+    the next-token distribution and the token chosen; with --explain, one entry of one
+    step of it, written out."""
     from trace_tf import generate as gen_mod
     from trace_tf import render
     from trace_tf.errors import InputError
@@ -1007,6 +1027,17 @@ def generate(
     )
     for note in s.unused:  # said at once: also when the run then stops on an error
         _warning(note)
+    if cell is not None and explain_step is None:
+        _fail("--cell chooses the entry --explain writes out: add --explain STEP")
+    if explain_step is not None:
+        if stage is not None or layer is not None or head is not None:
+            _fail(
+                "--explain names its one step itself (a path, a stage or a pattern); "
+                "--stage, --layer and --head select the steps of --trace"
+            )
+        if c.fmt in ("npz", "csv"):
+            _fail(f"--explain writes one explanation, as a table or json, not --format {c.fmt}")
+        trace = True  # every step, so that each input of the step can be read
     if (stage is not None or layer is not None or head is not None) and not trace:
         _fail("--stage, --layer and --head select traced steps: add --trace")
     if c.fmt in ("npz", "csv") and not trace:
@@ -1021,9 +1052,26 @@ def generate(
         result = gen_mod.run(cfg, s, tr)
         if stage is not None or layer is not None or head is not None:
             check_selection(tr.trace, stage, layer, head)  # as `step` does
+        if explain_step is not None:
+            from trace_tf import explain as ex
+
+            step_ = ex.find_step(tr.trace, explain_step)
+            e = ex.explain(cfg, tr.trace, step_, ex.parse_cell(cell, step_), c.precision)
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
+    if explain_step is not None:  # the explanation only, as `explain` prints it
+        emit(
+            c,
+            [ex.explanation_view(e, c.precision)],
+            {
+                "trace_tf": _version(),
+                "title": cfg.title,
+                **e.json(),
+                "generated": list(result.generated),
+            },
+        )
+        return
     warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}

@@ -352,12 +352,51 @@ class _Ctx:
         return self.cfg.params[key]
 
     def row_of(self, name: str, i: int, labels: Sequence[str] | None = None) -> str:
-        """`row i ('token') of name`, with the token when it is known."""
+        """`row i ('token') of name`, with the token when it is known, and where the row
+        was computed when a KV cache kept it from an earlier iteration."""
         if labels is None:
             step = self.trace.steps.get(name)
             labels = step.rows if step is not None else None
         label = f" ({quoted(labels[i])})" if labels is not None else ""
-        return f"row {i}{label} of {name}"
+        at = _computed_at(self.trace, name, i)
+        cached = f" (cached: computed at {at}, row {i})" if at is not None else ""
+        return f"row {i}{label} of {name}{cached}"
+
+    def cached_rows(self, name: str) -> str:
+        """`; rows 0..1 cached: …` for a KV-cached K or V, naming where each kept row was
+        computed; "" when every row was computed in `name` itself."""
+        scopes = self.trace.computed_in.get(name, ())
+        kept = [r for r in range(len(scopes)) if _computed_at(self.trace, name, r) is not None]
+        if not kept:
+            return ""
+        where = [f"row {r} at {_computed_at(self.trace, name, r)}" for r in kept]
+        return f"; rows {kept[0]}..{kept[-1]} cached: " + _elide(where, ", ")
+
+
+def _computed_at(trace: Trace, name: str, r: int) -> str | None:
+    """The step in which row r of a KV-cached K or V step `name` was computed (the same
+    stage in an earlier iteration's scope), or None: computed in `name` itself, or not a
+    cached step (Trace.computed_in)."""
+    scopes = trace.computed_in.get(name)
+    if scopes is None:
+        return None
+    at = scopes[r] + name.rsplit(".", 1)[-1]
+    return None if at == name else at
+
+
+_ITERATION = re.compile(r"t\d+\.(?:b\d+\.)?")  # generate's iteration i (live beam j)
+_STACK = re.compile(rf"^(?:{_ITERATION.pattern})?(encoder|decoder)\.")
+
+
+def _first_position(ctx: _Ctx, path: str) -> int:
+    """The position of row 0 of a step: with a KV cache, the new rows of a decoder
+    iteration sit after the cached ones, at start.. where start is the number of keys its
+    causal mask (`<prefix>decoder.mask`, 1 row per new token) has beyond its rows; else 0."""
+    m = _STACK.match(path)
+    if m is None or m.group(1) != "decoder":
+        return 0
+    mask = ctx.trace.steps.get(m.group(0) + "mask")
+    return 0 if mask is None else mask.shape[1] - mask.shape[0]
 
 
 def _symbol(name: str) -> str:
@@ -424,6 +463,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     x_name, w_name = step.inputs[0], step.inputs[1]
     x, W = ctx.get(x_name), ctx.get(w_name)
+    i -= step.shape[0] - x.shape[0]  # a KV-cached K or V: x holds its last (new) rows only
     xs, ws = _symbol(x_name), _symbol(w_name)
     text, total, fused = _dot(ctx.f, x[i], W[:, j])
     chain = [f"{xs}{i} · {ws}[:,{j}]"]
@@ -458,12 +498,32 @@ def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     return _linear(ctx, step, cell)
 
 
+def _kept(explainer: Explainer) -> Explainer:
+    """K or V of a KV-cached iteration: a new row as `explainer` explains it; a row kept
+    in the cache, explained in the step of the iteration that computed it."""
+
+    def explain_row(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+        at = _computed_at(ctx.trace, step.path, cell[0])
+        if at is None:
+            return explainer(ctx, step, cell)
+        if at not in ctx.trace:
+            raise InputError(f"cannot explain: the step {at} that computed this row is not known")
+        parts = explainer(ctx, ctx.trace[at], cell)
+        parts.chain.insert(0, f"{at}{_idx(cell)}")
+        parts.where.insert(0, f"row {cell[0]} is cached: computed at {at} and kept since")
+        return parts
+
+    return explain_row
+
+
 def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """RoPE: pair (2p, 2p+1) of row pos turned by θ = pos · base^(−2p/d)."""
     assert isinstance(ctx.cfg, Config)
-    i, j = cell
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
+    i = cell[0] - (step.shape[0] - raw.shape[0])  # a cached K: raw holds its new rows only
+    j = cell[1]
+    pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
     d = raw.shape[1]
     r = _symbol(raw_name)
     if j == d - 1 and d % 2:  # the odd last column is not rotated
@@ -475,7 +535,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             {f"{r}[{i},{j}]": [v]},
         )
     p, base = j // 2, ctx.cfg.model.pe_base
-    theta = ctx.f.shown(i * _pow(base, -2 * p / d))  # (written, like cos θ and sin θ)
+    theta = ctx.f.shown(pos * _pow(base, -2 * p / d))  # (written, like cos θ and sin θ)
     a, b = float(raw[i, 2 * p]), float(raw[i, 2 * p + 1])
     c, s = ctx.f.shown(_cos(theta)), ctx.f.shown(_sin(theta))
     lhs = f"{r}[{i},{2 * p}]", f"{r}[{i},{2 * p + 1}]"
@@ -491,8 +551,8 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [sym, nums],
         total,
         [
-            f"θ = pos · base^(−2p/d_k) = {i} · {exact(base)}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
-            f"(position {i}, pair {p}: columns {2 * p}, {2 * p + 1})",
+            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(base)}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
+            f"(position {pos}, pair {p}: columns {2 * p}, {2 * p + 1})",
             f"{r} = {raw_name}",
         ],
         {lhs[0]: [a], lhs[1]: [b], "θ": [theta]},
@@ -728,7 +788,7 @@ def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total,
         [
             f"A{i} = {ctx.row_of(a_name, i)} = {ctx.f.vec(A[i])}",
-            f"V[:,{j}] = column {j} of {v_name} = {ctx.f.vec(V[:, j])}",
+            f"V[:,{j}] = column {j} of {v_name}{ctx.cached_rows(v_name)} = {ctx.f.vec(V[:, j])}",
         ],
         {f"A{i}": A[i].tolist(), f"V[:,{j}]": V[:, j].tolist()},
         fused,
@@ -1002,16 +1062,20 @@ def _sinusoid(ctx: _Ctx, i: int, j: int, d: int, base: float) -> _Parts:
 def _pe(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     i, j = cell
+    pos = _first_position(ctx, step.path) + i  # a KV-cached iteration's new rows: start..
     m = ctx.cfg.model
+    at = [f"row {i} is position {pos} (after {pos - i} cached)"] if pos != i else []
     if m.positional == "learned":
-        v = float(ctx.get(step.inputs[0])[i, j])
+        v = float(ctx.get(step.inputs[0])[pos, j])
         return _Parts(
-            [f"positional[{i},{j}]  (learned)"],
+            [f"positional[{pos},{j}]  (learned)"],
             v,
-            [f"positional = {step.inputs[0]}{ctx.source(step.inputs[0])}"],
+            [*at, f"positional = {step.inputs[0]}{ctx.source(step.inputs[0])}"],
             {"positional": [v]},
         )
-    return _sinusoid(ctx, i, j, step.value.shape[1], m.pe_base)
+    parts = _sinusoid(ctx, pos, j, step.value.shape[1], m.pe_base)
+    parts.where[:0] = at
+    return parts
 
 
 def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -1055,17 +1119,18 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     i, j = cell
     causal = step.path.endswith("decoder.mask")
+    pos = i + step.shape[1] - step.shape[0]  # a KV-cached iteration's rows: the last queries
+    query = f"query {i}" if pos == i else f"query {i} (position {pos})"
     key = step.cols[j] if step.cols is not None else None
     pad = key if key is not None and key == ctx.cfg.tokens.pad else None  # ("" is a token)
     reasons = []
-    if causal and j > i:
-        reasons.append(f"key {j} comes after query {i} (causal)")
+    if causal and j > pos:
+        reasons.append(f"key {j} comes after {query} (causal)")
     if pad is not None:
         reasons.append(f"key {j} is the pad token {quoted(pad)}")
     total = -math.inf if reasons else 0.0
-    why = " and ".join(reasons) or (
-        f"query {i} may look at key {j}" + (" (j ≤ i, not a pad)" if causal else " (not a pad)")
-    )
+    seen = f" (j ≤ {'i' if pos == i else pos}, not a pad)" if causal else " (not a pad)"
+    why = " and ".join(reasons) or f"{query} may look at key {j}{seen}"
     return _Parts([], total, note=why)
 
 
@@ -1090,8 +1155,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "q_raw": _linear,
     "k_raw": _linear,
     "q": _projection,
-    "k": _projection,
-    "v": _linear,
+    "k": _kept(_projection),
+    "v": _kept(_linear),
     "q_a": _linear,
     "k_a": _linear,
     "tanh": _tanh,
@@ -1142,18 +1207,24 @@ def find_step(trace: Trace, name: str) -> Step:
             expected="a full step path",
             found=shown,
         )
-    if re.match(r"t\d+\.", name):  # an iteration of generate (t3.decoder...), not run here
+    generated = any(_ITERATION.match(p) for p in trace.steps)  # a run of generate
+    if _ITERATION.match(name) and not generated:
+        # an iteration of generate (t3.decoder...) asked of a run of encode or decode
         raise InputError(
-            f"no step {quoted(name)} in this run: explain runs the model as decode does, and "
-            "generate's iteration steps (t<i>.…) are not explained; `trace-tf generate "
-            "--trace --stage PATH` shows one",
+            f"no step {quoted(name)} in this run: explain runs the model as decode does; "
+            "a step of generate's iteration (t<i>.…) is explained by `trace-tf generate "
+            "[CONFIG] [its options] --explain STEP --cell I,J`",
             expected="a step path of encode or decode, or a stage that selects one step",
             found=quoted(name),
         )
     near = difflib.get_close_matches(name, list(trace.steps), n=1, cutoff=0.5)
     raise InputError(
         f"no step {quoted(name)} in this run" + (f" (did you mean {near[0]!r}?)" if near else ""),
-        expected="a step path (see `trace-tf encode` or `decode`) or a stage that selects one step",
+        expected=(
+            "a step path (see `trace-tf generate --trace`) or a stage or pattern that selects one"
+            if generated
+            else "a step path (see `trace-tf encode` or `decode`) or a stage that selects one step"
+        ),
     )
 
 
@@ -1200,7 +1271,16 @@ def explain(
     """The entry `cell` of `step`, written out with its numbers and recomputed from them."""
     stage: Stage | None = stage_of(step.path)
     if stage is None or stage.key not in EXPLAINERS:
-        raise InputError(f"no explanation is known for step {step.path}")
+        sampling = re.match(rf"{_ITERATION.pattern}sample\.", step.path)
+        raise InputError(
+            f"no explanation is known for step {step.path}"
+            + (
+                ": a sampling stage of generate (tempered, top_k, top_p) is shown, with the "
+                "draw, in the iteration's table of `generate --sample`"
+                if sampling
+                else ""
+            )
+        )
     arrays = named_arrays(cfg)
     named: dict[str, Source] = {}  # (each writing names the same weights)
 

@@ -126,17 +126,21 @@ class HeadCache:
     grows: bool
     k: Array | None = None  # [t, d_k], after RoPE when rope
     v: Array | None = None  # [t, d_v]
+    scopes: tuple[str, ...] = ()  # per row: the tracer scope it was computed in
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[0]
 
-    def extend(self, k: Array, v: Array) -> tuple[Array, Array]:
-        """Keep the new rows' keys and values: [cached; new] (self-attention) or the
-        encoder's, once (cross-attention). -> the whole K and V"""
+    def extend(self, k: Array, v: Array, scope: str) -> tuple[Array, Array]:
+        """Keep the new rows' keys and values, computed in the tracer scope `scope`:
+        [cached; new] (self-attention) or the encoder's, once (cross-attention).
+        -> the whole K and V"""
+        new = (scope,) * len(k)
         if self.grows and self.k is not None and self.v is not None:
             k, v = np.concatenate([self.k, k]), np.concatenate([self.v, v])
-        self.k, self.v = k, v
+            new = self.scopes + new
+        self.k, self.v, self.scopes = k, v, new
         return k, v
 
 
@@ -166,7 +170,9 @@ class KVCache:
     def fork(self) -> KVCache:
         """A copy that grows on its own (a beam); the cross-attention cache is shared."""
         return KVCache(
-            self_attn=[[HeadCache(True, c.k, c.v) for c in layer] for layer in self.self_attn],
+            self_attn=[
+                [HeadCache(True, c.k, c.v, c.scopes) for c in layer] for layer in self.self_attn
+            ],
             cross_attn=self.cross_attn,
             tokens=self.tokens,
         )
@@ -211,6 +217,8 @@ def attention_head(
         cached = " (cached)"
         k = tr.rec("k", cache.k, f"K = {src} W_k" + _plus(hw.b_k, "b_k") + cached, rows="keys")
         v = tr.rec("v", cache.v, f"V = {src} W_v" + _plus(hw.b_v, "b_v") + cached, rows="keys")
+        tr.computed_in("k", cache.scopes)
+        tr.computed_in("v", cache.scopes)
         return attend(
             q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
         )
@@ -227,9 +235,12 @@ def attention_head(
         if start:  # the keys and values of positions 0..start-1 come from the cache
             k_formula = f"K = [cached K, 0..{start - 1}; {k_formula.removeprefix('K = ')}]"
             v_formula = f"V = [cached V, 0..{start - 1}; {v_formula.removeprefix('V = ')}]"
-        k, v = cache.extend(k, v)
+        k, v = cache.extend(k, v, tr.path(""))
     k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
     v = tr.rec("v", v, v_formula, *_operands(x_kv, hw.W_v, hw.b_v), rows="keys")
+    if cache is not None:
+        tr.computed_in("k", cache.scopes)
+        tr.computed_in("v", cache.scopes)
     return attend(
         q,
         k,

@@ -72,6 +72,9 @@ class Trace:
         self.steps: dict[str, Step] = {}
         self.warnings: list[str] = []
         self.unstored: set[str] = set()  # the paths of steps recorded but not stored (`keep`)
+        # A KV-cached K or V (generate): by its path, the scope each row was computed in
+        # ("t1.decoder.0.self_attn.h0."; its own scope for the new rows).
+        self.computed_in: dict[str, tuple[str, ...]] = {}
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps.values())
@@ -430,6 +433,13 @@ class Tracer:
             self.trace.steps[path] = rec.step(value)
         return value
 
+    def computed_in(self, name: str, scopes: Sequence[str]) -> None:
+        """Say, for the K or V just recorded as `name` from a KV cache, the scope each of
+        its rows was computed in (explain names it, and explains a cached row there)."""
+        path = self.path(name)
+        if path in self.trace.steps:
+            self.trace.computed_in[path] = tuple(scopes)
+
     def _check_nonfinite(self, name: str, path: str, value: np.ndarray) -> None:
         """Report the first step where a NaN, or an infinity that is not a mask, appears."""
         if np.isnan(value).any():
@@ -500,6 +510,9 @@ class NullTracer(Tracer):
         yield
 
     def name(self, array: np.ndarray, path: str) -> None:
+        return None
+
+    def computed_in(self, name: str, scopes: Sequence[str]) -> None:
         return None
 
 

@@ -1,0 +1,353 @@
+"""`generate --explain STEP --cell I,J`: one entry of one step of an autoregressive
+generation written out. Every explainer on generate's steps (paths `t<i>.` and
+`t<i>.b<j>.`; KV-cached K and V, whose kept rows were computed at earlier iterations;
+positions start.. of the new rows for positional encodings, RoPE, relative bias and
+the causal mask; decoder-only models; beams) gives the recorded value, and the entries
+equal those of a forward pass written here in numpy (test_explain_by_numpy.Reference,
+SPEC §1-§3, no trace_tf code) on the prefix each iteration read."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import config_from
+from test_explain_by_numpy import Reference, _case
+from test_generate import RELATIVE, ROPE, SHAPES, _ids, generation_config
+from typer.testing import CliRunner
+
+from trace_tf import generate as gen
+from trace_tf.cli import app
+from trace_tf.config import Config
+from trace_tf.explain import explain, explanation_view
+from trace_tf.render import least_width
+from trace_tf.trace import Step, Trace, Tracer
+
+runner = CliRunner()
+
+# Each with the KV cache and with --no-cache.
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "greedy": dict(greedy=True),
+    "sample_seed": dict(sample=True, seed=3, temperature=1.5),
+    "beam2": dict(beam=2),
+}
+CACHE = {"cache": dict(cache=True), "no_cache": dict(cache=False)}
+
+
+def _generate(cfg: Config, **options: Any) -> tuple[gen.Generation, Trace]:
+    tr = Tracer()
+    tr.name_all(cfg.named_arrays())
+    result = gen.run(cfg, gen.settings(max_tokens=4, **options), tr)
+    return result, tr.trace
+
+
+def _model_steps(trace: Trace) -> list[Step]:
+    """Every step of the run but generate's sampling stages (which explain does not cover)."""
+    return [s for s in trace if ".sample." not in s.path]
+
+
+def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """The first and last entries (with a KV cache, row 0 of K and V is a kept row and
+    the last a new one), and two more at random."""
+    shape = step.shape
+    cells = {tuple(0 for _ in shape), tuple(n - 1 for n in shape)}
+    cells |= {tuple(int(rng.integers(n)) for n in shape) for _ in range(2)}
+    return sorted(cells)
+
+
+# ---------------------------------------------------------------------------
+# Every step of a traced generation: the arithmetic written out gives the recorded value
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], *ROPE, *RELATIVE], ids=_ids)
+def test_every_step_of_a_generation_is_explained_and_agrees(
+    shape: dict[str, Any], strategy: str
+) -> None:
+    raw = generation_config(5, **shape)
+    raw["weights"]["output"]["b"][1] = -1e3  # never eos (t1): four iterations
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    rng = np.random.default_rng(0)
+    for cache in CACHE.values():
+        result, trace = _generate(cfg, **STRATEGIES[strategy], **cache)
+        assert len(result.iterations) == 4
+        for step in _model_steps(trace):
+            for cell in _cells(step, rng):
+                e = explain(cfg, trace, step, cell)
+                assert e.value == float(step.value[cell]), (step.path, cell)
+                assert e.agrees, (step.path, cell, e.value, e.result, e.lines())
+
+
+def _render(e: Any) -> str:
+    from rich.console import Console
+
+    view = explanation_view(e)
+    con = Console(width=max(200, least_width(view)), record=True, file=io.StringIO())
+    con.print(view)
+    return con.export_text()
+
+
+# ---------------------------------------------------------------------------
+# Against a forward pass written here: each entry is the reference's on the same prefix
+# ---------------------------------------------------------------------------
+
+
+def _no_eos(data: dict[str, Any]) -> dict[str, Any]:
+    data["tokens"] = {k: v for k, v in data["tokens"].items() if k != "eos"}  # to the limit
+    return data
+
+
+NUMPY_CASES = {
+    "post_sin_pads": _no_eos(
+        _case({"d_model": 4, "n_heads": 2, "decoder_layers": 1, "d_ff": 6}, ["a", "P", "b"], ["S"])
+    ),
+    "pre_rope_temperature": _no_eos(
+        _case(
+            {"d_model": 6, "n_heads": 3, "decoder_layers": 1, "norm_position": "pre",
+             "positional": "rope", "score": "dot", "temperature": 0.5, "d_k": 4},
+            ["a", "b", "c"], ["S", "b"],
+        )
+    ),
+    "rms_learned_additive": _no_eos(
+        _case(
+            {"d_model": 4, "n_heads": 2, "decoder_layers": 1, "norm": "rms",
+             "positional": "learned", "max_len": 8, "score": "additive", "d_a": 3},
+            ["a", "b"], ["S"],
+        )
+    ),
+    "decoder_only_rope_gaussian": _no_eos(
+        _case(
+            {"d_model": 6, "n_heads": 2, "d_k": 3, "encoder_layers": 0, "decoder_layers": 2,
+             "positional": "rope", "score": "gaussian"},
+            None, ["S", "a"],
+        )
+    ),
+}  # fmt: skip
+
+
+def _prefixes(result: gen.Generation) -> dict[str, tuple[str, ...]]:
+    """The prefix each iteration's scope read (`t<i>.`, or `t<i>.b<j>.`), from the
+    generation's record of its choices."""
+    out: dict[str, tuple[str, ...]] = {}
+    for it in result.iterations:
+        if it.beams:
+            for j, b in enumerate(it.beams):
+                out[f"t{it.index}.b{j}."] = result.start + b.tokens
+        else:
+            out[f"t{it.index}."] = it.prefix
+    return out
+
+
+def _origin(result: gen.Generation, scope: str, position: int) -> str:
+    """Where a KV cache computed the key of `position` that `scope` reads: the iteration
+    whose new rows held it, and for beam search the ancestor beam there (each kept
+    extension's parent, `Candidate.beam`, in the order the live beams are kept)."""
+    t = int(scope[1:].split(".")[0])
+    first = len(result.start)  # iteration 0 computes positions 0..first-1
+    at = max(0, position - first + 1)
+    if ".b" not in scope:
+        return f"t{at}."
+    beam = int(scope.split(".")[1][1:])
+    for it in range(t, at, -1):  # walk back to iteration `at`
+        live = [c for c in result.iterations[it - 1].candidates if not c.finished]
+        beam = live[beam].beam
+    return f"t{at}.b{beam}."
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("case", list(NUMPY_CASES))
+def test_generation_entries_equal_a_numpy_forward_pass_on_each_prefix(
+    case: str, strategy: str
+) -> None:
+    for cache in CACHE.values():
+        _check_against_numpy(NUMPY_CASES[case], {**STRATEGIES[strategy], **cache})
+
+
+def _check_against_numpy(data: dict[str, Any], options: dict[str, Any]) -> None:
+    cfg = config_from(data)
+    assert isinstance(cfg, Config)
+    result, trace = _generate(cfg, **options)
+    prefixes = _prefixes(result)
+    refs: dict[tuple[str, ...], Reference] = {}
+    stages_seen: set[str] = set()
+    cached_score_checked = False
+    rng = np.random.default_rng(1)
+    for step in _model_steps(trace):
+        scope = next((s for s in prefixes if step.path.startswith(s)), "")
+        bare = step.path[len(scope) :]
+        prefix = prefixes[scope] if scope else result.start
+        if prefix not in refs:
+            refs[prefix] = Reference({**data, "target": list(prefix)})
+        if bare not in refs[prefix].a:  # (every step the reference computes is checked)
+            continue
+        ref = refs[prefix].a[bare]
+        offset = ref.shape[0] - step.shape[0]  # a cached iteration's rows: the last ones
+        for cell in _cells(step, rng):
+            e = explain(cfg, trace, step, cell)
+            want = float(ref[(offset + cell[0], *cell[1:])])
+            for got in (e.value, e.result):
+                assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12) or (
+                    math.isinf(want) and got == want
+                ), (step.path, cell, got, want)
+            if e.stage not in stages_seen:  # once per stage: as printed
+                stages_seen.add(e.stage)
+                assert "the arithmetic above agrees" in _render(e)
+            j = cell[-1]
+            cross = ".cross_attn." in step.path
+            kept = j < offset if not cross else offset > 0  # computed at an earlier iteration
+            if e.stage == "scores" and options["cache"] and kept and cfg.model.score != "additive":
+                k_row = refs[prefix].a[bare.replace("scores", "k")][j]
+                assert np.allclose(e.operands[f"k{j}"], k_row, rtol=1e-12, atol=1e-14)
+                where = next(w for w in e.where if w.startswith(f"k{j} = "))
+                # cross-attention's K: computed once, at the first iteration (beam 0)
+                at = ("t0.b0." if ".b" in scope else "t0.") if cross else _origin(result, scope, j)
+                origin = at + bare.replace("scores", "k")
+                assert f"(cached: computed at {origin}, row {j})" in where, where
+                cached_score_checked = True
+    assert {"scores", "softmax", "k", "v", "context", "logits", "probs", "mask"} <= stages_seen
+    if options["cache"] and cfg.model.score != "additive":
+        assert cached_score_checked
+
+
+def test_a_cached_key_row_is_explained_where_it_was_computed() -> None:
+    """Row 0 of iteration 2's K (hello, greedy): kept since iteration 0, computed there
+    from row 0 of t0's x, and equal to a numpy x0 · W_k + b_k of those numbers."""
+    code, out, err = _invoke(
+        "generate", "--max-tokens", "3", "--explain", "t2.decoder.0.self_attn.h1.k",
+        "--cell", "0,2", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["lines"][0].startswith(
+        "t2.decoder.0.self_attn.h1.k[0,2] = t0.decoder.0.self_attn.h1.k[0,2]"
+    )
+    assert (
+        "row 0 is cached: computed at t0.decoder.0.self_attn.h1.k and kept since" in data["where"]
+    )
+    x = np.array(data["operands"]["x0"])
+    w = np.array(data["operands"]["W_k[:,2]"])
+    assert any(s.startswith("x0 = row 0 ('SOS') of t0.decoder.") for s in data["where"])
+    assert math.isclose(data["value"], float(x @ w), rel_tol=1e-12)
+    assert data["agrees"] and data["generated"]
+
+
+# ---------------------------------------------------------------------------
+# Positions start.. of a cached iteration's new row, and the relative bias
+# ---------------------------------------------------------------------------
+
+
+def test_positions_of_a_cached_row_by_hand() -> None:
+    """Iteration 3 of a decoder-only greedy run from a one-token prompt feeds position 3:
+    sinusoidal PE row 3, the causal mask of query position 3, and (relative) b_rel[j − 3]."""
+    data = _no_eos(_case({"d_model": 4, "n_heads": 1, "encoder_layers": 0, "decoder_layers": 1},
+                         None, ["S"]))  # fmt: skip
+    cfg = config_from(data)
+    assert isinstance(cfg, Config)
+    _, trace = _generate(cfg, greedy=True)
+    for col in range(4):
+        e = explain(cfg, trace, trace["t3.decoder.pe"], (0, col))
+        angle = 3 / 10000 ** (2 * (col // 2) / 4)
+        want = math.sin(angle) if col % 2 == 0 else math.cos(angle)
+        assert math.isclose(e.result, want, rel_tol=1e-12) and e.agrees
+    mask = trace["t2.decoder.mask"]
+    assert mask.shape == (1, 3)
+    for j in range(3):  # position 2 sees keys 0..2: all zeros
+        e = explain(cfg, trace, mask, (0, j))
+        assert e.result == 0.0 and "position 2" in e.chain[-1]
+
+    rel = _no_eos(_case({"d_model": 4, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 1,
+                         "positional": "relative", "max_len": 6}, None, ["S"]))  # fmt: skip
+    cfg = config_from(rel)
+    assert isinstance(cfg, Config)
+    _, trace = _generate(cfg, greedy=True)
+    for h in range(2):  # the drawn table, by SPEC §2's rule, written here
+        path = f"decoder.0.self_attn.heads.{h}.rel_bias"
+        table = np.random.default_rng([7, zlib.crc32(path.encode())]).standard_normal(11)
+        step = trace[f"t3.decoder.0.self_attn.h{h}.rel_bias"]
+        for j in range(4):
+            e = explain(cfg, trace, step, (0, j))
+            assert e.result == table[5 + j - 3] and e.agrees, (h, j)
+            assert f"b_rel[{j - 3}]" in e.chain
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_generate_explain_prints_the_explanation_only() -> None:
+    code, out, err = _invoke(
+        "generate", "--max-tokens", "4", "--explain", "t3.decoder.0.self_attn.h0.scores",
+        "--cell", "0,1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "t3.decoder.0.self_attn.h0.scores[0,1] = q0 · k1" in out
+    assert "(cached: computed at t1.decoder.0.self_attn.h0.k, row 1)" in out
+    assert "the arithmetic above agrees" in out
+    assert "next-token distribution" not in out.lower() and "decoding" not in out
+
+
+def test_generate_explain_json_and_beam_paths() -> None:
+    code, out, err = _invoke(
+        "generate", "--beam", "2", "--max-tokens", "3", "--explain",
+        "t2.b1.decoder.0.self_attn.h1.softmax", "--cell", "0,1", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["step"] == "t2.b1.decoder.0.self_attn.h1.softmax" and data["cell"] == [0, 1]
+    assert data["agrees"] and data["stage"] == "softmax"
+    assert {"trace_tf", "title", "value", "result", "lines", "where", "generated"} <= set(data)
+    # the same generation as without --explain
+    code, out, _ = _invoke("generate", "--beam", "2", "--max-tokens", "3", "--format", "json")
+    assert json.loads(out)["generated"] == data["generated"]
+
+
+def test_generate_explain_takes_a_stage_or_pattern_that_selects_one_step() -> None:
+    code, out, err = _invoke(
+        "generate", "--max-tokens", "2", "--explain", "t1.*.h1.scaled", "--format", "json"
+    )
+    assert code == 2 and "selects 2 steps; name one" in err  # self- and cross-attention
+    code, out, err = _invoke(
+        "generate", "--max-tokens", "2", "--explain", "t1.*self_attn.h1.scaled", "--format", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["step"] == "t1.decoder.0.self_attn.h1.scaled"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--explain", "t5.logits"], "no step 't5.logits' in this run (did you mean 't"),
+        (
+            ["--explain", "t1.decoder.0.self_attn.h0.scores", "--cell", "0,5"],
+            "--cell 0,5 is outside",
+        ),
+        (["--explain", "t1.probs", "--cell", "x"], "--cell must be whole numbers"),
+        (["--cell", "0,1"], "--cell chooses the entry --explain writes out: add --explain STEP"),
+        (["--explain", "t1.probs", "--stage", "k", "--trace"], "--explain names its one step"),
+        (["--explain", "t1.probs", "--format", "csv"], "not --format csv"),
+        (["--sample", "--explain", "t1.sample.tempered"], "a sampling stage of generate"),
+    ],
+)
+def test_generate_explain_bad_input_exits_2(args: list[str], message: str) -> None:
+    code, _, err = _invoke("generate", "--max-tokens", "2", *args)
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_explain_points_an_iteration_step_to_generate_explain() -> None:
+    code, _, err = _invoke("explain", "t2.decoder.0.self_attn.h0.softmax")
+    assert code == 2
+    assert "`trace-tf generate [CONFIG] [its options] --explain STEP --cell I,J`" in err
