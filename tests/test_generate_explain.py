@@ -33,7 +33,7 @@ runner = CliRunner()
 # Each with the KV cache and with --no-cache.
 STRATEGIES: dict[str, dict[str, Any]] = {
     "greedy": dict(greedy=True),
-    "sample_seed": dict(sample=True, seed=3, temperature=1.5),
+    "sample_seed": dict(sample=True, seed=3, temperature=1.5, top_k=4, top_p=0.8),
     "beam2": dict(beam=2),
 }
 CACHE = {"cache": dict(cache=True), "no_cache": dict(cache=False)}
@@ -47,7 +47,7 @@ def _generate(cfg: Config, **options: Any) -> tuple[gen.Generation, Trace]:
 
 
 def _model_steps(trace: Trace) -> list[Step]:
-    """Every step of the run but generate's sampling stages (which explain does not cover)."""
+    """Every step of the run but generate's sampling stages (checked on their own)."""
     return [s for s in trace if ".sample." not in s.path]
 
 
@@ -78,7 +78,7 @@ def test_every_step_of_a_generation_is_explained_and_agrees(
     for cache in CACHE.values():
         result, trace = _generate(cfg, **STRATEGIES[strategy], **cache)
         assert len(result.iterations) == 4
-        for step in _model_steps(trace):
+        for step in trace:  # the sampling stages t<i>.sample.* too
             for cell in _cells(step, rng):
                 e = explain(cfg, trace, step, cell)
                 assert e.value == float(step.value[cell]), (step.path, cell)
@@ -238,6 +238,44 @@ def test_a_cached_key_row_is_explained_where_it_was_computed() -> None:
     assert data["agrees"] and data["generated"]
 
 
+def test_sampling_stages_against_numpy() -> None:
+    """t<i>.sample.tempered, .top_k, .top_p: softmax(z / T) of the reference's last row
+    of logits on the iteration's prefix; the 4 most probable; the smallest prefix by
+    probability whose total reaches 0.7, of those; each renormalised. Every entry."""
+    data = NUMPY_CASES["post_sin_pads"]
+    cfg = config_from(data)
+    assert isinstance(cfg, Config)
+    T, k, top_p = 0.7, 4, 0.7
+    for cache in (True, False):
+        result, trace = _generate(
+            cfg, sample=True, seed=2, temperature=T, top_k=k, top_p=top_p, cache=cache
+        )
+        for it in result.iterations:
+            z = Reference({**data, "target": list(it.prefix)}).a["logits"][-1]
+            tempered = np.exp((z - z.max()) / T)
+            tempered /= tempered.sum()
+            order = np.argsort(-tempered, kind="stable")
+            top = set(order[:k].tolist())
+            reach = int(np.searchsorted(np.cumsum(tempered[order]), top_p)) + 1
+            nucleus = set(order[:reach].tolist()) & top
+            want = {"tempered": tempered}
+            for name, kept in (("top_k", top), ("top_p", nucleus)):
+                mask = np.isin(np.arange(len(z)), sorted(kept))
+                want[name] = np.where(mask, tempered, 0) / tempered[mask].sum()
+            for name, row in want.items():
+                step = trace[f"t{it.index}.sample.{name}"]
+                for j in range(len(z)):
+                    e = explain(cfg, trace, step, (0, j))
+                    assert e.agrees, (step.path, j)
+                    assert math.isclose(e.result, row[j], rel_tol=1e-9, abs_tol=1e-15), (
+                        step.path,
+                        j,
+                        e.result,
+                        row[j],
+                    )
+                assert "the arithmetic above agrees" in _render(e)
+
+
 # ---------------------------------------------------------------------------
 # Positions start.. of a cached iteration's new row, and the relative bias
 # ---------------------------------------------------------------------------
@@ -338,7 +376,6 @@ def test_generate_explain_takes_a_stage_or_pattern_that_selects_one_step() -> No
         (["--cell", "0,1"], "--cell chooses the entry --explain writes out: add --explain STEP"),
         (["--explain", "t1.probs", "--stage", "k", "--trace"], "--explain names its one step"),
         (["--explain", "t1.probs", "--format", "csv"], "not --format csv"),
-        (["--sample", "--explain", "t1.sample.tempered"], "a sampling stage of generate"),
     ],
 )
 def test_generate_explain_bad_input_exits_2(args: list[str], message: str) -> None:

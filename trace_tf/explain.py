@@ -748,10 +748,13 @@ def _temperature(ctx: _Ctx, step: Step) -> float:
 def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m = the row's max (the stable softmax, as
     ops.softmax computes it: the max subtracted before T divides)."""
+    return _softmax_row(ctx, step.inputs[0], cell, _temperature(ctx, step))
+
+
+def _softmax_row(ctx: _Ctx, src: str, cell: tuple[int, ...], T: float) -> _Parts:
+    """Entry (i, j) of the softmax of row i of `src` at temperature T."""
     i, j = cell
     f = ctx.f
-    src = step.inputs[0]
-    T = _temperature(ctx, step)
     row = [float(x) for x in ctx.get(src)[i]]
     s = _symbol(src)
     shown = [f.shown(x) for x in row]  # (written, as are the exponentials and their sum)
@@ -775,6 +778,89 @@ def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         result,
         where,
         {f"{s}{i}": row, "m": [m], "T": [T]},
+    )
+
+
+# generate --sample's stages, `t<i>.sample.<stage>` (SPEC section 4's order): each reads
+# the stage before it by path, in its own iteration, and the options the run used.
+
+
+def _sampling(ctx: _Ctx, step: Step, option: str) -> tuple[str, Any]:
+    """The iteration's scope (`t3.`) and the value of a sampling option of the run."""
+    if option not in ctx.trace.sampling:
+        raise InputError(
+            f"cannot explain {step.path}: the sampling options of its run are not known"
+        )
+    return step.path[: -len(f"sample.{step.stage}")], ctx.trace.sampling[option]
+
+
+def _tempered(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """softmax(logits / T) of the iteration's last row of logits: the next token's."""
+    scope, T = _sampling(ctx, step, "temperature")
+    logits = f"{scope}logits"
+    return _softmax_row(ctx, logits, (ctx.trace[logits].shape[0] - 1, cell[1]), float(T))
+
+
+def _kept_share(
+    ctx: _Ctx, step: Step, cell: tuple[int, ...], kept: np.ndarray, rule: str, why_not: str
+) -> _Parts:
+    """A kept token's tempered probability over the kept total (renormalised); else 0."""
+    f, j = ctx.f, cell[1]
+    src = step.path[: -len(step.stage)] + "tempered"
+    p = ctx.get(src)[0]
+    vocab = step.cols or tuple(str(k) for k in range(len(p)))
+    idx = [int(k) for k in np.flatnonzero(kept)]
+    listed = _elide([f"{quoted(vocab[k])} {f.num(float(p[k]))}" for k in idx], ", ")
+    where = [f"tempered = {src}", f"{rule}: {listed}"]
+    if not kept[j]:
+        return _Parts([], 0.0, where, note=why_not.format(quoted(vocab[j])))
+    values = [float(p[k]) for k in idx]
+    total = _fsum(values)
+    return _Parts(
+        [
+            f"tempered[0,{j}] / Σ_kept tempered[0,k]",
+            f"{f.num(float(p[j]))} / ({_sum(f, values)})",
+            f"{f.num(float(p[j]))} / {f.num(total)}",
+        ],
+        _div(float(p[j]), f.shown(total)),
+        where,
+        {"tempered0": [float(x) for x in p], "kept": [float(k) for k in idx]},
+    )
+
+
+def _top_k_kept(ctx: _Ctx, tempered: str, k: int) -> np.ndarray:
+    from trace_tf.generate import ranking
+
+    p = ctx.trace.value(tempered)[0]
+    kept = np.zeros(len(p), dtype=bool)
+    kept[ranking(p)[:k]] = True
+    return kept
+
+
+def _top_k(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    scope, k = _sampling(ctx, step, "top_k")
+    kept = _top_k_kept(ctx, f"{scope}sample.tempered", int(k))
+    rule = f"kept, the {k} most probable (ties to the earlier vocabulary entry)"
+    return _kept_share(ctx, step, cell, kept, rule, "{} is not among the " + f"{k} most probable")
+
+
+def _top_p(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """Top-p's prefix is found on the tempered distribution, then what top-k kept is
+    kept of it (generate.sampling_steps)."""
+    from trace_tf.generate import top_p_filter
+
+    scope, top_p = _sampling(ctx, step, "top_p")
+    tempered = f"{scope}sample.tempered"
+    kept = top_p_filter(ctx.trace.value(tempered)[0], float(top_p)) > 0
+    rule = (
+        f"kept, the smallest prefix, by probability, whose total reaches p = {exact(float(top_p))}"
+    )
+    k = ctx.trace.sampling.get("top_k")
+    if k is not None:
+        kept &= _top_k_kept(ctx, tempered, int(k))
+        rule += f", of the {k} top-k kept"
+    return _kept_share(
+        ctx, step, cell, kept, rule, "{} is outside that prefix" + (" or top-k" if k else "")
     )
 
 
@@ -1187,6 +1273,13 @@ EXPLAINERS: dict[str, Explainer] = {
     "pe_table": _pe_table,
 }
 
+# generate --sample's stages, `t<i>.sample.<name>`: not model steps (not in the registry).
+SAMPLING_EXPLAINERS: dict[str, Explainer] = {
+    "tempered": _tempered,
+    "top_k": _top_k,
+    "top_p": _top_p,
+}
+
 
 # ---------------------------------------------------------------------------
 # Entry points
@@ -1270,22 +1363,16 @@ def explain(
 ) -> Explanation:
     """The entry `cell` of `step`, written out with its numbers and recomputed from them."""
     stage: Stage | None = stage_of(step.path)
-    if stage is None or stage.key not in EXPLAINERS:
-        sampling = re.match(rf"{_ITERATION.pattern}sample\.", step.path)
-        raise InputError(
-            f"no explanation is known for step {step.path}"
-            + (
-                ": a sampling stage of generate (tempered, top_k, top_p) is shown, with the "
-                "draw, in the iteration's table of `generate --sample`"
-                if sampling
-                else ""
-            )
-        )
+    key, explainer = (stage.key, EXPLAINERS.get(stage.key)) if stage is not None else ("", None)
+    if stage is None and re.match(rf"{_ITERATION.pattern}sample\.", step.path):
+        key, explainer = step.stage, SAMPLING_EXPLAINERS.get(step.stage)
+    if explainer is None:
+        raise InputError(f"no explanation is known for step {step.path}")
     arrays = named_arrays(cfg)
     named: dict[str, Source] = {}  # (each writing names the same weights)
 
     def written(f: _Fmt) -> _Parts:
-        return EXPLAINERS[stage.key](_Ctx(cfg, trace, arrays, f, named), step, cell)
+        return explainer(_Ctx(cfg, trace, arrays, f, named), step, cell)
 
     in_full = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
@@ -1308,7 +1395,7 @@ def explain(
     return Explanation(
         path=step.path,
         cell=cell,
-        stage=stage.key,
+        stage=key,
         formula=step.formula,
         value=value,
         result=result,

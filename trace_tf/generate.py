@@ -493,6 +493,8 @@ def _single(
     """Greedy or sampling: one prefix, one token per iteration."""
     vocab, eos = cfg.vocab, cfg.tokens.eos
     rng = np.random.default_rng(s.seed) if s.strategy == "sample" else None
+    if rng is not None and tr.enabled:  # what the sampling stages used, for `explain`
+        tr.trace.sampling.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     cache = KVCache.empty(cfg) if s.cache else None
     prefix, iterations = start, []
     stopped = "max_tokens"

@@ -75,6 +75,8 @@ class Trace:
         # A KV-cached K or V (generate): by its path, the scope each row was computed in
         # ("t1.decoder.0.self_attn.h0."; its own scope for the new rows).
         self.computed_in: dict[str, tuple[str, ...]] = {}
+        # generate --sample: its temperature, top_k and top_p (what t<i>.sample.* used)
+        self.sampling: dict[str, float | None] = {}
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps.values())
