@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from trace_tf import generate as gen
 from trace_tf.cli import app
 from trace_tf.config import Config
+from trace_tf.errors import InputError
 from trace_tf.explain import explain, explanation_view
 from trace_tf.render import least_width
 from trace_tf.trace import Step, Trace, Tracer
@@ -274,6 +275,20 @@ def test_sampling_stages_against_numpy() -> None:
                         row[j],
                     )
                 assert "the arithmetic above agrees" in _render(e)
+
+
+def test_a_kept_row_whose_origin_is_unknown_is_refused_not_misread() -> None:
+    # Without the record of where its rows were computed, row 0 of a cached K would be
+    # read from row −1 of the new rows' input: another row's numbers.
+    cfg = config_from(NUMPY_CASES["post_sin_pads"])
+    assert isinstance(cfg, Config)
+    _, trace = _generate(cfg, greedy=True)
+    trace.computed_in.clear()
+    for stage in ("k", "v"):
+        step = trace[f"t2.decoder.0.self_attn.h0.{stage}"]
+        with pytest.raises(InputError, match=f"cannot explain row 0 of {step.path}"):
+            explain(cfg, trace, step, (0, 0))
+        assert explain(cfg, trace, step, (2, 0)).agrees  # the new row
 
 
 # ---------------------------------------------------------------------------

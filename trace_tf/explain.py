@@ -463,7 +463,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     x_name, w_name = step.inputs[0], step.inputs[1]
     x, W = ctx.get(x_name), ctx.get(w_name)
-    i -= step.shape[0] - x.shape[0]  # a KV-cached K or V: x holds its last (new) rows only
+    i = _new_row(step, i, x, x_name)  # a KV-cached K or V: x holds its last (new) rows only
     xs, ws = _symbol(x_name), _symbol(w_name)
     text, total, fused = _dot(ctx.f, x[i], W[:, j])
     chain = [f"{xs}{i} · {ws}[:,{j}]"]
@@ -489,6 +489,18 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         )
         operands[f"{bs}[{j}]"] = [float(b[j])]
     return _Parts([*chain, text], total, where, operands, fused)
+
+
+def _new_row(step: Step, i: int, x: np.ndarray, x_name: str) -> int:
+    """Row i of a step computed from `x` is row i − (the step's rows − x's rows) of x: a
+    KV-cached K or V computes only its last rows (the rest were kept, see `_kept`)."""
+    row = i - (step.shape[0] - x.shape[0])
+    if row < 0:
+        raise InputError(
+            f"cannot explain row {i} of {step.path}: it was not computed from {x_name}, and "
+            "where it was computed is not known"
+        )
+    return row
 
 
 def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -521,7 +533,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
-    i = cell[0] - (step.shape[0] - raw.shape[0])  # a cached K: raw holds its new rows only
+    i = _new_row(step, cell[0], raw, raw_name)  # a cached K: raw holds its new rows only
     j = cell[1]
     pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
     d = raw.shape[1]
