@@ -399,6 +399,15 @@ def test_generate_explain_bad_input_exits_2(args: list[str], message: str) -> No
     assert len(err.strip().splitlines()) == 1
 
 
+def test_generate_explain_over_the_limit_does_not_advise_a_stage() -> None:
+    # --explain traces every step, and refuses --stage: the advice named it all the same
+    code, _, err = _invoke(
+        "generate", "--explain", "t0.probs", "--max-tokens", "2000", "--max-elements", "100000"
+    )
+    assert code == 2 and "the trace of 2000 iteration(s) would hold about" in err
+    assert "expected fewer --max-tokens or a higher --max-elements" in err and "--stage" not in err
+
+
 def test_explain_points_an_iteration_step_to_generate_explain() -> None:
     code, _, err = _invoke("explain", "t2.decoder.0.self_attn.h0.softmax")
     assert code == 2

@@ -1047,7 +1047,9 @@ def generate(
     tr = Tracer(keep=lambda path: matches(path, stage, layer, head)) if trace else CheckingTracer()
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
-        gen_mod.check_size(cfg, s, c.max_elements, traced=trace and stage is None)
+        gen_mod.check_size(
+            cfg, s, c.max_elements, traced=trace and stage is None, selectable=not explain_step
+        )
         tr.name_all(cfg.named_arrays())
         result = gen_mod.run(cfg, s, tr)
         if stage is not None or layer is not None or head is not None:

@@ -419,14 +419,17 @@ def beam_passes(s: Settings, n_vocab: int, limit: int = MAX_BEAM_PASSES) -> int:
     return passes
 
 
-def check_size(cfg: Config, s: Settings, max_elements: int, traced: bool) -> None:
+def check_size(
+    cfg: Config, s: Settings, max_elements: int, traced: bool, selectable: bool = True
+) -> None:
     """Refuse, before anything runs, a generation whose arrays (with `traced`, whose whole
     trace) would hold more than max_elements numbers, or a beam search too wide to end
-    in reasonable time (memory alone does not bound it: each beam's pass is small)."""
+    in reasonable time (memory alone does not bound it: each beam's pass is small).
+    `selectable`: whether --stage can keep less of the trace (not with --explain)."""
     total = size(cfg, s, traced)
     if total > max_elements:
         ways = ["fewer --max-tokens"]  # what the user can change
-        ways += ["a --stage to keep"] if traced else []
+        ways += ["a --stage to keep"] if traced and selectable else []
         ways += ["a narrower --beam"] if s.width > 1 else []
         ways += ["a higher --max-elements"]
         raise InputError(
