@@ -586,3 +586,22 @@ def test_a_pipe_as_weights_file_is_refused_at_once(tmp_path: Path) -> None:
         f"trace-tf: error: {tmp_path / 'w.npz'}: not a regular file (a pipe)"
     )
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_set_over_an_array_of_the_npz_is_not_said_to_be_in_the_yaml(tmp_path: Path) -> None:
+    """A --set of an npz array (or of one entry of it) is refused as given twice; the
+    message said 'in c.yaml and as array', of a key the YAML does not hold."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.b_1": np.zeros(16)})
+    b_1 = "weights.encoder.0.ffn.b_1"
+    code, _, err = invoke("encode", str(config), "--set", f"{b_1}=[1]")
+    assert code == 2, err
+    assert "given twice: by an override and as array 'encoder.0.ffn.b_1'" in err, err
+    assert f"(set by --set {b_1})" in err and f"in {config} and" not in err, err
+    code, _, err = invoke("encode", str(config), "--set", f"{b_1}.3=1")
+    assert code == 2, err
+    assert f"given twice: by --set {b_1}.3 and as array 'encoder.0.ffn.b_1'" in err, err
+    assert f"in {config} and" not in err, err

@@ -807,16 +807,29 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         else:
             given = _at(doc.data, key.split("."))
         if given is not None:
+            # the file's value, unless an override replaced it (said after the message) or
+            # made it, setting entries of it
+            replaced = any(k == key or key.startswith(k + ".") for k in doc.overridden)
+            inside = [
+                k for k in doc.overridden if k.startswith(key + ".") and not doc.origins[k].pads
+            ]
+            where = f"in {doc.file}"
+            if replaced:
+                where = "by an override"
+            elif inside and not doc.lines.given(key):
+                by = doc.origins[inside[-1]].by
+                where = f"by {by}" + (f" {inside[-1]}" if by == "--set" else "")
             first = (  # another array of the file (`encoder.00.` is `encoder.0.`)
                 f"as arrays {quoted(placed[id(given)])} and {quoted(array)}"
                 if id(given) in placed
-                else f"in {doc.file} and as array {quoted(array)}"
+                else f"{where} and as array {quoted(array)}"
             )
             raise ctx.err(
                 key,
                 f"given twice: {first} of weights_file {name}"
                 + (f" (set by {set_by.by})" if set_by else ""),
-                expected="each weight given once, in the YAML or in the .npz",
+                expected="each weight given once, in the YAML or in the .npz (a --set or "
+                "variant cannot change an array of the .npz, nor entries of it)",
             )
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
