@@ -327,3 +327,71 @@ def test_the_weights_table_elides_a_long_vocabulary_unless_full(tmp_path: Path) 
     assert all(f"embeddings.{t} " in full for t in vocab) and "more embeddings" not in full
     listed = json.loads(runner.invoke(app, ["weights", str(path), "--format", "json"]).stdout)
     assert sum(r["path"].startswith("embeddings.") for r in listed["weights"]) == 20
+
+
+def weights_json(path: str, *args: str) -> dict[str, dict[str, Any]]:
+    """`weights --format json`, its rows by key path."""
+    result = runner.invoke(app, ["weights", path, "--format", "json", *args])
+    assert result.exit_code == 0, result.output
+    return {r["path"]: r for r in json.loads(result.stdout)["weights"]}
+
+
+DOTTED = """\
+model: {d_model: 2, n_heads: 1, d_k: 2, d_ff: 2}
+vocab: [1, 1.5, ".", x]
+embeddings:
+  1: [1, 1]
+  1.5: [2, 2]
+source: [1, 1.5, .]
+"""
+
+
+def test_a_set_of_a_dotted_token_is_named_as_the_set(tmp_path: Path) -> None:
+    """`embeddings...` (as README writes it) sets the token '.': its source is the --set,
+    not the line of `embeddings:` (the override's key was not the token's key path)."""
+    path = write(tmp_path, DOTTED)
+    for key in ("embeddings...", "embeddings.."):
+        rows = weights_json(path, "--set", f"{key}=[9, 9]")
+        assert rows["embeddings.."]["kind"] == "set", (key, rows["embeddings.."])
+        _, data = explain(path, "encoder.embed", "2,0", "--set", f"{key}=[9, 9]")
+        assert data["sources"]["embeddings.."]["kind"] == "set"
+
+
+def test_entries_set_in_a_dotted_token_are_its_own_not_a_shorter_tokens(
+    tmp_path: Path,
+) -> None:
+    """`embeddings.1.5` is the token '1.5': neither it nor its entry `embeddings.1.5.1`
+    sets entries of the token '1' (the overrides' keys were split at every dot)."""
+    path = write(tmp_path, DOTTED)
+    one = f"{path} line {line_of(DOTTED, '1: [1, 1]')}"
+    rows = weights_json(path, "--set", "embeddings.1.5=[3, 3]")
+    assert rows["embeddings.1"]["text"] == one and "partly" not in rows["embeddings.1"]
+    assert rows["embeddings.1.5"]["kind"] == "set"
+    rows = weights_json(path, "--set", "embeddings.1.5.1=3")
+    assert rows["embeddings.1"]["text"] == one and "partly" not in rows["embeddings.1"]
+    assert rows["embeddings.1.5"]["partly"] == ["--set embeddings.1.5.1"]
+
+
+def test_an_entry_set_in_a_fused_matrix_is_named_only_for_the_head_it_is_in(
+    tmp_path: Path,
+) -> None:
+    """W_q.0.0 is in head 0's column 0 of the fused W_q: head 1's column does not hold
+    it, and must not say that entries of it were set; a whole row is in both heads."""
+    path = write(tmp_path)
+    w_q = "weights.encoder.0.self_attn.W_q"
+    rows = weights_json(path, "--set", f"{w_q}.0.0=5")
+    assert rows["weights.encoder.0.self_attn.heads.0.W_q"]["partly"] == [f"--set {w_q}.0.0"]
+    assert "partly" not in rows["weights.encoder.0.self_attn.heads.1.W_q"]
+    _, data = explain(path, "encoder.0.self_attn.h1.q", "0,0", "--set", f"{w_q}.0.0=5")
+    line = line_of(CONFIG, "W_q:")
+    said = f"W_q[:,0] = column 1 of {w_q} (head 1's 1..1; {path} line {line}) = [2, 4]"
+    assert said in data["where"], data["where"]
+    _, data = explain(path, "encoder.0.self_attn.h0.q", "0,0", "--set", f"{w_q}.0.0=5")
+    said = f"(head 0's 0..0; {path} line {line}; entries set by --set {w_q}.0.0) = [5, 3]"
+    assert any(w.endswith(said) for w in data["where"]), data["where"]
+    b_q = "weights.encoder.0.self_attn.b_q"
+    rows = weights_json(path, "--set", f"{w_q}.1=[7, 8]", "--set", f"{b_q}.1=1")
+    assert rows["weights.encoder.0.self_attn.heads.0.W_q"]["partly"] == [f"--set {w_q}.1"]
+    assert rows["weights.encoder.0.self_attn.heads.1.W_q"]["partly"] == [f"--set {w_q}.1"]
+    assert "partly" not in rows["weights.encoder.0.self_attn.heads.0.b_q"]
+    assert rows["weights.encoder.0.self_attn.heads.1.b_q"]["partly"] == [f"--set {b_q}.1"]

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -391,6 +391,7 @@ class Origin:
     at: str | None = None
     pads: str | None = None  # an empty entry added for this key, past a list's end
     array: str | None = None  # the array of a weights_file (`by`) that gave this key
+    parts: tuple[str, ...] = ()  # the key's parts (a token below embeddings may hold dots)
 
 
 @dataclass
@@ -666,8 +667,9 @@ def apply_override(
                 found=_kind(node),
                 file=file,
             )
+    key = ".".join(parts)  # (`embeddings...` sets the token ".": its key path `embeddings..`)
     doc.overridden.append(key)
-    doc.origins[key] = origin
+    doc.origins[key] = replace(origin, parts=tuple(parts))
 
 
 def apply_variant(doc: Document, name: str) -> None:
@@ -836,6 +838,13 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
 
 
+def _in_part(axis: int, lo: int, hi: int) -> Callable[[tuple[str, ...]], bool]:
+    """Whether the indices of an entry set inside a fused weight (`0.1` of a W_q, `3` of
+    a b_q) fall in one head's part of it, indices lo..hi along `axis` (a W's columns, a
+    bias's entries, a rel_bias's row); a whole row of a W (`0`) falls in every head's."""
+    return lambda at: len(at) <= axis or lo <= int(at[axis]) <= hi
+
+
 def _at(data: Any, parts: Sequence[str]) -> Any:
     """The value at a key path of plain data (list entries by index), or None."""
     for part in parts:
@@ -893,7 +902,7 @@ class _Ctx:
     origins: dict[str, Origin] = field(default_factory=dict)
     # (`given`'s index of the overrides: each key's last place, and those inside a key)
     _last: dict[str, int] | None = None
-    _inside: dict[str, list[str]] = field(default_factory=dict)
+    _inside: dict[str, list[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
 
     def err(
         self,
@@ -947,26 +956,33 @@ class _Ctx:
             found=found_text if found is ... else _kind(found),
         )
 
-    def given(self, key: str, parents: Sequence[str]) -> Source:
+    def given(
+        self,
+        key: str,
+        parents: Sequence[str],
+        within: Callable[[tuple[str, ...]], bool] | None = None,
+    ) -> Source:
         """Where the value of `key`, given in the document, came from: the last override
         at `key` or one of its `parents` (--set, a variant, an array of weights_file),
-        else the file's line; with the overrides that set entries inside it."""
+        else the file's line; with the overrides that set entries inside it (those whose
+        indices below `key` are `within` a part of it, when given)."""
         if self._last is None:  # (indexed once: an .npz may set thousands of keys)
             self._last, self._inside = {}, {}
             for n, k in enumerate(self.overridden):
                 if self.origins[k].pads:
                     continue
                 self._last[k] = n
-                parts = k.split(".")
+                parts = self.origins[k].parts or tuple(k.split("."))
                 for i in range(1, len(parts)):  # entries of an array: indices below it
                     if all(whole_number(p) for p in parts[i:]):
-                        self._inside.setdefault(".".join(parts[:i]), []).append(k)
+                        self._inside.setdefault(".".join(parts[:i]), []).append((k, parts[i:]))
         setters = sorted((self._last[k], k) for k in (*parents, key) if k in self._last)
         partly = tuple(
             dict.fromkeys(
                 self.origins[k].by + (f" {k}" if self.origins[k].by == "--set" else "")
-                for k in self._inside.get(key, ())
+                for k, at in self._inside.get(key, ())
                 if self._last[k] > (setters[-1][0] if setters else -1)  # (not replaced since)
+                and (within is None or within(at))
             )
         )
         if not setters:
@@ -1836,11 +1852,12 @@ class _Validator:
         drawn = {p if p.startswith("embeddings.") else f"weights.{p}": p for p in self.drawn}
         fused = {f"weights.{k}" for k in self.given_fused}
 
-        def given(key: str) -> Source:
+        def given(key: str, within: Callable[[tuple[str, ...]], bool] | None = None) -> Source:
             if key.startswith("embeddings."):  # (a token may hold dots)
                 return self.ctx.given(key, ("embeddings",))
             parts = key.split(".")
-            return self.ctx.given(key, [".".join(parts[:n]) for n in range(1, len(parts))])
+            parents = [".".join(parts[:n]) for n in range(1, len(parts))]
+            return self.ctx.given(key, parents, within)
 
         out: dict[str, Source] = {}
         for key, value in cfg.named_arrays().items():
@@ -1866,8 +1883,11 @@ class _Validator:
                     part = f"{'column' if matrix else 'entry'} {first}"
                 else:
                     part = f"{'columns' if matrix else 'entries'} {first}..{first + n - 1}"
-                text = f"{part} of {whole} ({out[whole].text})"
-                out[key] = Source("fused", text, fused=whole, part=part)
+                # with the entries set inside the fused weight that fall in this head's part
+                lo, hi = (int(h), int(h)) if name == "rel_bias" else (first, first + n - 1)
+                src = given(whole, _in_part(1 if matrix else 0, lo, hi))
+                text = f"{part} of {whole} ({src.text})"
+                out[key] = Source("fused", text, fused=whole, part=part, partly=src.partly)
             elif key.startswith("weights.") and _at(data, key.split(".")) is None:
                 out[key] = Source(
                     "default",

@@ -443,7 +443,11 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
         source, h = fused
         width = ctx.get(name).shape[-1]
         first = h * width
-        given = ctx.source(source)[2:-1]
+        ctx.source(source)  # (named in the JSON: the fused weight)
+        # where the fused weight came from, with only the entries set in head h's part
+        part = ctx.cfg.sources[name] if isinstance(ctx.cfg, Config) else None
+        assert part is not None and part.part is not None
+        given = part.text[len(f"{part.part} of {source} (") : -1]
         return source, first + j, f" (head {h}'s {first}..{first + width - 1}; {given})"
     return name, j, ctx.source(name)
 
