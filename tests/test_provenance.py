@@ -395,3 +395,24 @@ def test_an_entry_set_in_a_fused_matrix_is_named_only_for_the_head_it_is_in(
     assert rows["weights.encoder.0.self_attn.heads.1.W_q"]["partly"] == [f"--set {w_q}.1"]
     assert "partly" not in rows["weights.encoder.0.self_attn.heads.0.b_q"]
     assert rows["weights.encoder.0.self_attn.heads.1.b_q"]["partly"] == [f"--set {b_q}.1"]
+
+
+def test_an_entry_set_in_a_fused_rel_bias_is_named_only_for_its_heads_row(
+    tmp_path: Path,
+) -> None:
+    """rel_bias.0.2 is in head 0's row of the fused table: explain's lookup for head 1
+    said its row had entries set by it."""
+    text = CONFIG.replace("  init_std: 0.5\n", "  init_std: 0.5\n  positional: relative\n")
+    text = text.replace(
+        "        b_q: [0.5, 0.25]\n",
+        "        b_q: [0.5, 0.25]\n        rel_bias: [[1, 2, 3], [4, 5, 6]]\n",
+    ).replace("  d_ff: 2\n", "  d_ff: 2\n  max_len: 2\n")
+    path = write(tmp_path, text)
+    key = "weights.encoder.0.self_attn.rel_bias"
+    line = line_of(text, "rel_bias:")
+    _, data = explain(path, "encoder.0.self_attn.h1.rel_bias", "0,1", "--set", f"{key}.0.2=0")
+    said = f"row 1 of {key} (fused; {path} line {line}), i.e. "
+    assert any(said in w for w in data["where"]), data["where"]
+    _, data = explain(path, "encoder.0.self_attn.h0.rel_bias", "0,1", "--set", f"{key}.0.2=0")
+    said = f"row 0 of {key} (fused; {path} line {line}; entries set by --set {key}.0.2), i.e. "
+    assert any(said in w for w in data["where"]), data["where"]

@@ -443,13 +443,19 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
         source, h = fused
         width = ctx.get(name).shape[-1]
         first = h * width
-        ctx.source(source)  # (named in the JSON: the fused weight)
-        # where the fused weight came from, with only the entries set in head h's part
-        part = ctx.cfg.sources[name] if isinstance(ctx.cfg, Config) else None
-        assert part is not None and part.part is not None
-        given = part.text[len(f"{part.part} of {source} (") : -1]
+        given = _part_source(ctx, name, source)
         return source, first + j, f" (head {h}'s {first}..{first + width - 1}; {given})"
     return name, j, ctx.source(name)
+
+
+def _part_source(ctx: _Ctx, name: str, fused: str) -> str:
+    """Where the fused weight a per-head `name` was cut from came from, with only the
+    entries set inside this head's part of it (Config.sources); the fused weight is
+    named in the JSON."""
+    ctx.source(fused)
+    part = ctx.cfg.sources[name] if isinstance(ctx.cfg, Config) else None
+    assert part is not None and part.part is not None
+    return part.text[len(f"{part.part} of {fused} (") : -1]
 
 
 def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
@@ -713,7 +719,7 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     given = (
         f"{name}{ctx.source(name)}"
         if fused is None
-        else f"row {h} of {fused[0]} (fused; {ctx.source(fused[0])[2:-1]}), i.e. {name}"
+        else f"row {h} of {fused[0]} (fused; {_part_source(ctx, name, fused[0])}), i.e. {name}"
     )
     plus = f"{centre} + {offset}" if offset >= 0 else f"{centre} − {-offset}"
     return _Parts(
