@@ -416,3 +416,35 @@ def test_an_entry_set_in_a_fused_rel_bias_is_named_only_for_its_heads_row(
     _, data = explain(path, "encoder.0.self_attn.h0.rel_bias", "0,1", "--set", f"{key}.0.2=0")
     said = f"row 0 of {key} (fused; {path} line {line}; entries set by --set {key}.0.2), i.e. "
     assert any(said in w for w in data["where"]), data["where"]
+
+
+def test_the_weights_table_at_40_columns_breaks_paths_after_their_dots(tmp_path: Path) -> None:
+    """On a narrow terminal each key path goes over lines after its dots, as the other
+    tables' paths do; it was folded inside a part (`weights.enco` / `der.0.self_a`), and
+    a source's words inside a word."""
+    path = write(tmp_path)
+    result = runner.invoke(
+        app,
+        ["weights", path, "--set", "weights.encoder.0.self_attn.W_q.0.0=5"],
+        env={"COLUMNS": "40"},
+    )
+    assert result.exit_code == 0, result.output
+    rows: list[tuple[list[str], list[str]]] = []
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) != 3 or cells[0] == "weight":
+            continue
+        if cells[1]:  # a shape: a new row
+            rows.append(([], []))
+        rows[-1][0].append(cells[0])
+        rows[-1][1].append(cells[2])
+    expected = weights_json(path, "--set", "weights.encoder.0.self_attn.W_q.0.0=5")
+    assert ["".join(p for p in parts if p) for parts, _ in rows] == list(expected)
+    for (parts, source), src in zip(rows, expected.values(), strict=True):
+        parts = [p for p in parts if p]
+        assert all(p.endswith(".") for p in parts[:-1]), parts
+        # each line of the source ends at a space or after a dot, never inside a word
+        text, at = src["text"], 0
+        for piece in (p for p in source if p):
+            at = text.index(piece, at) + len(piece)
+            assert at == len(text) or text[at] == " " or piece.endswith("."), (piece, text)

@@ -958,20 +958,26 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
     `view.max_rows` embeddings (a real vocabulary has tens of thousands), the first and
     last `view.row_edge` around a row that counts the others, unless `view.full`."""
     table = Table(title="weights: where each came from", title_justify="left")
-    table.add_column("weight", style="bold cyan", overflow="fold")
+    # On a narrow terminal a path goes over lines after its dots, a source at its spaces
+    # (and a long path in it after its dots): never inside a word (see Wrapped).
+    table.add_column("weight", style="bold cyan")
     table.add_column("shape", justify="right", no_wrap=True, min_width=0)
-    table.add_column("source", overflow="fold")
+    table.add_column("source")
     embeddings = [i for i, (path, _, _) in enumerate(rows) if path.startswith("embeddings.")]
     hidden = set()
     if not view.full and len(embeddings) > view.max_rows:
         hidden = set(embeddings[view.row_edge : -view.row_edge])
     for i, (path, shape, source) in enumerate(rows):
         if i not in hidden:
-            table.add_row(printable(path), shape_text(shape), printable(source))
+            table.add_row(
+                Wrapped(printable(path), PATH_BREAKS),
+                shape_text(shape),
+                Wrapped(printable(source), within=PATH_BREAKS),
+            )
         elif i - 1 not in hidden:
             more = f"… {len(hidden):,} more embeddings (--full shows them)"
-            table.add_row(Text(more, style="dim"), "", "")
-    return table
+            table.add_row(Wrapped(Text(more, style="dim")), "", "")
+    return keep_whole(table)
 
 
 def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
