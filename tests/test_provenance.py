@@ -448,3 +448,38 @@ def test_the_weights_table_at_40_columns_breaks_paths_after_their_dots(tmp_path:
         for piece in (p for p in source if p):
             at = text.index(piece, at) + len(piece)
             assert at == len(text) or text[at] == " " or piece.endswith("."), (piece, text)
+
+
+def test_entries_set_in_a_weight_the_config_does_not_give(tmp_path: Path) -> None:
+    """An entry set in a drawn weight (W_2.0.1) or a default (γ.1) has no array to go
+    in: the message said 'W_2.0: not a number; expected a number, found a mapping'. A
+    bias set entry by entry, every entry, is a weight; its source said 'given in c.yaml'
+    (no line: the file does not hold it)."""
+    path = write(tmp_path)
+    for whole, entry, shape in (
+        ("weights.encoder.0.ffn.W_2", "0.1", "2 x 2"),
+        ("weights.encoder.0.self_attn.norm.gamma", "1", "2"),
+        ("embeddings.b", "0", "2"),
+    ):
+        key = f"{whole}.{entry}"
+        result = runner.invoke(app, ["encode", path, "--set", f"{key}=5"])
+        assert result.exit_code == 2, result.output
+        assert (
+            f"{whole}: entries set in a weight the config does not give (by --set {key}); "
+            f"expected the whole weight first, --set {whole}=[...] of shape {shape}"
+        ) in result.stderr, result.stderr
+        assert "Traceback" not in result.output
+    b_2 = "weights.encoder.0.ffn.b_2"
+    rows = weights_json(path, "--set", f"{b_2}.0=1", "--set", f"{b_2}.1=2")
+    assert rows[b_2] == {
+        "path": b_2,
+        "shape": [2],
+        "kind": "set",
+        "text": f"only its entries, set by --set {b_2}.0, --set {b_2}.1",
+        "by": "--set",
+        "partly": [f"--set {b_2}.0", f"--set {b_2}.1"],
+    }
+    _, data = explain(
+        path, "encoder.0.ffn.out", "0,1", "--set", f"{b_2}.0=1", "--set", f"{b_2}.1=2"
+    )
+    assert data["sources"][b_2]["kind"] == "set"

@@ -392,6 +392,7 @@ class Origin:
     pads: str | None = None  # an empty entry added for this key, past a list's end
     array: str | None = None  # the array of a weights_file (`by`) that gave this key
     parts: tuple[str, ...] = ()  # the key's parts (a token below embeddings may hold dots)
+    made: str | None = None  # the array this key, an entry of it, made where none was
 
 
 @dataclass
@@ -603,6 +604,7 @@ def apply_override(
     when d_model is a number) is refused rather than silently replacing the value."""
     parts = key_parts(doc, key) if parts is None else parts
     node: Any = doc.data
+    made: str | None = None
     file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
     if origin.array is not None:
         file = f"{doc.file} (weights_file {origin.by}, array {quoted(origin.array)})"
@@ -656,6 +658,8 @@ def apply_override(
                 if node.get(part) is None:  # (below embeddings, "0" is a token)
                     nxt = parts[i + 1]
                     node[part] = [] if whole_number(nxt) and here != "embeddings" else {}
+                    if here != "embeddings" and all(whole_number(p) for p in parts[i + 1 :]):
+                        made = here  # (an entry of an array the document does not hold)
                 node = node[part]
         if not last and not isinstance(node, dict | list):
             line = doc.lines.get(here) if here not in doc.overridden else None
@@ -669,7 +673,7 @@ def apply_override(
             )
     key = ".".join(parts)  # (`embeddings...` sets the token ".": its key path `embeddings..`)
     doc.overridden.append(key)
-    doc.origins[key] = replace(origin, parts=tuple(parts))
+    doc.origins[key] = replace(origin, parts=tuple(parts), made=made)
 
 
 def apply_variant(doc: Document, name: str) -> None:
@@ -903,6 +907,7 @@ class _Ctx:
     # (`given`'s index of the overrides: each key's last place, and those inside a key)
     _last: dict[str, int] | None = None
     _inside: dict[str, list[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
+    _made: dict[str, int] = field(default_factory=dict)
 
     def err(
         self,
@@ -967,11 +972,13 @@ class _Ctx:
         else the file's line; with the overrides that set entries inside it (those whose
         indices below `key` are `within` a part of it, when given)."""
         if self._last is None:  # (indexed once: an .npz may set thousands of keys)
-            self._last, self._inside = {}, {}
+            self._last, self._inside, self._made = {}, {}, {}
             for n, k in enumerate(self.overridden):
                 if self.origins[k].pads:
                     continue
                 self._last[k] = n
+                if (made := self.origins[k].made) is not None:  # (an array of its entries)
+                    self._made[made] = n
                 parts = self.origins[k].parts or tuple(k.split("."))
                 for i in range(1, len(parts)):  # entries of an array: indices below it
                     if all(whole_number(p) for p in parts[i:]):
@@ -985,6 +992,12 @@ class _Ctx:
                 and (within is None or within(at))
             )
         )
+        if self._made.get(key, -1) > (setters[-1][0] if setters else -1):
+            # no array but the one its entries made (a weight can be set entry by entry)
+            first = self.origins[self._inside[key][0][0]]
+            kind = "set" if first.at is None else "variant"
+            text = f"only its entries, set by {', '.join(partly)}"
+            return Source(kind, text, by=first.by, partly=partly)
         if not setters:
             line = self.lines.get(key)
             where = f"{self.file} line {line}" if line else f"given in {self.file}"
@@ -1134,6 +1147,39 @@ class _Validator:
 
         `dims` names the expected dimensions (`d_model x d_k`) for the error message,
         so a wrong shape says which size of the model it disagrees with."""
+        try:
+            return self._array(value, path, shape, finite=finite, dims=dims)
+        except InputError:
+            # entries set by overrides where the document has no array to set them in
+            # (a weight drawn or a default): the array is not what is wrong
+            if not any(o.made == path for o in self.ctx.origins.values()):
+                raise
+            made = [
+                k
+                for k in dict.fromkeys(self.ctx.overridden)
+                if k.startswith(path + ".") and not self.ctx.origins[k].pads
+            ]
+            origin = self.ctx.origins[made[-1]]
+            by = origin.by + (f" {made[-1]}" if origin.at is None else "")
+            raise InputError(
+                f"entries set in a weight the config does not give (by {by})",
+                file=self.ctx.file,
+                path=path,
+                expected=f"the whole weight first, --set {path}=[...]"
+                + (f" of shape {shape_text(shape, 'x')}" if shape else "")
+                + " (a weight not given is drawn, a default, or, a bias, none)",
+                found=f"only entries: {', '.join(made[:3])}" + (", ..." if len(made) > 3 else ""),
+            ) from None
+
+    def _array(
+        self,
+        value: Any,
+        path: str,
+        shape: tuple[int, ...] | None,
+        *,
+        finite: bool = True,
+        dims: str = "",
+    ) -> np.ndarray:
         if isinstance(value, np.ndarray):  # from a weights_file: float64 already
             arr = value
         else:
