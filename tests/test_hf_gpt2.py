@@ -348,3 +348,34 @@ def test_the_readme_recipe_converts_any_gpt2(
     config = scope["gpt2_config"](model, vocab, [vocab[i] for i in prompt], "m.npz")
     Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     assert_matches(hf_outputs(model, prompt), decode_json("m.yaml"))
+
+
+# A tokenizer's tokens that YAML could read as something else: PyYAML's safe_dump
+# leaves `1e3`, `0o17` and `08` plain (strings in YAML 1.1), trace-tf reads them as
+# YAML 1.2 numbers (1000, 15, 8: `08` would then be the token `8`, twice).
+TOKENIZER_VOCAB = [
+    "Ġthe", "1e3", "0o17", "08", "8", "true", "null", "~", "a: b", "- x", "a\nb\t", "<|endoftext|>",
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_keeps_a_tokenizers_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe as printed, its `vocab` line replaced by a tokenizer's tokens: each
+    token is read back as itself (the logits and greedy tokens as GPT-2's)."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    line = 'vocab = [f"w{i}" for i in range(config.vocab_size)]'
+    recipe = readme_recipe()
+    assert line in recipe
+    scope: dict[str, Any] = {}
+    code = recipe.replace(line, f"vocab = {TOKENIZER_VOCAB!r}")
+    exec(compile(code, "README.md", "exec"), scope)  # our own README
+    model, prompt = scope["model"], scope["prompt"]
+    assert [TOKENIZER_VOCAB[i] for i in prompt] == ["08", "1e3", "8"]
+    assert_matches(hf_outputs(model, prompt), decode_json("gpt2.yaml"))
+    out = invoke_json("generate", "gpt2.yaml", "--greedy", "--max-tokens", "8")
+    assert out["tokens"]["target"] == ["08", "1e3", "8"]
+    assert list(out["iterations"][0]["probs"]) == TOKENIZER_VOCAB
+    assert out["generated"] == [TOKENIZER_VOCAB[i] for i in hf_greedy(model, prompt, 8, 11)]
