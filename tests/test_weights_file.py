@@ -498,6 +498,22 @@ def test_an_array_name_with_an_empty_part_is_refused_naming_it(
     assert "expected a key path below weights, such as encoder.0.ffn.W_1" in err, err
 
 
+def test_an_empty_token_s_embedding_is_read_from_the_npz(tmp_path: Path) -> None:
+    """`embeddings.` is the embedding of the token '' (a vocabulary may hold it, as it
+    may hold '.' and 'a.b'): it was refused as 'an empty part between its dots'."""
+    data = random_config(np.random.default_rng(7), d_model=4, n_heads=2)
+    names = {"t3": "", "t4": ".", "t5": "a.b"}
+    data["vocab"] = [names.get(t, t) for t in data["vocab"]]
+    data["embeddings"] = {names.get(t, t): e for t, e in data["embeddings"].items()}
+    data["source"] = [names.get(t, t) for t in data["source"]]
+    assert data["source"] == ["a.b", ".", ""]
+    full, npz = split(data, tmp_path)
+    assert "embeddings." in np.load(tmp_path / "w.npz").files
+    a, b = loaded(full), loaded(npz)
+    same_trace(a, b)
+    assert not b.drawn  # every embedding came from the file
+
+
 def test_a_config_on_stdin_finds_its_weights_file_in_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

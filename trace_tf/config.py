@@ -602,13 +602,15 @@ def apply_override(
 
     A key through a value that is neither a mapping nor a list (`model.d_model.x`
     when d_model is a number) is refused rather than silently replacing the value."""
+    # (parts given are an .npz embedding's, whose token may be empty: `embeddings.`)
+    split = parts is None
     parts = key_parts(doc, key) if parts is None else parts
     node: Any = doc.data
     made: str | None = None
     file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
     if origin.array is not None:
         file = f"{doc.file} (weights_file {origin.by}, array {quoted(origin.array)})"
-    if "" in parts:  # (`embeddings..x` where no token is "." or begins "x")
+    if split and "" in parts:  # (`embeddings..x` where no token is "." or begins "x")
         raise InputError(
             f"cannot set {key}: an empty part between its dots",
             path=key,
