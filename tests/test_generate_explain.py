@@ -239,6 +239,36 @@ def test_a_cached_key_row_is_explained_where_it_was_computed() -> None:
     assert data["agrees"] and data["generated"]
 
 
+@pytest.mark.parametrize(
+    ("args", "inputs", "x"),
+    [
+        # hello, beam 3: t4's beam 2 descends from t3.b0, t2.b0 (its row 2, 'world')
+        (
+            "--beam 3 --max-tokens 5 --cell 2,1 --explain t4.b2.decoder.0.self_attn.h0.k",
+            ["t2.b0.decoder.input", "weights.decoder.0.self_attn.heads.0.W_k"],
+            "x0 = row 0 ('world') of t2.b0.decoder.input",
+        ),
+        # cross-attention's V, computed once, at iteration 0, from the encoder output
+        (
+            "--max-tokens 4 --explain t3.decoder.0.cross_attn.h1.v --cell 1,1",
+            ["encoder.output", "weights.decoder.0.cross_attn.heads.1.W_v"],
+            "x1 = row 1 ('world') of encoder.output",
+        ),
+    ],
+)
+def test_a_cached_row_s_inputs_are_those_it_was_computed_from(
+    args: str, inputs: list[str], x: str
+) -> None:
+    """JSON `inputs` named the new rows' input of the iteration explained
+    (t4.b2.decoder.input) or nothing (a cached cross-attention V), not what the row was
+    computed from, which `where` names."""
+    code, out, err = _invoke("generate", *args.split(), "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["agrees"] and data["inputs"] == inputs
+    assert any(w.startswith(x) for w in data["where"]), data["where"]
+
+
 def test_sampling_stages_against_numpy() -> None:
     """t<i>.sample.tempered, .top_k, .top_p: softmax(z / T) of the reference's last row
     of logits on the iteration's prefix; the 4 most probable; the smallest prefix by

@@ -127,6 +127,9 @@ class _Parts:
     # product at a time as written, and `fused`, with fused multiply-adds (as BLAS does).
     fused: float | None = None
     note: str = ""  # said after the result: why a mask entry is 0 or −inf
+    # The steps and weights the entry was computed from, when not the step's own inputs
+    # (a KV-cached row: those of the iteration that computed it).
+    inputs: tuple[str, ...] | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -531,6 +534,7 @@ def _kept(explainer: Explainer) -> Explainer:
         if at not in ctx.trace:
             raise InputError(f"cannot explain: the step {at} that computed this row is not known")
         parts = explainer(ctx, ctx.trace[at], cell)
+        parts.inputs = ctx.trace[at].inputs if parts.inputs is None else parts.inputs
         parts.chain.insert(0, f"{at}{_idx(cell)}")
         parts.where.insert(0, f"row {cell[0]} is cached: computed at {at} and kept since")
         return parts
@@ -1424,7 +1428,7 @@ def explain(
         chain=tuple(chain),
         where=tuple(_tidy(w) for w in parts.where if _tidy(w)),
         operands=in_full.operands,
-        inputs=step.inputs,
+        inputs=step.inputs if in_full.inputs is None else in_full.inputs,
         remarks=tuple(remarks),
         rtol=rtol,
         sources=named,
