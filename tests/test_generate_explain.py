@@ -272,11 +272,14 @@ def test_a_cached_row_s_inputs_are_those_it_was_computed_from(
 def test_sampling_stages_against_numpy() -> None:
     """t<i>.sample.tempered, .top_k, .top_p: softmax(z / T) of the reference's last row
     of logits on the iteration's prefix; the 4 most probable; the smallest prefix by
-    probability whose total reaches 0.7, of those; each renormalised. Every entry."""
+    probability whose total reaches 0.7, of those; each renormalised. Every entry. A
+    token top-p's stage leaves at 0 says which cut it: top-k, or the prefix (it said
+    'outside that prefix or top-k')."""
     data = NUMPY_CASES["post_sin_pads"]
     cfg = config_from(data)
     assert isinstance(cfg, Config)
     T, k, top_p = 0.7, 4, 0.7
+    reasons: set[str] = set()
     for cache in (True, False):
         result, trace = _generate(
             cfg, sample=True, seed=2, temperature=T, top_k=k, top_p=top_p, cache=cache
@@ -290,6 +293,15 @@ def test_sampling_stages_against_numpy() -> None:
             reach = int(np.searchsorted(np.cumsum(tempered[order]), top_p)) + 1
             nucleus = set(order[:reach].tolist()) & top
             want = {"tempered": tempered}
+            for j in sorted(set(range(len(z))) - nucleus):  # 0, and why: the stage that cut it
+                e = explain(cfg, trace, trace[f"t{it.index}.sample.top_p"], (0, j))
+                why = (
+                    "not among the 4 most probable (top-k)"
+                    if j not in top
+                    else "outside that prefix"
+                )
+                assert e.chain[-1].endswith(f"is {why})"), (it.index, j, e.chain)
+                reasons.add(why)
             for name, kept in (("top_k", top), ("top_p", nucleus)):
                 mask = np.isin(np.arange(len(z)), sorted(kept))
                 want[name] = np.where(mask, tempered, 0) / tempered[mask].sum()
@@ -305,6 +317,7 @@ def test_sampling_stages_against_numpy() -> None:
                         row[j],
                     )
                 assert "the arithmetic above agrees" in _render(e)
+    assert len(reasons) == 2  # both kinds of 0 were met
 
 
 def test_a_kept_row_whose_origin_is_unknown_is_refused_not_misread() -> None:

@@ -881,13 +881,15 @@ def _top_p(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     rule = (
         f"kept, the smallest prefix, by probability, whose total reaches p = {exact(float(top_p))}"
     )
+    why_not = "{} is outside that prefix"
     k = ctx.trace.sampling.get("top_k")
     if k is not None:
-        kept &= _top_k_kept(ctx, tempered, int(k))
+        in_top_k = _top_k_kept(ctx, tempered, int(k))
+        if not in_top_k[cell[1]]:  # (top-k dropped it, whether or not the prefix holds it)
+            why_not = "{} is not among the " + f"{k} most probable (top-k)"
+        kept &= in_top_k
         rule += f", of the {k} top-k kept"
-    return _kept_share(
-        ctx, step, cell, kept, rule, "{} is outside that prefix" + (" or top-k" if k else "")
-    )
+    return _kept_share(ctx, step, cell, kept, rule, why_not)
 
 
 def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
