@@ -455,3 +455,22 @@ def test_explain_points_an_iteration_step_to_generate_explain() -> None:
     code, _, err = _invoke("explain", "t2.decoder.0.self_attn.h0.softmax")
     assert code == 2
     assert "`trace-tf generate [CONFIG] [its options] --explain STEP --cell I,J`" in err
+
+
+def test_a_cached_iteration_s_mask_row_masks_the_pad_tokens_of_the_prefix() -> None:
+    """README: the newest row's causal mask is zeros but for keys that are tokens.pad
+    (hello, its pad set to 'world', which greedy generates): −inf there, as decode masks
+    the pads of a target, and the same row with --no-cache."""
+    rows = {}
+    for cache in ("--cache", "--no-cache"):
+        args = ["generate", "--set", "tokens.pad=world", "--max-tokens", "5", cache]
+        code, out, err = _invoke(*args, "--trace", "--stage", "mask", "--format", "json")
+        assert code == 0, err
+        data = json.loads(out)
+        rows[cache] = {s["path"]: s["value"][-1] for s in data["steps"]}
+    prefix = data["tokens"]["target"] + data["generated"]
+    assert "world" in prefix[:4]
+    for t in range(5):
+        want = ["-inf" if tok == "world" else 0.0 for tok in prefix[: t + 1]]
+        assert rows["--cache"][f"t{t}.decoder.mask"] == want
+        assert rows["--no-cache"][f"t{t}.decoder.mask"] == want
