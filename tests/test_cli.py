@@ -1603,7 +1603,7 @@ source: [hi, ".", e.g., "0"]
 @pytest.mark.parametrize(
     ("set_", "rows"),
     [
-        ("embeddings...=[9, 9]", [[1, 2], [9, 9], [5, 6], [7, 8]]),
+        ("embeddings..=[9, 9]", [[1, 2], [9, 9], [5, 6], [7, 8]]),
         ("embeddings.e.g.=[9, 9]", [[1, 2], [3, 4], [9, 9], [7, 8]]),
         ("embeddings.e.g..1=9", [[1, 2], [3, 4], [5, 9], [7, 8]]),
         ("embeddings.hi.0=9", [[9, 2], [3, 4], [5, 6], [7, 8]]),
@@ -1619,10 +1619,15 @@ def test_set_addresses_a_token_that_holds_dots(tmp_yaml, set_: str, rows: Any) -
     assert step["value"] == rows
 
 
-def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
-    code, _, err = invoke("encode", tmp_yaml(DOTTED), "--set", "embeddings..x=1")
+@pytest.mark.parametrize(
+    "key", ["embeddings..x", "embeddings...", "embeddings.e.g..", "embeddings.hi."]
+)
+def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(
+    tmp_yaml, key: str
+) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = invoke("encode", tmp_yaml(DOTTED), "--set", f"{key}=1")
     assert code == 2
-    assert "cannot set embeddings..x: an empty part between its dots" in err
+    assert f"cannot set {key}: an empty part between its dots" in err
     assert "Traceback" not in err
 
 

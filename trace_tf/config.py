@@ -588,7 +588,7 @@ def key_parts(doc: Document, key: str) -> list[str]:
         known = [t for t in vocab if isinstance(t, str)] if isinstance(vocab, list) else []
         known += [t for t in given if isinstance(t, str)] if isinstance(given, dict) else []
         for token in sorted({t for t in known if "." in t}, key=len, reverse=True):
-            if rest == token or rest.startswith(token + "."):
+            if rest == token or (rest.startswith(token + ".") and rest != token + "."):
                 tail = rest[len(token) + 1 :]
                 return [head, token, *(tail.split(".") if tail else [])]
     return key.split(".")
