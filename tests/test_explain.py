@@ -224,6 +224,25 @@ def test_masks_say_why() -> None:
     )
 
 
+def test_a_cross_mask_longer_than_the_target_names_its_queries_as_they_are() -> None:
+    # 4 source keys, 2 target queries, no KV cache: query i is at position i, and the
+    # cross mask has no causal part (it said 'query 0 (position 2)', from 4 − 2)
+    cfg = config_from(
+        {
+            "model": {"seed": 7, "d_model": 4, "n_heads": 2, "decoder_layers": 1, "d_ff": 6},
+            "vocab": ["a", "b", "c", "P", "S", "E"],
+            "tokens": {"bos": "S", "eos": "E", "pad": "P"},
+            "source": ["a", "P", "b", "c"],
+            "target": ["S", "a"],
+        }
+    )
+    seen = explained(cfg, "decoder.cross_mask", (0, 3))
+    assert seen.value == 0 and "(query 0 may look at key 3 (not a pad))" in seen.chain[0]
+    pad = explained(cfg, "decoder.cross_mask", (1, 1)).chain[0]
+    assert pad.startswith("-inf") and "key 1 is the pad token 'P'" in pad
+    assert "position" not in seen.chain[0] + pad
+
+
 def test_positions_embeddings_and_input() -> None:
     cfg = load(None)
     pe = explained(cfg, "encoder.pe", (1, 3))

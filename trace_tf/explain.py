@@ -1233,7 +1233,7 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     i, j = cell
     causal = step.path.endswith("decoder.mask")
-    pos = i + step.shape[1] - step.shape[0]  # a KV-cached iteration's rows: the last queries
+    pos = _first_position(ctx, step.path) + i  # a KV-cached iteration's rows: start..
     query = f"query {i}" if pos == i else f"query {i} (position {pos})"
     key = step.cols[j] if step.cols is not None else None
     pad = key if key is not None and key == ctx.cfg.tokens.pad else None  # ("" is a token)
