@@ -271,12 +271,15 @@ class Source:
     draw_path: str | None = None
     fused: str | None = None
     part: str | None = None
+    # fused: where the fused weight came from, said of this part (with only the entries
+    # set inside it); `text` says it after the part, explain after the head's columns
+    fused_text: str | None = field(default=None, metadata={"json": False})
     # overrides that set entries inside a weight given whole elsewhere
     partly: tuple[str, ...] = ()
 
     def json(self) -> dict[str, Any]:
         """The fields that are set (JSON: `explain`'s and `weights`' "sources")."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
         return {
             k: list(v) if isinstance(v, tuple) else v for k, v in out.items() if v not in (None, ())
         }
@@ -1934,8 +1937,14 @@ class _Validator:
                 # with the entries set inside the fused weight that fall in this head's part
                 lo, hi = (int(h), int(h)) if name == "rel_bias" else (first, first + n - 1)
                 src = given(whole, _in_part(1 if matrix else 0, lo, hi))
-                text = f"{part} of {whole} ({src.text})"
-                out[key] = Source("fused", text, fused=whole, part=part, partly=src.partly)
+                out[key] = Source(
+                    "fused",
+                    f"{part} of {whole} ({src.text})",
+                    fused=whole,
+                    part=part,
+                    fused_text=src.text,
+                    partly=src.partly,
+                )
             elif key.startswith("weights.") and _at(data, key.split(".")) is None:
                 out[key] = Source(
                     "default",

@@ -457,8 +457,8 @@ def _part_source(ctx: _Ctx, name: str, fused: str) -> str:
     named in the JSON."""
     ctx.source(fused)
     part = ctx.cfg.sources[name] if isinstance(ctx.cfg, Config) else None
-    assert part is not None and part.part is not None
-    return part.text[len(f"{part.part} of {fused} (") : -1]
+    assert part is not None and part.fused_text is not None
+    return part.fused_text
 
 
 def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
