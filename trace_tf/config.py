@@ -397,6 +397,11 @@ class Origin:
     parts: tuple[str, ...] = ()  # the key's parts (a token below embeddings may hold dots)
     made: str | None = None  # the array this key, an entry of it, made where none was
 
+    def named(self, key: str) -> str:
+        """What set `key`, as a message names it: a KEY=VALUE option with the key it
+        set ('--set weights.encoder.0.ffn.W_1.0.1'), else the option, variant or file."""
+        return self.by + (f" {key}" if self.by in ("--set", "--set-b") else "")
+
 
 @dataclass
 class Document:
@@ -828,8 +833,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             if replaced:
                 where = "by an override"
             elif inside and not doc.lines.given(key):
-                by = doc.origins[inside[-1]].by
-                where = f"by {by}" + (f" {inside[-1]}" if by == "--set" else "")
+                where = f"by {doc.origins[inside[-1]].named(inside[-1])}"
             first = (  # another array of the file (`encoder.00.` is `encoder.0.`)
                 f"as arrays {quoted(placed[id(given)])} and {quoted(array)}"
                 if id(given) in placed
@@ -948,9 +952,9 @@ class _Ctx:
                 by = f"from weights_file {by}, array {quoted(origin.array)}"
                 if len(arrays) > 1:
                     by += f" and {len(arrays) - 1} more"
-            elif by in ("--set", "--set-b"):  # KEY=VALUE options: the key given
-                by += f" {written}"
-            elif origin.at is not None and written != path:  # a variant's key, above path
+            elif origin.at is None:  # an option (a KEY=VALUE option with the key given)
+                by = origin.named(written)
+            elif written != path:  # a variant's key, above path
                 by += f", at {written}"
             if origin.pads and origin.array is None:
                 by += f", which added {key} empty before it"
@@ -989,15 +993,15 @@ class _Ctx:
                     if all(whole_number(p) for p in parts[i:]):
                         self._inside.setdefault(".".join(parts[:i]), []).append((k, parts[i:]))
         setters = sorted((self._last[k], k) for k in (*parents, key) if k in self._last)
+        since = setters[-1][0] if setters else -1  # (entries set before were replaced)
         partly = tuple(
             dict.fromkeys(
-                self.origins[k].by + (f" {k}" if self.origins[k].by == "--set" else "")
+                self.origins[k].named(k)
                 for k, at in self._inside.get(key, ())
-                if self._last[k] > (setters[-1][0] if setters else -1)  # (not replaced since)
-                and (within is None or within(at))
+                if self._last[k] > since and (within is None or within(at))
             )
         )
-        if self._made.get(key, -1) > (setters[-1][0] if setters else -1):
+        if self._made.get(key, -1) > since:
             # no array but the one its entries made (a weight can be set entry by entry)
             first = self.origins[self._inside[key][0][0]]
             kind = "set" if first.at is None else "variant"
@@ -1012,7 +1016,7 @@ class _Ctx:
             src = Source("npz", text, file=origin.by, array=origin.array)
         else:
             k = setters[-1][1]
-            by = origin.by + (f" {k}" if origin.at is None and k != key else "")
+            by = origin.by if k == key else origin.named(k)
             line = None if origin.at is None else self.lines.get(origin.at + key[len(k) :])
             text = by + (f", {self.file} line {line}" if line else "")
             kind = "set" if origin.at is None else "variant"
@@ -1164,8 +1168,7 @@ class _Validator:
                 for k in dict.fromkeys(self.ctx.overridden)
                 if k.startswith(path + ".") and not self.ctx.origins[k].pads
             ]
-            origin = self.ctx.origins[made[-1]]
-            by = origin.by + (f" {made[-1]}" if origin.at is None else "")
+            by = self.ctx.origins[made[-1]].named(made[-1])
             raise InputError(
                 f"entries set in a weight the config does not give (by {by})",
                 file=self.ctx.file,
