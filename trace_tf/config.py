@@ -826,9 +826,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             # the file's value, unless an override replaced it (said after the message) or
             # made it, setting entries of it
             replaced = any(k == key or key.startswith(k + ".") for k in doc.overridden)
-            inside = [
-                k for k in doc.overridden if k.startswith(key + ".") and not doc.origins[k].pads
-            ]
+            inside = _set_inside(doc.overridden, doc.origins, key)
             where = f"in {doc.file}"
             if replaced:
                 where = "by an override"
@@ -849,6 +847,12 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
+
+
+def _set_inside(overridden: Sequence[str], origins: Mapping[str, Origin], key: str) -> list[str]:
+    """The keys below `key` that overrides set (its entries, or a part of it), in the
+    order set; not the empty entries an override added past a list's end."""
+    return [k for k in overridden if k.startswith(key + ".") and not origins[k].pads]
 
 
 def _in_part(axis: int, lo: int, hi: int) -> Callable[[tuple[str, ...]], bool]:
@@ -1163,11 +1167,7 @@ class _Validator:
             # (a weight drawn or a default): the array is not what is wrong
             if not any(o.made == path for o in self.ctx.origins.values()):
                 raise
-            made = [
-                k
-                for k in dict.fromkeys(self.ctx.overridden)
-                if k.startswith(path + ".") and not self.ctx.origins[k].pads
-            ]
+            made = list(dict.fromkeys(_set_inside(self.ctx.overridden, self.ctx.origins, path)))
             by = self.ctx.origins[made[-1]].named(made[-1])
             raise InputError(
                 f"entries set in a weight the config does not give (by {by})",
