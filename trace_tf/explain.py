@@ -828,11 +828,17 @@ def _tempered(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _kept_share(
-    ctx: _Ctx, step: Step, cell: tuple[int, ...], kept: np.ndarray, rule: str, why_not: str
+    ctx: _Ctx,
+    step: Step,
+    cell: tuple[int, ...],
+    src: str,
+    kept: np.ndarray,
+    rule: str,
+    why_not: str,
 ) -> _Parts:
-    """A kept token's tempered probability over the kept total (renormalised); else 0."""
+    """A kept token's tempered probability (the step `src`) over the kept total
+    (renormalised); else 0, `why_not`."""
     f, j = ctx.f, cell[1]
-    src = step.path[: -len(step.stage)] + "tempered"
     p = ctx.get(src)[0]
     vocab = step.cols or tuple(str(k) for k in range(len(p)))
     idx = [int(k) for k in np.flatnonzero(kept)]
@@ -855,6 +861,8 @@ def _kept_share(
 
 
 def _top_k_kept(ctx: _Ctx, tempered: str, k: int) -> np.ndarray:
+    """Which tokens top-k keeps of the tempered distribution (the step `tempered`), as
+    generate.top_k_filter ranks them. [V] of bool"""
     from trace_tf.generate import ranking
 
     p = ctx.trace.value(tempered)[0]
@@ -864,10 +872,13 @@ def _top_k_kept(ctx: _Ctx, tempered: str, k: int) -> np.ndarray:
 
 
 def _top_k(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """Top-k keeps the k most probable tokens of the tempered distribution."""
     scope, k = _sampling(ctx, step, "top_k")
-    kept = _top_k_kept(ctx, f"{scope}sample.tempered", int(k))
+    tempered = f"{scope}sample.tempered"
+    kept = _top_k_kept(ctx, tempered, int(k))
     rule = f"kept, the {k} most probable (ties to the earlier vocabulary entry)"
-    return _kept_share(ctx, step, cell, kept, rule, "{} is not among the " + f"{k} most probable")
+    why_not = "{} is not among the " + f"{k} most probable"
+    return _kept_share(ctx, step, cell, tempered, kept, rule, why_not)
 
 
 def _top_p(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -889,7 +900,7 @@ def _top_p(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             why_not = "{} is not among the " + f"{k} most probable (top-k)"
         kept &= in_top_k
         rule += f", of the {k} top-k kept"
-    return _kept_share(ctx, step, cell, kept, rule, why_not)
+    return _kept_share(ctx, step, cell, tempered, kept, rule, why_not)
 
 
 def _context(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
