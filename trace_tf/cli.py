@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from trace_tf.config import Config, OpConfig
+    from trace_tf.explain import Explanation
     from trace_tf.render import View
     from trace_tf.runner import CheckResult
     from trace_tf.trace import Step, Trace
@@ -1057,22 +1058,12 @@ def generate(
         if explain_step is not None:
             from trace_tf import explain as ex
 
-            step_ = ex.find_step(tr.trace, explain_step)
-            e = ex.explain(cfg, tr.trace, step_, ex.parse_cell(cell, step_), c.precision)
+            e = ex.explain_named(cfg, tr.trace, explain_step, cell, c.precision)
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
     if explain_step is not None:  # the explanation only, as `explain` prints it
-        emit(
-            c,
-            [ex.explanation_view(e, c.precision)],
-            {
-                "trace_tf": _version(),
-                "title": cfg.title,
-                **e.json(),
-                "generated": list(result.generated),
-            },
-        )
+        _emit_explanation(c, cfg, e, generated=list(result.generated))
         return
     warnings = [*s.unused, *tr.trace.warnings]
     steps = list(tr.trace)
@@ -1526,15 +1517,18 @@ def explain(
     trace = run(cfg)
     warn(c, trace.warnings, cfg.file)
     try:  # a step or cell this config does not have: name the file
-        step_ = ex.find_step(trace, step_name)
-        e = ex.explain(cfg, trace, step_, ex.parse_cell(cell, step_), c.precision)
+        e = ex.explain_named(cfg, trace, step_name, cell, c.precision)
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
-    emit(
-        c,
-        [ex.explanation_view(e, c.precision)],
-        {"trace_tf": _version(), "title": cfg.title, **e.json()},
-    )
+    _emit_explanation(c, cfg, e)
+
+
+def _emit_explanation(c: Common, cfg: "Config | OpConfig", e: "Explanation", **more: Any) -> None:
+    """One explanation, as `explain` and `generate --explain` print it (JSON: with `more`)."""
+    from trace_tf.explain import explanation_view
+
+    data = {"trace_tf": _version(), "title": cfg.title, **e.json(), **more}
+    emit(c, [explanation_view(e, c.precision)], data)
 
 
 @app.command()

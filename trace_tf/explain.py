@@ -1448,6 +1448,15 @@ def explain(
     )
 
 
+def explain_named(
+    cfg: Config | OpConfig, trace: Trace, name: str, cell: str | None, precision: int = 4
+) -> Explanation:
+    """The entry --cell `cell` (I,J; the first when None) of the step `name` of `trace`
+    (a path, or a stage or pattern that selects one step), written out."""
+    step = find_step(trace, name)
+    return explain(cfg, trace, step, parse_cell(cell, step), precision)
+
+
 def explanation_view(e: Explanation, precision: int = 4) -> RenderableType:
     """The explanation as the documents write it, with where each number comes from.
     A token in it is quoted as Python writes it, as in messages; control characters
