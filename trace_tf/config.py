@@ -974,16 +974,16 @@ class _Ctx:
             found=found_text if found is ... else _kind(found),
         )
 
-    def given(
-        self,
-        key: str,
-        parents: Sequence[str],
-        within: Callable[[tuple[str, ...]], bool] | None = None,
-    ) -> Source:
+    def given(self, key: str, within: Callable[[tuple[str, ...]], bool] | None = None) -> Source:
         """Where the value of `key`, given in the document, came from: the last override
-        at `key` or one of its `parents` (--set, a variant, an array of weights_file),
-        else the file's line; with the overrides that set entries inside it (those whose
-        indices below `key` are `within` a part of it, when given)."""
+        at `key` or a key above it (--set, a variant, an array of weights_file), else the
+        file's line; with the overrides that set entries inside it (those whose indices
+        below `key` are `within` a part of it, when given)."""
+        if key.startswith("embeddings."):  # (a token may hold dots: `embeddings.e.g.`)
+            parents = ["embeddings"]
+        else:
+            names = key.split(".")
+            parents = [".".join(names[:n]) for n in range(1, len(names))]
         if self._last is None:  # (indexed once: an .npz may set thousands of keys)
             self._last, self._inside, self._made = {}, {}, {}
             for n, k in enumerate(self.overridden):
@@ -1906,13 +1906,6 @@ class _Validator:
         drawn = {p if p.startswith("embeddings.") else f"weights.{p}": p for p in self.drawn}
         fused = {f"weights.{k}" for k in self.given_fused}
 
-        def given(key: str, within: Callable[[tuple[str, ...]], bool] | None = None) -> Source:
-            if key.startswith("embeddings."):  # (a token may hold dots)
-                return self.ctx.given(key, ("embeddings",))
-            parts = key.split(".")
-            parents = [".".join(parts[:n]) for n in range(1, len(parts))]
-            return self.ctx.given(key, parents, within)
-
         out: dict[str, Source] = {}
         for key, value in cfg.named_arrays().items():
             block, sep, rest = key.partition(".heads.")
@@ -1928,7 +1921,7 @@ class _Validator:
                 )
             elif sep and whole in fused:
                 if whole not in out:
-                    out[whole] = given(whole)
+                    out[whole] = self.ctx.given(whole)
                 n, first = value.shape[-1], int(h) * value.shape[-1]
                 matrix = name.startswith("W")
                 if name == "rel_bias":
@@ -1939,7 +1932,7 @@ class _Validator:
                     part = f"{'columns' if matrix else 'entries'} {first}..{first + n - 1}"
                 # with the entries set inside the fused weight that fall in this head's part
                 lo, hi = (int(h), int(h)) if name == "rel_bias" else (first, first + n - 1)
-                src = given(whole, _in_part(1 if matrix else 0, lo, hi))
+                src = self.ctx.given(whole, _in_part(1 if matrix else 0, lo, hi))
                 out[key] = Source(
                     "fused",
                     f"{part} of {whole} ({src.text})",
@@ -1954,15 +1947,15 @@ class _Validator:
                     "default: " + ("ones" if key.endswith(".gamma") else "zeros"),
                 )
             else:
-                out[key] = given(key)
+                out[key] = self.ctx.given(key)
         if m.tie_embeddings:
-            tie = given("model.tie_embeddings")
+            tie = self.ctx.given("model.tie_embeddings")
             text = f"tied: the embeddings transposed; model.tie_embeddings from {tie.text}"
             out[TIED_OUTPUT] = replace(tie, kind="tied", text=text)
         for name in ("source", "target"):  # numbers given as the embeddings
             seq: Sequence_ | None = getattr(cfg, name)
             if seq is not None and seq.matrix is not None:
-                out[name] = given(name)
+                out[name] = self.ctx.given(name)
         return out
 
     def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
