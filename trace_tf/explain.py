@@ -59,9 +59,8 @@ class Explanation:
     inputs: tuple[str, ...]
     remarks: tuple[str, ...] = ()  # what the arithmetic depends on, beyond the numbers
     rtol: float = 1e-9  # how near value and result must be: the step's dtype's rounding
-    sources: dict[str, Source] = field(
-        default_factory=dict
-    )  # of the weights named (Config.sources)
+    # where each weight named came from (Config.sources)
+    sources: dict[str, Source] = field(default_factory=dict)
 
     @property
     def lhs(self) -> str:
