@@ -48,12 +48,15 @@ def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
         if name.endswith(".rel_bias") and value.ndim == 1:
             reach = ops.offset_zero(value)  # max_len − 1
             cols = tuple(f"{o:+d}" if o else "0" for o in range(-reach, reach + 1))
-        src = None if isinstance(cfg, OpConfig) else cfg.sources.get(name)
-        what = (
-            "given" if isinstance(cfg, OpConfig) else "weight" + (f" ({src.text})" if src else "")
-        )
+        what = "given" if isinstance(cfg, OpConfig) else _weight_title(cfg, name)
         out[name] = Step(name, what, value, rows=rows, cols=cols)
     return out
+
+
+def _weight_title(cfg: Config, name: str) -> str:
+    """'weight (where it came from)': an input step's title (Config.sources)."""
+    src = cfg.sources.get(name)
+    return "weight" + (f" ({src.text})" if src is not None else "")
 
 
 def weights(cfg: Config) -> list[tuple[str, tuple[int, ...], Source]]:
