@@ -8,6 +8,7 @@ array's key path, so giving one weight never changes another drawn one.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -917,10 +918,6 @@ class _Ctx:
     lines: Lines
     overridden: list[str]
     origins: dict[str, Origin] = field(default_factory=dict)
-    # (`given`'s index of the overrides: each key's last place, and those inside a key)
-    _last: dict[str, int] | None = None
-    _inside: dict[str, list[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
-    _made: dict[str, int] = field(default_factory=dict)
 
     def err(
         self,
@@ -974,6 +971,28 @@ class _Ctx:
             found=found_text if found is ... else _kind(found),
         )
 
+    @functools.cached_property
+    def _overrides(
+        self,
+    ) -> tuple[dict[str, int], dict[str, list[tuple[str, tuple[str, ...]]]], dict[str, int]]:
+        """`given`'s index of the overrides, made once (an .npz may set thousands of keys):
+        each key's last place among them; by array, the keys set inside it and their
+        indices below it; by array made of its entries alone, the place of the last."""
+        last: dict[str, int] = {}
+        inside: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        made: dict[str, int] = {}
+        for n, k in enumerate(self.overridden):
+            if self.origins[k].pads:
+                continue
+            last[k] = n
+            if (array := self.origins[k].made) is not None:
+                made[array] = n
+            parts = self.origins[k].parts or tuple(k.split("."))
+            for i in range(1, len(parts)):  # entries of an array: indices below it
+                if all(whole_number(p) for p in parts[i:]):
+                    inside.setdefault(".".join(parts[:i]), []).append((k, parts[i:]))
+        return last, inside, made
+
     def given(self, key: str, within: Callable[[tuple[str, ...]], bool] | None = None) -> Source:
         """Where the value of `key`, given in the document, came from: the last override
         at `key` or a key above it (--set, a variant, an array of weights_file), else the
@@ -984,30 +1003,19 @@ class _Ctx:
         else:
             names = key.split(".")
             parents = [".".join(names[:n]) for n in range(1, len(names))]
-        if self._last is None:  # (indexed once: an .npz may set thousands of keys)
-            self._last, self._inside, self._made = {}, {}, {}
-            for n, k in enumerate(self.overridden):
-                if self.origins[k].pads:
-                    continue
-                self._last[k] = n
-                if (made := self.origins[k].made) is not None:  # (an array of its entries)
-                    self._made[made] = n
-                parts = self.origins[k].parts or tuple(k.split("."))
-                for i in range(1, len(parts)):  # entries of an array: indices below it
-                    if all(whole_number(p) for p in parts[i:]):
-                        self._inside.setdefault(".".join(parts[:i]), []).append((k, parts[i:]))
-        setters = sorted((self._last[k], k) for k in (*parents, key) if k in self._last)
+        last, inside, made = self._overrides
+        setters = sorted((last[k], k) for k in (*parents, key) if k in last)
         since = setters[-1][0] if setters else -1  # (entries set before were replaced)
         partly = tuple(
             dict.fromkeys(
                 self.origins[k].named(k)
-                for k, at in self._inside.get(key, ())
-                if self._last[k] > since and (within is None or within(at))
+                for k, at in inside.get(key, ())
+                if last[k] > since and (within is None or within(at))
             )
         )
-        if self._made.get(key, -1) > since:
+        if made.get(key, -1) > since:
             # no array but the one its entries made (a weight can be set entry by entry)
-            first = self.origins[self._inside[key][0][0]]
+            first = self.origins[inside[key][0][0]]
             kind = "set" if first.at is None else "variant"
             text = f"only its entries, set by {', '.join(partly)}"
             return Source(kind, text, by=first.by, partly=partly)
