@@ -964,9 +964,8 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
     table.add_column("shape", justify="right", no_wrap=True, min_width=0)
     table.add_column("source")
     embeddings = [i for i, (path, _, _) in enumerate(rows) if path.startswith("embeddings.")]
-    hidden = set()
-    if not view.full and len(embeddings) > view.max_rows:
-        hidden = set(embeddings[view.row_edge : -view.row_edge])
+    shown = _keep(len(embeddings), view.max_rows, view.row_edge, view.full)  # (as a matrix's)
+    hidden = set(embeddings) - {embeddings[k] for k in shown if k is not None}
     for i, (path, shape, source) in enumerate(rows):
         if i not in hidden:
             table.add_row(
