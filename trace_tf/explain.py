@@ -859,22 +859,13 @@ def _kept_share(
     )
 
 
-def _top_k_kept(ctx: _Ctx, tempered: str, k: int) -> np.ndarray:
-    """Which tokens top-k keeps of the tempered distribution (the step `tempered`), as
-    generate.top_k_filter ranks them. [V] of bool"""
-    from trace_tf.generate import ranking
-
-    p = ctx.trace.value(tempered)[0]
-    kept = np.zeros(len(p), dtype=bool)
-    kept[ranking(p)[:k]] = True
-    return kept
-
-
 def _top_k(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """Top-k keeps the k most probable tokens of the tempered distribution."""
+    from trace_tf.generate import top_k_kept
+
     scope, k = _sampling(ctx, step, "top_k")
     tempered = f"{scope}sample.tempered"
-    kept = _top_k_kept(ctx, tempered, int(k))
+    kept = top_k_kept(ctx.trace.value(tempered)[0], int(k))
     rule = f"kept, the {k} most probable (ties to the earlier vocabulary entry)"
     why_not = "{} is not among the " + f"{k} most probable"
     return _kept_share(ctx, step, cell, tempered, kept, rule, why_not)
@@ -883,18 +874,19 @@ def _top_k(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 def _top_p(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """Top-p's prefix is found on the tempered distribution, then what top-k kept is
     kept of it (generate.sampling_steps)."""
-    from trace_tf.generate import top_p_filter
+    from trace_tf.generate import top_k_kept, top_p_filter
 
     scope, top_p = _sampling(ctx, step, "top_p")
     tempered = f"{scope}sample.tempered"
-    kept = top_p_filter(ctx.trace.value(tempered)[0], float(top_p)) > 0
+    p = ctx.trace.value(tempered)[0]  # (the run's numbers, not as written)
+    kept = top_p_filter(p, float(top_p)) > 0
     rule = (
         f"kept, the smallest prefix, by probability, whose total reaches p = {exact(float(top_p))}"
     )
     why_not = "{} is outside that prefix"
     k = ctx.trace.sampling.get("top_k")
     if k is not None:
-        in_top_k = _top_k_kept(ctx, tempered, int(k))
+        in_top_k = top_k_kept(p, int(k))
         if not in_top_k[cell[1]]:  # (top-k dropped it, whether or not the prefix holds it)
             why_not = "{} is not among the " + f"{k} most probable (top-k)"
         kept &= in_top_k

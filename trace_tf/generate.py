@@ -217,10 +217,16 @@ def ranking(p: Array) -> Array:
     return np.argsort(-p, kind="stable")
 
 
+def top_k_kept(p: Array, k: int) -> Array:
+    """Which tokens are the k most probable (ties to the earlier entry). [V] -> [V] bool"""
+    kept = np.zeros(len(p), dtype=bool)
+    kept[ranking(p)[:k]] = True
+    return kept
+
+
 def top_k_filter(p: Array, k: int) -> Array:
-    """The k most probable tokens (ties to the earlier entry) kept as they are, the
-    rest 0. [V] -> [V]"""
-    keep = ranking(p)[:k]
+    """The k most probable tokens (top_k_kept) kept as they are, the rest 0. [V] -> [V]"""
+    keep = top_k_kept(p, k)
     out = np.zeros_like(p)
     out[keep] = p[keep]
     return out
