@@ -863,13 +863,16 @@ def weights(c: Common, config: ConfigArg = None) -> None:
 
     cfg = require_model(_load(config, c), "weights")
     rows = listed(cfg)
-    data = {
-        "trace_tf": _version(),
-        "title": cfg.title,
-        "weights": [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows],
-    }
     table = render.weights_table([(k, shape, src.text) for k, shape, src in rows], c.view())
-    emit(c, [table], data)
+    emit(
+        c,
+        [table],
+        lambda: {  # (built only for JSON: a vocabulary may have 50,000 embeddings)
+            "trace_tf": _version(),
+            "title": cfg.title,
+            "weights": [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows],
+        },
+    )
 
 
 @app.command()
