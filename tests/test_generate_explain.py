@@ -451,6 +451,16 @@ def test_generate_explain_over_the_limit_does_not_advise_a_stage() -> None:
     assert "expected fewer --max-tokens or a higher --max-elements" in err and "--stage" not in err
 
 
+def test_generate_explain_of_an_empty_step_over_the_limit_does_not_advise_a_stage() -> None:
+    # --explain '' is --explain all the same (it names no step, said after the size):
+    # the advice took an empty STEP for no --explain, and named --stage
+    code, _, err = _invoke(
+        "generate", "--explain", "", "--max-tokens", "2000", "--max-elements", "100000"
+    )
+    assert code == 2 and "the trace of 2000 iteration(s) would hold about" in err
+    assert "expected fewer --max-tokens or a higher --max-elements" in err and "--stage" not in err
+
+
 def test_explain_points_an_iteration_step_to_generate_explain() -> None:
     code, _, err = _invoke("explain", "t2.decoder.0.self_attn.h0.softmax")
     assert code == 2

@@ -1052,7 +1052,7 @@ def generate(
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
         gen_mod.check_size(
-            cfg, s, c.max_elements, traced=trace and stage is None, selectable=not explain_step
+            cfg, s, c.max_elements, traced=trace and stage is None, selectable=explain_step is None
         )
         tr.name_all(cfg.named_arrays())
         result = gen_mod.run(cfg, s, tr)
