@@ -14,6 +14,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
+from trace_tf.config import Config
 
 runner = CliRunner()
 
@@ -450,35 +451,60 @@ def test_the_weights_table_at_40_columns_breaks_paths_after_their_dots(tmp_path:
 
 
 def test_entries_set_in_a_weight_the_config_does_not_give(tmp_path: Path) -> None:
-    """An entry set in a drawn weight (W_2.0.1) or a default (γ.1) has no array to go
-    in: the message said 'W_2.0: not a number; expected a number, found a mapping'. A
-    bias set entry by entry, every entry, is a weight; its source said 'given in c.yaml'
-    (no line: the file does not hold it)."""
+    """An entry set in a drawn weight (W_2.0.1), a default (γ.1), a drawn embedding or
+    a bias not given is set over what the weight would be: the draw (SPEC's rule,
+    recomputed here), ones, zeros; every other entry keeps it. Its source says both.
+    (It was an error: 'W_2.0: not a number; expected a number, found a mapping'.)"""
+    from trace_tf.config import load
+
     path = write(tmp_path)
-    for whole, entry, shape in (
-        ("weights.encoder.0.ffn.W_2", "0.1", "2 x 2"),
-        ("weights.encoder.0.self_attn.norm.gamma", "1", "2"),
-        ("embeddings.b", "0", "2"),
-    ):
-        key = f"{whole}.{entry}"
-        result = runner.invoke(app, ["encode", path, "--set", f"{key}=5"])
-        assert result.exit_code == 2, result.output
-        assert (
-            f"{whole}: entries set in a weight the config does not give (by --set {key}); "
-            f"expected the whole weight first, --set {whole}=[...] of shape {shape}"
-        ) in result.stderr, result.stderr
-        assert "Traceback" not in result.output
-    b_2 = "weights.encoder.0.ffn.b_2"
-    rows = weights_json(path, "--set", f"{b_2}.0=1", "--set", f"{b_2}.1=2")
-    assert rows[b_2] == {
-        "path": b_2,
-        "shape": [2],
-        "kind": "set",
-        "text": f"only its entries, set by --set {b_2}.0, --set {b_2}.1",
-        "by": "--set",
-        "partly": [f"--set {b_2}.0", f"--set {b_2}.1"],
+
+    def drawn(key: str, shape: tuple[int, ...]) -> np.ndarray:  # seed 3, init_std 0.5
+        return np.random.default_rng([3, zlib.crc32(key.encode())]).standard_normal(shape) * 0.5
+
+    sets = {
+        "weights.encoder.0.ffn.W_2.0.1": 5.0,
+        "weights.encoder.0.self_attn.norm.gamma.1": 7.0,
+        "embeddings.b.0": 9.0,
+        "weights.encoder.0.ffn.b_2.1": 2.0,
     }
-    _, data = explain(
-        path, "encoder.0.ffn.out", "0,1", "--set", f"{b_2}.0=1", "--set", f"{b_2}.1=2"
-    )
-    assert data["sources"][b_2]["kind"] == "set"
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cfg = load(path, [f"{k}={v}" for k, v in sets.items()])
+    assert isinstance(cfg, Config)
+    W_2 = drawn("encoder.0.ffn.W_2", (2, 2))
+    W_2[0, 1] = 5.0
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, W_2)
+    np.testing.assert_array_equal(cfg.encoder[0].self_attn.norm.gamma, [1.0, 7.0])
+    b = drawn("embeddings.b", (2,))
+    b[0] = 9.0
+    np.testing.assert_array_equal(cfg.embeddings["b"], b)
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.b_2, [0.0, 2.0])
+    rows = weights_json(path, *args)
+    seed = "drawn: seed 3, N(0, 0.5²)"
+    for key, text in (
+        ("weights.encoder.0.ffn.W_2", seed),
+        ("weights.encoder.0.self_attn.norm.gamma", "default: ones"),
+        ("embeddings.b", seed),
+        ("weights.encoder.0.ffn.b_2", "default: zeros"),
+    ):
+        entry = next(k for k in sets if k.startswith(key + "."))
+        assert rows[key]["text"] == f"{text}; entries set by --set {entry}", rows[key]
+        assert rows[key]["partly"] == [f"--set {entry}"]
+    out, data = explain(path, "encoder.0.ffn.out", "0,1", *args)
+    assert f"weights.encoder.0.ffn.W_2 ({seed}; entries set by --set weights.encoder" in out
+    assert data["sources"]["weights.encoder.0.ffn.b_2"]["kind"] == "default"
+    # an entry beyond the weight's shape is named
+    result = runner.invoke(app, ["encode", path, "--set", "weights.encoder.0.ffn.W_2.0.2=1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        "weights.encoder.0.ffn.W_2.0.2: no such entry (set by --set weights.encoder.0.ffn."
+        "W_2.0.2); expected indices within shape 2 x 2"
+    ) in result.stderr
+    # entries of a fused weight the config does not give: no one array to set them over
+    whole, key = "weights.encoder.0.self_attn.W_k", "weights.encoder.0.self_attn.W_k.0.1"
+    result = runner.invoke(app, ["encode", path, "--set", f"{key}=5"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{whole}: entries set in a weight the config does not give (by --set {key}); "
+        f"expected the whole weight first, --set {whole}=[...]"
+    ) in result.stderr, result.stderr

@@ -972,6 +972,12 @@ class _Ctx:
         )
 
     @functools.cached_property
+    def made(self) -> set[str]:
+        """The key paths of arrays the document does not give that overrides set entries
+        of (`--set weights.encoder.0.ffn.W_2.0.1=5` with W_2 drawn)."""
+        return {o.made for o in self.origins.values() if o.made is not None}
+
+    @functools.cached_property
     def _overrides(
         self,
     ) -> tuple[dict[str, int], dict[str, list[tuple[str, tuple[str, ...]]]], dict[str, int]]:
@@ -1163,17 +1169,22 @@ class _Validator:
         *,
         finite: bool = True,
         dims: str = "",
+        base: Callable[[], np.ndarray] | None = None,
     ) -> np.ndarray:
         """A nested list of numbers as a float64 array, checked for raggedness and shape.
 
         `dims` names the expected dimensions (`d_model x d_k`) for the error message,
-        so a wrong shape says which size of the model it disagrees with."""
+        so a wrong shape says which size of the model it disagrees with. `base`: what
+        the array is when the config does not give it (drawn, or a default), which
+        entries set by overrides (`--set ...W_2.0.1=5`) then change."""
+        if base is not None and shape is not None and path in self.ctx.made:
+            return self._array(self._entries(base(), value, path), path, shape, dims=dims)
         try:
             return self._array(value, path, shape, finite=finite, dims=dims)
         except InputError:
             # entries set by overrides where the document has no array to set them in
-            # (a weight drawn or a default): the array is not what is wrong
-            if not any(o.made == path for o in self.ctx.origins.values()):
+            # (a fused weight not given): the array is not what is wrong
+            if path not in self.ctx.made:
                 raise
             made = list(dict.fromkeys(_set_inside(self.ctx.overridden, self.ctx.origins, path)))
             by = self.ctx.origins[made[-1]].named(made[-1])
@@ -1183,9 +1194,36 @@ class _Validator:
                 path=path,
                 expected=f"the whole weight first, --set {path}=[...]"
                 + (f" of shape {shape_text(shape, 'x')}" if shape else "")
-                + " (a weight not given is drawn, a default, or, a bias, none)",
+                + " (not given, a weight is drawn, a norm's γ and β are 1 and 0, a bias is none)",
                 found=f"only entries: {', '.join(made[:3])}" + (", ..." if len(made) > 3 else ""),
             ) from None
+
+    def _entries(self, array: np.ndarray, value: Any, path: str) -> np.ndarray:
+        """`array` with the entries overrides set in `value` written over it: nested lists
+        and mappings by index (`--set W.0.1=5` makes [{"1": 5}]), {} where none was set."""
+
+        def write(v: Any, at: tuple[int, ...]) -> None:
+            if isinstance(v, list):
+                for i, x in enumerate(v):
+                    write(x, (*at, i))
+            elif isinstance(v, dict) and all(whole_number(k) for k in v):  # ({}: none set)
+                for k, x in v.items():
+                    write(x, (*at, int(k)))
+            else:
+                where = ".".join([path, *map(str, at)])
+                x = self.number(v, where)
+                if len(at) != array.ndim or any(
+                    i >= n for i, n in zip(at, array.shape, strict=True)
+                ):
+                    raise self.ctx.err(
+                        where,
+                        "no such entry",
+                        expected=f"indices within shape {shape_text(array.shape, 'x')}",
+                    )
+                array[at] = x
+
+        write(value, ())
+        return array
 
     def _array(
         self,
@@ -1310,7 +1348,8 @@ class _Validator:
                     w = self.number(raw, where)
                 out[key] = np.asarray(w, dtype=np.float64)
             elif raw is not None:
-                out[key] = self.array(raw, where, shapes[key])
+                draw = functools.partial(self.draw, f"{draw_path}.{key}", shapes[key])
+                out[key] = self.array(raw, where, shapes[key], base=draw if draw_path else None)
             elif draw_path is not None:
                 out[key] = self.draw(f"{draw_path}.{key}", shapes[key])
             else:
@@ -1340,14 +1379,15 @@ class _Validator:
     ) -> np.ndarray:
         if block.get(key) is None:
             return self.draw(draw_path, shape)
-        return self.array(block[key], path, shape, dims=dims)
+        base = lambda: self.draw(draw_path, shape)  # noqa: E731 (entries set over a drawn one)
+        return self.array(block[key], path, shape, dims=dims, base=base)
 
     def bias(
         self, block: dict[str, Any], key: str, path: str, size: int, dims: str = ""
     ) -> np.ndarray | None:
         if block.get(key) is None:
             return None
-        return self.array(block[key], path, (size,), dims=dims)
+        return self.array(block[key], path, (size,), dims=dims, base=lambda: np.zeros(size))
 
     # -- the document -------------------------------------------------------
 
@@ -1919,13 +1959,16 @@ class _Validator:
             block, sep, rest = key.partition(".heads.")
             h, _, name = rest.partition(".")
             whole = f"{block}.{name}"
+            partly = self.ctx.given(key).partly if key in self.ctx.made else ()
+            entries = f"; entries set by {', '.join(partly)}" if partly else ""
             if key in drawn:
                 out[key] = Source(
                     "drawn",
-                    f"drawn: seed {m.seed}, N(0, {exact(m.init_std)}²)",
+                    f"drawn: seed {m.seed}, N(0, {exact(m.init_std)}²){entries}",
                     seed=m.seed,
                     init_std=m.init_std,
                     draw_path=drawn[key],
+                    partly=partly,
                 )
             elif sep and whole in fused:
                 if whole not in out:
@@ -1949,11 +1992,11 @@ class _Validator:
                     fused_text=src.text,
                     partly=src.partly,
                 )
-            elif key.startswith("weights.") and _at(data, key.split(".")) is None:
-                out[key] = Source(
-                    "default",
-                    "default: " + ("ones" if key.endswith(".gamma") else "zeros"),
-                )
+            elif key.startswith("weights.") and (
+                _at(data, key.split(".")) is None or key in self.ctx.made
+            ):
+                text = "default: " + ("ones" if key.endswith(".gamma") else "zeros")
+                out[key] = Source("default", text + entries, partly=partly)
             else:
                 out[key] = self.ctx.given(key)
         if m.tie_embeddings:
@@ -2020,7 +2063,10 @@ class _Validator:
                 )
         for tok in vocab:
             if tok in given and given[tok] is not None:
-                out[tok] = self.array(given[tok], f"embeddings.{tok}", (d,), dims="d_model")
+                draw = functools.partial(self.draw, f"embeddings.{tok}", (d,))
+                out[tok] = self.array(
+                    given[tok], f"embeddings.{tok}", (d,), dims="d_model", base=draw
+                )
             else:
                 out[tok] = self.draw(f"embeddings.{tok}", (d,))
         return out
@@ -2063,12 +2109,12 @@ class _Validator:
     def norm(self, value: Any, path: str, d: int) -> NormWeights:
         n = self.mapping(value, path, ("gamma", "beta"))
         gamma = (
-            self.array(n["gamma"], f"{path}.gamma", (d,), dims="d_model")
+            self.array(n["gamma"], f"{path}.gamma", (d,), dims="d_model", base=lambda: np.ones(d))
             if n.get("gamma") is not None
             else np.ones(d)
         )
         beta = (
-            self.array(n["beta"], f"{path}.beta", (d,), dims="d_model")
+            self.array(n["beta"], f"{path}.beta", (d,), dims="d_model", base=lambda: np.zeros(d))
             if n.get("beta") is not None
             else np.zeros(d)
         )
@@ -2159,6 +2205,7 @@ class _Validator:
                     f"{hp}.rel_bias",
                     (n_offsets,),
                     dims=f"2·max_len − 1, max_len {m.max_len}",
+                    base=functools.partial(self.draw, f"{path}.heads.{h}.rel_bias", (n_offsets,)),
                 )
             elif relative:
                 arrays["rel_bias"] = self.draw(f"{path}.heads.{h}.rel_bias", (n_offsets,))
