@@ -508,3 +508,22 @@ def test_entries_set_in_a_weight_the_config_does_not_give(tmp_path: Path) -> Non
         f"{whole}: entries set in a weight the config does not give (by --set {key}); "
         f"expected the whole weight first, --set {whole}=[...]"
     ) in result.stderr, result.stderr
+
+
+def test_a_row_set_in_a_drawn_weight_must_be_a_whole_row(tmp_path: Path) -> None:
+    """`W_2.1=[...]` sets row 1 of the drawn W_2 (shape 2 x 2) and keeps row 0 as drawn;
+    a row of another length, or a number for a row, is refused, not written in part."""
+    from trace_tf.config import load
+
+    path = write(tmp_path)
+    cfg = load(path, ["weights.encoder.0.ffn.W_2.1=[7, 8]"])
+    assert isinstance(cfg, Config)
+    drawn = np.random.default_rng([3, zlib.crc32(b"encoder.0.ffn.W_2")]).standard_normal((2, 2))
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, [drawn[0] * 0.5, [7.0, 8.0]])
+    for value, found in (("[7]", "found shape 1"), ("7", "found shape scalar")):
+        result = runner.invoke(
+            app, ["encode", path, "--set", f"weights.encoder.0.ffn.W_2.1={value}"]
+        )
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert "weights.encoder.0.ffn.W_2.1: wrong shape" in result.stderr
+        assert f"expected shape 2, {found}" in result.stderr

@@ -1199,30 +1199,30 @@ class _Validator:
             ) from None
 
     def _entries(self, array: np.ndarray, value: Any, path: str) -> np.ndarray:
-        """`array` with the entries overrides set in `value` written over it: nested lists
-        and mappings by index (`--set W.0.1=5` makes [{"1": 5}]), {} where none was set."""
-
-        def write(v: Any, at: tuple[int, ...]) -> None:
-            if isinstance(v, list):
-                for i, x in enumerate(v):
-                    write(x, (*at, i))
-            elif isinstance(v, dict) and all(whole_number(k) for k in v):  # ({}: none set)
-                for k, x in v.items():
-                    write(x, (*at, int(k)))
-            else:
-                where = ".".join([path, *map(str, at)])
-                x = self.number(v, where)
-                if len(at) != array.ndim or any(
-                    i >= n for i, n in zip(at, array.shape, strict=True)
-                ):
-                    raise self.ctx.err(
-                        where,
-                        "no such entry",
-                        expected=f"indices within shape {shape_text(array.shape, 'x')}",
-                    )
-                array[at] = x
-
-        write(value, ())
+        """`array` with what overrides set below `path` written over it, in the order set:
+        an entry (`W_2.0.1=5`) or a part (`W_2.0=[...]`, a whole row, of its shape).
+        Each is read from `value`, what the overrides built at `path` (lists, and
+        mappings by index: `--set W_2.0.1=5` alone makes [{"1": 5}])."""
+        for key in _set_inside(self.ctx.overridden, self.ctx.origins, path):
+            at = key[len(path) + 1 :].split(".")
+            if not all(whole_number(i) for i in at) or len(at) > array.ndim:
+                raise self.ctx.err(
+                    key,
+                    "no such entry",
+                    expected=f"indices of shape {shape_text(array.shape, 'x')}",
+                )
+            index = tuple(int(i) for i in at)
+            if any(i >= n for i, n in zip(index, array.shape, strict=False)):
+                raise self.ctx.err(
+                    key,
+                    "no such entry",
+                    expected=f"indices within shape {shape_text(array.shape, 'x')}",
+                )
+            v = value
+            for i in at:  # (a list by position, a mapping by the index as written)
+                v = v[int(i)] if isinstance(v, list) else v[i]
+            rest = array.shape[len(index) :]
+            array[index] = self._array(v, key, rest) if rest else self.number(v, key)
         return array
 
     def _array(
