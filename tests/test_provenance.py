@@ -527,3 +527,62 @@ def test_a_row_set_in_a_drawn_weight_must_be_a_whole_row(tmp_path: Path) -> None
         assert result.exit_code == 2 and "Traceback" not in result.output
         assert "weights.encoder.0.ffn.W_2.1: wrong shape" in result.stderr
         assert f"expected shape 2, {found}" in result.stderr
+
+
+def drawn_W_2() -> np.ndarray:
+    """CONFIG's W_2 as drawn: SPEC's rule, seed 3, init_std 0.5."""
+    rng = np.random.default_rng([3, zlib.crc32(b"encoder.0.ffn.W_2")])
+    return rng.standard_normal((2, 2)) * 0.5
+
+
+def test_an_entry_of_a_drawn_weight_set_twice_is_the_last_value(tmp_path: Path) -> None:
+    """`W_2.0.1=5` then `W_2.0.1=7` over the drawn W_2: the second override of the same
+    key lost that the first had made W_2 of its entries, and the run stopped with
+    'W_2.0: not a number ...; found a mapping'."""
+    from trace_tf.config import load
+
+    path = write(tmp_path)
+    key = "weights.encoder.0.ffn.W_2.0.1"
+    cfg = load(path, [f"{key}=5", f"{key}=7"])
+    assert isinstance(cfg, Config)
+    expected = drawn_W_2()
+    expected[0, 1] = 7.0
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, expected)
+    row = weights_json(path, "--set", f"{key}=5", "--set", f"{key}=7")["weights.encoder.0.ffn.W_2"]
+    assert row["text"] == f"drawn: seed 3, N(0, 0.5²); entries set by --set {key}"
+
+
+def test_a_whole_weight_set_after_entries_of_its_draw_replaces_them(tmp_path: Path) -> None:
+    """`W_2.0.1=5` then `W_2=[[1, 2], [3, 4]]`: the whole weight given last is the
+    weight (it was the draw with entry 0,1 read from the new matrix, 2). After
+    `W_2=null` (drawn again) only the entries set since count (one set before made
+    an internal error, KeyError)."""
+    from trace_tf.config import load
+
+    path = write(tmp_path)
+    w = "weights.encoder.0.ffn.W_2"
+    cfg = load(path, [f"{w}.0.1=5", f"{w}=[[1, 2], [3, 4]]"])
+    assert isinstance(cfg, Config)
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, [[1.0, 2.0], [3.0, 4.0]])
+    cfg = load(path, [f"{w}.1.0=3", f"{w}=null", f"{w}.0.1=5"])
+    assert isinstance(cfg, Config)
+    expected = drawn_W_2()
+    expected[0, 1] = 5.0
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, expected)
+    result = runner.invoke(
+        app, ["encode", path, "--set", f"{w}.1.0=3", "--set", f"{w}=null", "--set", f"{w}.0.1=5"]
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_an_index_below_an_entry_of_a_drawn_weight_is_no_such_entry(tmp_path: Path) -> None:
+    """`W_2.0.1.0=1` (one index too many): the list made at W_2.0.1 was taken for the
+    array, and the message said 'W_2.0: not a number; expected a number, found a
+    mapping', naming no override."""
+    path = write(tmp_path)
+    key = "weights.encoder.0.ffn.W_2.0.1.0"
+    result = runner.invoke(app, ["encode", path, "--set", f"{key}=1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        f"{key}: no such entry (set by --set {key}); expected indices of shape 2 x 2"
+    ) in result.stderr, result.stderr

@@ -669,7 +669,11 @@ def apply_override(
                 if node.get(part) is None:  # (below embeddings, "0" is a token)
                     nxt = parts[i + 1]
                     node[part] = [] if whole_number(nxt) and here != "embeddings" else {}
-                    if here != "embeddings" and all(whole_number(p) for p in parts[i + 1 :]):
+                    if (
+                        made is None  # (the array, not a list made inside it: W_2.0.1.2)
+                        and here != "embeddings"
+                        and all(whole_number(p) for p in parts[i + 1 :])
+                    ):
                         made = here  # (an entry of an array the document does not hold)
                 node = node[part]
         if not last and not isinstance(node, dict | list):
@@ -683,6 +687,15 @@ def apply_override(
                 file=file,
             )
     key = ".".join(parts)  # (`embeddings...` sets the token ".": its key path `embeddings..`)
+    prev = doc.origins.get(key)
+    if made is None and prev is not None and prev.made is not None:
+        # the same entry set again: still one of the array its first setting made,
+        # unless an override set that array, or a key above it, since
+        since = max(n for n, k in enumerate(doc.overridden) if k == key)
+        if not any(
+            _covers(k, prev.made) for k in doc.overridden[since + 1 :] if not doc.origins[k].pads
+        ):
+            made = prev.made
     doc.overridden.append(key)
     doc.origins[key] = replace(origin, parts=tuple(parts), made=made)
 
@@ -856,6 +869,11 @@ def _set_inside(overridden: Sequence[str], origins: Mapping[str, Origin], key: s
     return [k for k in overridden if k.startswith(key + ".") and not origins[k].pads]
 
 
+def _covers(key: str, path: str) -> bool:
+    """Whether setting `key` sets the value at `path`: it is `path` or a key above it."""
+    return path == key or path.startswith(key + ".")
+
+
 def _in_part(axis: int, lo: int, hi: int) -> Callable[[tuple[str, ...]], bool]:
     """Whether the indices of an entry set inside a fused weight (`0.1` of a W_q, `3` of
     a b_q) fall in one head's part of it, indices lo..hi along `axis` (a W's columns, a
@@ -975,7 +993,34 @@ class _Ctx:
     def made(self) -> set[str]:
         """The key paths of arrays the document does not give that overrides set entries
         of (`--set weights.encoder.0.ffn.W_2.0.1=5` with W_2 drawn)."""
-        return {o.made for o in self.origins.values() if o.made is not None}
+        _, _, made = self._overrides
+        return {array for array, n in made.items() if n > self._since(array)}
+
+    def _setter(self, key: str) -> tuple[int, str] | None:
+        """The last override that set `key` or a key above it: its place among the
+        overrides (entries set inside `key` before it were replaced) and its key."""
+        if key.startswith("embeddings."):  # (a token may hold dots: `embeddings.e.g.`)
+            parents = ["embeddings"]
+        else:
+            names = key.split(".")
+            parents = [".".join(names[:n]) for n in range(1, len(names))]
+        last, _, _ = self._overrides
+        return max(((last[k], k) for k in (*parents, key) if k in last), default=None)
+
+    def _since(self, key: str) -> int:
+        setter = self._setter(key)
+        return -1 if setter is None else setter[0]
+
+    def entries(self, key: str) -> list[str]:
+        """The keys below `key` that overrides set since `key` was last set whole (its
+        entries, or parts of it), in the order set; not the empty entries an override
+        added past a list's end."""
+        since = self._since(key)
+        return [
+            k
+            for n, k in enumerate(self.overridden)
+            if n > since and k.startswith(key + ".") and not self.origins[k].pads
+        ]
 
     @functools.cached_property
     def _overrides(
@@ -1004,14 +1049,9 @@ class _Ctx:
         at `key` or a key above it (--set, a variant, an array of weights_file), else the
         file's line; with the overrides that set entries inside it (those whose indices
         below `key` are `within` a part of it, when given)."""
-        if key.startswith("embeddings."):  # (a token may hold dots: `embeddings.e.g.`)
-            parents = ["embeddings"]
-        else:
-            names = key.split(".")
-            parents = [".".join(names[:n]) for n in range(1, len(names))]
         last, inside, made = self._overrides
-        setters = sorted((last[k], k) for k in (*parents, key) if k in last)
-        since = setters[-1][0] if setters else -1  # (entries set before were replaced)
+        setter = self._setter(key)
+        since = -1 if setter is None else setter[0]  # (entries set before were replaced)
         partly = tuple(
             dict.fromkeys(
                 self.origins[k].named(k)
@@ -1025,15 +1065,15 @@ class _Ctx:
             kind = "set" if first.at is None else "variant"
             text = f"only its entries, set by {', '.join(partly)}"
             return Source(kind, text, by=first.by, partly=partly)
-        if not setters:
+        if setter is None:
             line = self.lines.get(key)
             where = f"{self.file} line {line}" if line else f"given in {self.file}"
             src = Source("file", where, file=self.file, line=line)
-        elif (origin := self.origins[setters[-1][1]]).array is not None:
+        elif (origin := self.origins[setter[1]]).array is not None:
             text = f"{origin.by}, array {quoted(origin.array)}"
             src = Source("npz", text, file=origin.by, array=origin.array)
         else:
-            k = setters[-1][1]
+            k = setter[1]
             by = origin.by if k == key else origin.named(k)
             line = None if origin.at is None else self.lines.get(origin.at + key[len(k) :])
             text = by + (f", {self.file} line {line}" if line else "")
@@ -1186,7 +1226,7 @@ class _Validator:
             # (a fused weight not given): the array is not what is wrong
             if path not in self.ctx.made:
                 raise
-            made = list(dict.fromkeys(_set_inside(self.ctx.overridden, self.ctx.origins, path)))
+            made = list(dict.fromkeys(self.ctx.entries(path)))
             by = self.ctx.origins[made[-1]].named(made[-1])
             raise InputError(
                 f"entries set in a weight the config does not give (by {by})",
@@ -1203,7 +1243,7 @@ class _Validator:
         an entry (`W_2.0.1=5`) or a part (`W_2.0=[...]`, a whole row, of its shape).
         Each is read from `value`, what the overrides built at `path` (lists, and
         mappings by index: `--set W_2.0.1=5` alone makes [{"1": 5}])."""
-        for key in _set_inside(self.ctx.overridden, self.ctx.origins, path):
+        for key in self.ctx.entries(path):
             at = key[len(path) + 1 :].split(".")
             if not all(whole_number(i) for i in at) or len(at) > array.ndim:
                 raise self.ctx.err(
