@@ -586,3 +586,23 @@ def test_an_index_below_an_entry_of_a_drawn_weight_is_no_such_entry(tmp_path: Pa
     assert (
         f"{key}: no such entry (set by --set {key}); expected indices of shape 2 x 2"
     ) in result.stderr, result.stderr
+
+
+def test_a_key_below_a_weight_not_given_that_is_no_index_is_no_such_entry(
+    tmp_path: Path,
+) -> None:
+    """`W_2.-1.0=1` or `W_2.0.x=1` with W_2 drawn (or a fused W_q not given): the
+    mapping the override made was reported as the weight's fault, 'W_2: not a number
+    ...; expected a number, found a mapping'."""
+    path = write(tmp_path)
+    for key, shape in (
+        ("weights.encoder.0.ffn.W_2.-1.0", "2 x 2"),
+        ("weights.encoder.0.ffn.W_2.0.x", "2 x 2"),
+        ("weights.encoder.0.self_attn.norm.gamma.-1", "2"),
+        ("embeddings.b.-1", "2"),
+    ):
+        result = runner.invoke(app, ["encode", path, "--set", f"{key}=1"])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert (
+            f"{key}: no such entry (set by --set {key}); expected indices of shape {shape}"
+        ) in result.stderr, result.stderr

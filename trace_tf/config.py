@@ -1222,6 +1222,11 @@ class _Validator:
         try:
             return self._array(value, path, shape, finite=finite, dims=dims)
         except InputError:
+            # an override that set a key below it which no array has (`W_2.-1.0`,
+            # `W_2.0.x`, where the config does not give W_2) made what is wrong
+            for key in self.ctx.entries(path):
+                if not all(whole_number(i) for i in key[len(path) + 1 :].split(".")):
+                    raise self._no_such_entry(key, shape) from None
             # entries set by overrides where the document has no array to set them in
             # (a fused weight not given): the array is not what is wrong
             if path not in self.ctx.made:
@@ -1246,11 +1251,7 @@ class _Validator:
         for key in self.ctx.entries(path):
             at = key[len(path) + 1 :].split(".")
             if not all(whole_number(i) for i in at) or len(at) > array.ndim:
-                raise self.ctx.err(
-                    key,
-                    "no such entry",
-                    expected=f"indices of shape {shape_text(array.shape, 'x')}",
-                )
+                raise self._no_such_entry(key, array.shape)
             index = tuple(int(i) for i in at)
             if any(i >= n for i, n in zip(index, array.shape, strict=False)):
                 raise self.ctx.err(
@@ -1264,6 +1265,12 @@ class _Validator:
             rest = array.shape[len(index) :]
             array[index] = self._array(v, key, rest) if rest else self.number(v, key)
         return array
+
+    def _no_such_entry(self, key: str, shape: tuple[int, ...] | None) -> InputError:
+        """An override's key below an array that names no entry of it (`W_2.0.1.0`,
+        `W_2.-1.0`)."""
+        expected = f"indices of shape {shape_text(shape, 'x')}" if shape else "indices 0, 1, ..."
+        return self.ctx.err(key, "no such entry", expected=expected)
 
     def _array(
         self,
