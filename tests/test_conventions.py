@@ -480,6 +480,18 @@ def test_the_rms_norm_calculator_claims_no_variance() -> None:
     np.testing.assert_allclose(value(data, "norm.out"), layer_norm(x, 0.5), atol=1e-15)
 
 
+def test_the_overrides_row_names_each_key_set_once_and_no_entry_only_padded() -> None:
+    # `W_2.2.1=5` over hello's drawn W_2 listed W_2.0 and W_2.1 as keys set (the empty
+    # rows the override added before its own, which keep the draw), and a key set
+    # twice was listed twice.
+    w = "weights.encoder.0.ffn.W_2"
+    args = ["encode", "--set", f"{w}.2.1=5", "--set", "model.seed=1", "--set", "model.seed=2"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    head = json.loads(result.stdout)["conventions"]
+    assert head["overrides"] == f"keys set: {w}.2.1, model.seed"
+
+
 def test_the_overrides_row_names_the_variant_and_the_header_follows_it() -> None:
     # It listed the keys a variant set but not the variant: two variants setting the
     # same keys (hello's document and document_scale30 both set source) read alike.

@@ -1973,8 +1973,12 @@ class _Validator:
             drawn=tuple(self.drawn),
             given_fused=tuple(self.given_fused),
             variant=variant,
-            overrides=tuple(
-                k for k in self.ctx.overridden if self.ctx.origins.get(k, Origin("")).array is None
+            overrides=tuple(  # (each once; not the empty entries an override added)
+                dict.fromkeys(
+                    k
+                    for k in self.ctx.overridden
+                    if (o := self.ctx.origins.get(k, Origin(""))).array is None and not o.pads
+                )
             ),
             weights_file=next((o.by for o in from_file), None),
             weights_file_arrays=len(from_file),
