@@ -606,3 +606,18 @@ def test_a_key_below_a_weight_not_given_that_is_no_index_is_no_such_entry(
         assert (
             f"{key}: no such entry (set by --set {key}); expected indices of shape {shape}"
         ) in result.stderr, result.stderr
+
+
+def test_an_entry_of_a_matrix_a_single_operation_file_does_not_give(tmp_path: Path) -> None:
+    """`attention.Q.0.1=5` where the file gives no Q: the message said the whole
+    'weight' was needed, adding that 'not given, a weight is drawn' (a single
+    operation's Q is never drawn: without one the run stops, 'missing Q')."""
+    path = tmp_path / "op.yaml"
+    path.write_text("attention: {K: [[1, 2]], V: [[3]]}\n", encoding="utf-8")
+    result = runner.invoke(app, ["attend", str(path), "--set", "attention.Q.0.1=5"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().endswith(
+        "attention.Q: entries set in a matrix the config does not give (by --set "
+        "attention.Q.0.1); expected the whole matrix first, --set attention.Q=[...], "
+        "found only entries: attention.Q.0.1"
+    ), result.stderr

@@ -1233,13 +1233,20 @@ class _Validator:
                 raise
             made = list(dict.fromkeys(self.ctx.entries(path)))
             by = self.ctx.origins[made[-1]].named(made[-1])
+            # (a single operation's matrices are not drawn: the whole one is needed)
+            model = path.startswith(("weights.", "embeddings."))
+            what = "weight" if model else "matrix"
             raise InputError(
-                f"entries set in a weight the config does not give (by {by})",
+                f"entries set in a {what} the config does not give (by {by})",
                 file=self.ctx.file,
                 path=path,
-                expected=f"the whole weight first, --set {path}=[...]"
+                expected=f"the whole {what} first, --set {path}=[...]"
                 + (f" of shape {shape_text(shape, 'x')}" if shape else "")
-                + " (not given, a weight is drawn, a norm's γ and β are 1 and 0, a bias is none)",
+                + (
+                    " (not given, a weight is drawn, a norm's γ and β are 1 and 0, a bias is none)"
+                    if model
+                    else ""
+                ),
                 found=f"only entries: {', '.join(made[:3])}" + (", ..." if len(made) > 3 else ""),
             ) from None
 
