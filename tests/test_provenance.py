@@ -621,3 +621,19 @@ def test_an_entry_of_a_matrix_a_single_operation_file_does_not_give(tmp_path: Pa
         "attention.Q.0.1); expected the whole matrix first, --set attention.Q=[...], "
         "found only entries: attention.Q.0.1"
     ), result.stderr
+
+
+def test_an_entry_set_below_a_layer_index_with_a_leading_zero(tmp_path: Path) -> None:
+    """`weights.encoder.00.ffn.W_2.0.1=5`: the list index 00 is layer 0, but the
+    override was recorded under `encoder.00`, so the weight it made at `encoder.0`
+    was not known to be made of entries: 'W_2.0: not a number; found a mapping'."""
+    from trace_tf.config import load
+
+    path = write(tmp_path)
+    cfg = load(path, ["weights.encoder.00.ffn.W_2.0.1=5"])
+    assert isinstance(cfg, Config)
+    expected = drawn_W_2()
+    expected[0, 1] = 5.0
+    np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, expected)
+    row = weights_json(path, "--set", "weights.encoder.00.ffn.W_2.0.1=5")
+    assert row["weights.encoder.0.ffn.W_2"]["partly"] == ["--set weights.encoder.0.ffn.W_2.0.1"]

@@ -613,7 +613,7 @@ def apply_override(
     when d_model is a number) is refused rather than silently replacing the value."""
     # (parts given are an .npz embedding's, whose token may be empty: `embeddings.`)
     split = parts is None
-    parts = key_parts(doc, key) if parts is None else parts
+    parts = key_parts(doc, key) if parts is None else list(parts)
     node: Any = doc.data
     made: str | None = None
     file = origin.by if origin.at is None else f"{doc.file} ({origin.by})"
@@ -641,6 +641,7 @@ def apply_override(
                     file=file,
                 )
             idx = int(part)
+            parts[i] = str(idx)  # (the key as read: `encoder.00` is `encoder.0`)
             if idx > len(node) + MAX_SET_PAD:
                 raise InputError(
                     f"cannot set {key}: index {idx} is far past the end of "
