@@ -840,7 +840,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         if given is not None:
             # the file's value, unless an override replaced it (said after the message) or
             # made it, setting entries of it
-            replaced = any(k == key or key.startswith(k + ".") for k in doc.overridden)
+            replaced = any(_covers(k, key) for k in doc.overridden)
             inside = _set_inside(doc.overridden, doc.origins, key)
             where = f"in {doc.file}"
             if replaced:
@@ -1016,12 +1016,7 @@ class _Ctx:
         """The keys below `key` that overrides set since `key` was last set whole (its
         entries, or parts of it), in the order set; not the empty entries an override
         added past a list's end."""
-        since = self._since(key)
-        return [
-            k
-            for n, k in enumerate(self.overridden)
-            if n > since and k.startswith(key + ".") and not self.origins[k].pads
-        ]
+        return _set_inside(self.overridden[self._since(key) + 1 :], self.origins, key)
 
     @functools.cached_property
     def _overrides(
