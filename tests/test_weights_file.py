@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import struct
 import subprocess
@@ -604,20 +605,148 @@ def test_a_pipe_as_weights_file_is_refused_at_once(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
-def test_a_set_over_an_array_of_the_npz_is_not_said_to_be_in_the_yaml(tmp_path: Path) -> None:
-    """A --set of an npz array (or of one entry of it) is refused as given twice; the
-    message said 'in c.yaml and as array', of a key the YAML does not hold."""
+W_1 = "weights.encoder.0.ffn.W_1"
+
+
+def _with_arrays_changed(data: dict[str, Any], d: Path, change: Any) -> Path:
+    """The all-YAML config with `change` applied by numpy to its arrays (a mapping of
+    key path -> array, written back into the YAML): the independent side of a test."""
+    changed = copy.deepcopy(data)
+    arrays: dict[str, np.ndarray] = {}
+    flatten(changed["weights"], "weights", arrays)
+    flatten({"embeddings": changed["embeddings"]}, "", arrays)
+    for key, new in change(arrays).items():
+        node: Any = changed
+        *above, last = key.split(".")
+        for part in above:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = np.asarray(new).tolist()
+    path = d / "changed.yaml"
+    path.write_text(yaml.safe_dump(changed), encoding="utf-8")
+    return path
+
+
+def test_a_set_over_an_npz_array_changes_a_copy_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry, a row and a whole weight set over arrays of the npz: the run is the YAML's
+    with numpy's changes; the npz file and the arrays read from it are not modified."""
+    data = random_config(np.random.default_rng(21), d_model=4, n_heads=2, d_ff=6)
+    _, npz = split(data, tmp_path)
+    before = (tmp_path / "w.npz").read_bytes()
+    row, whole = [1.0, -2.0, 3.0, -4.0, 5.0, -6.0], np.arange(24.0).reshape(6, 4) / 10
+    W_2 = "weights.encoder.0.ffn.W_2"
+    sets = [f"{W_1}.0.1=5", f"{W_1}.2={row}", f"{W_2}={whole.tolist()}", "embeddings.t1.3=-7"]
+
+    def change(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        w1, t1 = a[W_1].copy(), a["embeddings.t1"].copy()
+        w1[0, 1], w1[2, :], t1[3] = 5, row, -7
+        return {W_1: w1, W_2: whole, "embeddings.t1": t1}
+
+    expected = loaded(_with_arrays_changed(data, tmp_path, change))
+    import trace_tf.config as config_module
+
+    read: list[tuple[np.ndarray, np.ndarray]] = []
+    read_npz = config_module.read_npz
+
+    def recording(*args: Any) -> list[tuple[str, Any]]:
+        arrays = read_npz(*args)
+        read.extend((v, np.array(v, copy=True)) for _, v in arrays)
+        return arrays
+
+    monkeypatch.setattr(config_module, "read_npz", recording)
+    got = loaded(npz, sets=sets)
+    same_trace(expected, got)
+    assert got.encoder[0].ffn.W_1[0, 1] == 5 and list(got.encoder[0].ffn.W_1[2]) == row
+    # each array as read is untouched (a float64 one is a read-only view of the bytes)
+    assert read and all(np.array_equal(v, was) for v, was in read)
+    assert (tmp_path / "w.npz").read_bytes() == before
+    same_trace(loaded(npz), loaded(tmp_path / "all.yaml"))  # (read again: the file's)
+    # H = X W_1 + b_1 by hand, over the FFN's input as traced
+    t = run(got)
+    x = t.value("encoder.0.self_attn.norm")
+    w1 = np.array(data["weights"]["encoder"][0]["ffn"]["W_1"])
+    w1[0, 1], w1[2, :] = 5, row
+    b1 = np.array(data["weights"]["encoder"][0]["ffn"]["b_1"])
+    assert np.allclose(t.value("encoder.0.ffn.hidden"), x @ w1 + b1, rtol=1e-13, atol=1e-13)
+
+
+def test_a_set_over_an_npz_array_names_both_as_its_source(tmp_path: Path) -> None:
+    """The source of an npz array with entries set is the array, then the entries (as a
+    YAML weight's); a fused one's heads name the entries in their columns only."""
+    data = random_config(np.random.default_rng(22), d_model=4, n_heads=2, fused=True)
+    _, npz = split(data, tmp_path)
+    name = tmp_path / "w.npz"
+    W_q = "weights.encoder.0.self_attn.W_q"
+    sets = [f"{W_1}.0.1=5", f"{W_1}.2.0=6", f"{W_q}.1.3=7"]
+    cfg = loaded(npz, sets=sets)
+    src = cfg.sources[W_1]
+    assert src.kind == "npz" and src.array == "encoder.0.ffn.W_1", src
+    assert src.text == (
+        f"{name}, array 'encoder.0.ffn.W_1'; entries set by --set {W_1}.0.1, --set {W_1}.2.0"
+    )
+    assert src.partly == (f"--set {W_1}.0.1", f"--set {W_1}.2.0")
+    assert cfg.sources[W_q].text == f"{name}, array 'encoder.0.self_attn.W_q'; " + (
+        f"entries set by --set {W_q}.1.3"
+    )
+    head = "weights.encoder.0.self_attn.heads.{}.W_q"
+    assert cfg.sources[head.format(0)].partly == ()
+    assert cfg.sources[head.format(1)].text == (
+        f"columns 2..3 of {W_q} ({name}, array 'encoder.0.self_attn.W_q'; "
+        f"entries set by --set {W_q}.1.3)"
+    )
+    fused = np.array(data["weights"]["encoder"][0]["self_attn"]["W_q"])
+    fused[1, 3] = 7
+    assert np.array_equal(cfg.encoder[0].self_attn.heads[1].W_q, fused[:, 2:])
+    assert np.array_equal(cfg.encoder[0].self_attn.heads[0].W_q, fused[:, :2])
+    assert cfg.weights_file_arrays == len(np.load(name).files)
+    code, out, err = invoke(
+        "weights", str(npz), "--format", "json", *(a for s in sets for a in ("--set", s))
+    )
+    assert code == 0, err
+    assert f"entries set by --set {W_1}.0.1" in out
+    # a variant is an override as --set is
+    rest = yaml.safe_load(npz.read_text(encoding="utf-8"))
+    rest["variants"] = {"v": {f"{W_1}.0.1": 5}}
+    npz.write_text(yaml.safe_dump(rest), encoding="utf-8")
+    text = loaded(npz, variant="v").sources[W_1].text
+    assert text == f"{name}, array 'encoder.0.ffn.W_1'; entries set by variant 'v'"
+
+
+def test_a_set_over_an_npz_array_is_checked_as_over_the_yaml_s(tmp_path: Path) -> None:
+    """Shapes and numbers of what a --set writes over an npz array are checked, naming
+    the --set (before, any --set of an npz array was refused as given twice)."""
     config = tmp_path / "c.yaml"
     config.write_text(
         "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
     )
     np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.b_1": np.zeros(16)})
     b_1 = "weights.encoder.0.ffn.b_1"
-    code, _, err = invoke("encode", str(config), "--set", f"{b_1}=[1]")
-    assert code == 2, err
-    assert "given twice: by an override and as array 'encoder.0.ffn.b_1'" in err, err
-    assert f"(set by --set {b_1})" in err and f"in {config} and" not in err, err
-    code, _, err = invoke("encode", str(config), "--set", f"{b_1}.3=1")
-    assert code == 2, err
-    assert f"given twice: by --set {b_1}.3 and as array 'encoder.0.ffn.b_1'" in err, err
-    assert f"in {config} and" not in err, err
+    for value, message in [
+        (f"{b_1}=[1]", f"{b_1}: wrong shape (set by --set {b_1}); expected shape 16 (d_ff)"),
+        (f"{b_1}.16=1", f"{b_1}.16: no such entry (set by --set {b_1}.16); expected indices"),
+        (f"{b_1}.3=x", f"{b_1}.3: not a number (set by --set {b_1}.3)"),
+        (f"{b_1}.3.0=1", f"{b_1}.3.0: no such entry (set by --set {b_1}.3.0)"),
+    ]:
+        code, _, err = invoke("encode", str(config), "--set", value)
+        assert code == 2, err
+        assert message in err and "given twice" not in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    b = loaded(config, sets=[f"{b_1}.3=1"]).encoder[0].ffn.b_1
+    assert b is not None and list(b) == [0, 0, 0, 1] + [0] * 12
+
+
+def test_diff_set_b_over_an_npz_array(tmp_path: Path) -> None:
+    data = random_config(np.random.default_rng(23), d_model=4, n_heads=1)
+    _, npz = split(data, tmp_path)
+    code, out, err = invoke("diff", str(npz), "--set-b", f"{W_1}.1.2=9", "--format", "json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["first_difference"] == "encoder.0.ffn.hidden", result
+    # column 2 of H = X W_1 changes by (9 − W_1[1, 2]) x[:, 1]: by numpy
+    hidden = next(s for s in result["steps"] if s["path"] == "encoder.0.ffn.hidden")
+    a = run(loaded(npz))
+    change = (9 - data["weights"]["encoder"][0]["ffn"]["W_1"][1][2]) * a.value(
+        "encoder.0.self_attn.norm"
+    )[:, 1]
+    assert np.isclose(hidden["max_abs_diff"], np.abs(change).max(), rtol=1e-12)

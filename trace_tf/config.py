@@ -414,6 +414,9 @@ class Document:
     overridden: list[str] = field(default_factory=list)  # keys set over the file, in order
     origins: dict[str, Origin] = field(default_factory=dict)  # key -> what set it last
     base: Path | None = None  # the file's directory (None: the current directory)
+    # arrays of the weights_file that overrides set entries of, by key path: the entries
+    # are written over a copy (the array may be shared, or the npz's own buffer)
+    bases: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve(name: str | None) -> Path:
@@ -819,6 +822,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         exc.message += of_config
         raise
     placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
+    overrides = doc.overridden[:]  # (the arrays are placed after them)
     for array, value in arrays:
         # an embedding's token may hold dots: it is one key below `embeddings`
         token = array[len("embeddings.") :] if array.startswith("embeddings.") else None
@@ -837,9 +841,16 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             given = given.get(token) if isinstance(given, dict) else None
         else:
             given = _at(doc.data, key.split("."))
+        if given is not None and id(given) not in placed and not doc.lines.given(key):
+            # an override's value: one that set the key whole (or a key above it) stands
+            # over the array; entries set by overrides are written over a copy of it
+            if any(_covers(k, key) for k in overrides if not doc.origins[k].pads):
+                continue
+            if _under_entries(doc, overrides, key, token, name, array, value):
+                placed[id(value)] = array
+                continue
         if given is not None:
-            # the file's value, unless an override replaced it (said after the message) or
-            # made it, setting entries of it
+            # the file's value, or an override's that is not an array's entries
             replaced = any(_covers(k, key) for k in doc.overridden)
             inside = _set_inside(doc.overridden, doc.origins, key)
             where = f"in {doc.file}"
@@ -856,12 +867,39 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
                 key,
                 f"given twice: {first} of weights_file {name}"
                 + (f" (set by {set_by.by})" if set_by else ""),
-                expected="each weight given once, in the YAML or in the .npz (a --set or "
-                "variant cannot change an array of the .npz, nor entries of it)",
+                expected="each weight given once, in the YAML or in the .npz",
             )
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
+
+
+def _under_entries(
+    doc: Document,
+    overrides: Sequence[str],
+    key: str,
+    token: str | None,
+    file: str,
+    array: str,
+    value: Any,
+) -> bool:
+    """Place the weights_file's `array` (at `key`) under the entries that overrides set
+    inside it, if that is what the document holds there: it becomes their base
+    (Document.bases), set just before the first of them, as a weight of the YAML
+    would be, so that its source names the array and then the entries set."""
+    if token is None:  # (`encoder.00` is `encoder.0`, as overrides read an index)
+        key = ".".join(str(int(p)) if whole_number(p) else p for p in key.split("."))
+    inside = _set_inside(overrides, doc.origins, key)
+    if not inside:
+        return False
+    first = doc.overridden.index(inside[0])
+    parts = ("embeddings", token) if token is not None else tuple(key.split("."))
+    doc.overridden.insert(first, key)
+    doc.origins[key] = Origin(file, at="weights_file", array=array, parts=parts)
+    for k in inside:  # no longer entries of an array the document does not give
+        doc.origins[k] = replace(doc.origins[k], made=None)
+    doc.bases[key] = value
+    return True
 
 
 def _set_inside(overridden: Sequence[str], origins: Mapping[str, Origin], key: str) -> list[str]:
@@ -937,6 +975,7 @@ class _Ctx:
     lines: Lines
     overridden: list[str]
     origins: dict[str, Origin] = field(default_factory=dict)
+    bases: dict[str, Any] = field(default_factory=dict)  # Document.bases
 
     def err(
         self,
@@ -1093,7 +1132,7 @@ class _Ctx:
 
 
 def _ctx(doc: Document) -> _Ctx:
-    return _Ctx(doc.file, doc.lines, doc.overridden, doc.origins)
+    return _Ctx(doc.file, doc.lines, doc.overridden, doc.origins, doc.bases)
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -1213,6 +1252,10 @@ class _Validator:
         so a wrong shape says which size of the model it disagrees with. `base`: what
         the array is when the config does not give it (drawn, or a default), which
         entries set by overrides (`--set ...W_2.0.1=5`) then change."""
+        if path in self.ctx.bases:  # an array of the weights_file, entries set over it
+            given = self._array(self.ctx.bases[path], path, shape, finite=finite, dims=dims)
+            copied = np.array(given, dtype=np.float64)  # (never the loaded array itself)
+            return self._array(self._entries(copied, value, path), path, shape, dims=dims)
         if base is not None and shape is not None and path in self.ctx.made:
             return self._array(self._entries(base(), value, path), path, shape, dims=dims)
         try:
