@@ -1620,6 +1620,28 @@ def test_set_addresses_a_token_that_holds_dots(tmp_yaml, set_: str, rows: Any) -
 
 
 @pytest.mark.parametrize(
+    "sets",
+    [
+        ["vocab=[hi, x.y]", "embeddings.x.y=[9, 8]"],
+        ["embeddings.x.y=[9, 8]", "vocab=[hi, x.y]"],  # (was refused: token "x" not in vocab)
+        ["embeddings.x.y.1=8", "embeddings.x.y.0=9", "vocab.1=x.y"],
+        ["embeddings.x.y.0=9", "vocab.1=x.y", "embeddings.x.y.1=8"],
+    ],
+)
+def test_a_token_with_dots_is_read_whatever_the_order_of_the_sets(
+    tmp_yaml, sets: list[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """A dotted token below embeddings is one part if the vocab the overrides leave holds
+    it, not only when vocab holds it before that --set."""
+    text = "model: {d_model: 2, n_heads: 1}\nvocab: [hi, there]\nsource: [hi, hi]\n"
+    args = [a for s in [*sets, "source=[x.y, hi]"] for a in ("--set", s)]
+    code, out, err = invoke("step", tmp_yaml(text), *args, "--stage", "embed", "--format", "json")
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+    assert step["value"][0] == [9, 8]
+
+
+@pytest.mark.parametrize(
     "key", ["embeddings..x", "embeddings...", "embeddings.e.g..", "embeddings.hi."]
 )
 def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(

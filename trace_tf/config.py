@@ -8,6 +8,7 @@ array's key path, so giving one weight never changes another drawn one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -417,6 +418,9 @@ class Document:
     # arrays of the weights_file that overrides set entries of, by key path: the entries
     # are written over a copy (the array may be shared, or the npz's own buffer)
     bases: dict[str, Any] = field(default_factory=dict)
+    # the tokens holding dots of the vocab the overrides leave: a key below embeddings
+    # is read against them too, so that the overrides' order does not matter
+    tokens: frozenset[str] = frozenset()
 
 
 def resolve(name: str | None) -> Path:
@@ -593,12 +597,14 @@ MAX_SET_PAD = 1024  # entries a --set may add past the end of a list (missing la
 def key_parts(doc: Document, key: str) -> list[str]:
     """The parts of a dotted key. A token may hold dots (".", "e.g."): below `embeddings`,
     the longest token of the document's vocab or embeddings that the rest of the key
-    is, or begins with before a dot, is one part (`embeddings.e.g..0`: e.g., 0)."""
+    is, or begins with before a dot, is one part (`embeddings.e.g..0`: e.g., 0); also a
+    token of the vocab that the overrides leave (Document.tokens)."""
     head, _, rest = key.partition(".")
     if head == "embeddings" and rest:
         vocab, given = doc.data.get("vocab"), doc.data.get("embeddings")
         known = [t for t in vocab if isinstance(t, str)] if isinstance(vocab, list) else []
         known += [t for t in given if isinstance(t, str)] if isinstance(given, dict) else []
+        known += doc.tokens
         for token in sorted({t for t in known if "." in t}, key=len, reverse=True):
             if rest == token or (rest.startswith(token + ".") and rest != token + "."):
                 tail = rest[len(token) + 1 :]
@@ -763,6 +769,16 @@ def overridden(
     doc = Document(
         doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins), doc.base
     )
+    variants = doc.data.get("variants")
+    body = variants.get(variant) if isinstance(variants, dict) and variant is not None else None
+    doc.tokens = _final_tokens(
+        doc,
+        [
+            *(body.items() if isinstance(body, dict) else ()),
+            *sets,
+            *((key, value) for key, value, _ in options),
+        ],
+    )
     if variant is not None:
         apply_variant(doc, variant)
     for key, value in sets:
@@ -770,6 +786,27 @@ def overridden(
     for key, value, option in options:
         apply_override(doc, key, value, Origin(option))
     return doc
+
+
+def _final_tokens(doc: Document, overrides: Iterable[tuple[Any, Any]]) -> frozenset[str]:
+    """The tokens holding dots of the vocab once `overrides` (key, value) are applied to
+    the document's: what a key below embeddings is read against, whichever the order of
+    the overrides (`--set embeddings.x.y=[...] --set vocab=[..., x.y]`)."""
+    changes = [
+        (k, v)
+        for k, v in overrides
+        if isinstance(k, str) and (k == "vocab" or k.startswith("vocab."))
+    ]
+    if not changes:
+        return frozenset()
+    scratch = Document(doc.file, {"vocab": _deepcopy(doc.data.get("vocab"))}, doc.lines)
+    for key, value in changes:
+        with contextlib.suppress(InputError):  # (said when the override itself is applied)
+            apply_override(scratch, key, _deepcopy(value), Origin(""))
+    vocab = scratch.data.get("vocab")
+    if not isinstance(vocab, list):
+        return frozenset()
+    return frozenset(t for t in vocab if isinstance(t, str) and "." in t)
 
 
 def build(
