@@ -758,6 +758,35 @@ def test_another_strategys_option_is_said_and_unused(args: list[str], unused: st
 
 
 @pytest.mark.parametrize(
+    ("args", "by"),
+    [
+        (["--explain", "t0.probs"], "--explain"),
+        (["--format", "json"], "--format json"),
+    ],
+)
+def test_show_where_no_table_shows_a_distribution_is_said_and_unused(
+    args: list[str], by: str
+) -> None:
+    """--show sets the rows of the table's distributions: with --explain (one entry) or
+    JSON (each whole distribution) it was silently unused; it is said, as another
+    strategy's option is, and the output is the same as without it."""
+    unused = f"--show applies to the table of each distribution: unused by {by}"
+    code, out, err = invoke("generate", *args, "--show", "3")
+    assert code == 0, err
+    assert f"trace-tf: warning: {unused}" in err
+    code, plain, plain_err = invoke("generate", *args)
+    assert code == 0 and "--show" not in plain_err
+    if by == "--explain":
+        assert out == plain
+    else:
+        data, without = json.loads(out), json.loads(plain)
+        assert unused in data.pop("warnings") and without.pop("warnings") == []
+        assert data == without
+    code, _, err = invoke("generate", "--show", "3")  # the table's: used
+    assert code == 0 and "--show" not in err
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         (

@@ -984,8 +984,14 @@ def generate(
         typer.Option("--head", min=0, help="With --trace: only this head."),
     ] = None,
     show: Annotated[
-        int, typer.Option("--show", min=1, help="Rows of each next-token distribution shown.")
-    ] = 10,
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--show",
+            min=1,
+            help="Rows of each next-token distribution shown (the table's).",
+            show_default="10",
+        ),
+    ] = None,
     explain_step: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -1029,7 +1035,12 @@ def generate(
         length_penalty=length_penalty,
         cache=cache,
     )
-    for note in s.unused:  # said at once: also when the run then stops on an error
+    unused = list(s.unused)
+    if show is not None and (explain_step is not None or c.fmt != "table"):
+        # (the table's rows: JSON holds each whole distribution, --explain one entry)
+        by = "--explain" if explain_step is not None else f"--format {c.fmt}"
+        unused.append(f"--show applies to the table of each distribution: unused by {by}")
+    for note in unused:  # said at once: also when the run then stops on an error
         _warning(note)
     if cell is not None and explain_step is None:
         _fail("--cell chooses the entry --explain writes out: add --explain STEP")
@@ -1068,7 +1079,7 @@ def generate(
     if explain_step is not None:  # the explanation only, as `explain` prints it
         _emit_explanation(c, cfg, e, generated=list(result.generated))
         return
-    warnings = [*s.unused, *tr.trace.warnings]
+    warnings = [*unused, *tr.trace.warnings]
     steps = list(tr.trace)
     tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
     header_rows = conventions(cfg) + gen_mod.describe(
@@ -1087,7 +1098,7 @@ def generate(
         emit(c, [], data, traced, "--stage PATH (a whole path, e.g. t0.probs)")
         return
     head_panel = render.header(cfg.title or cfg.file, header_rows, warnings)
-    body = render.generation_view(result, cfg.vocab, steps, show, c.view())
+    body = render.generation_view(result, cfg.vocab, steps, show or 10, c.view())
     emit(c, [head_panel, *body], data, traced)
 
 
