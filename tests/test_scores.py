@@ -329,3 +329,47 @@ def test_gaussian_scores_take_no_memory_of_queries_by_keys_by_features() -> None
         assert peak < 4 * got.nbytes, peak  # (the pairs at once: 64 times its size)
     q32, k32 = q.astype(np.float32), k.astype(np.float32)
     assert ops.gaussian_scores(q32, k32, 0.5).dtype == np.float32
+
+
+W = "weights.encoder.0.self_attn.heads.0.w"
+GAUSSIAN = "model: {d_model: 2, score: gaussian}\nsource: [[1, 2]]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "sets", "said"),
+    [
+        (  # given as one number in the file
+            GAUSSIAN + "weights: {encoder: [{self_attn: {heads: [{w: 2}]}}]}\n",
+            [f"{W}.0=3"],
+            f"{W} is a single number, with no entries (line 3 of",
+        ),
+        (GAUSSIAN, [f"{W}.0=3"], "w is a single number here, with no entries to set (not given: "),
+        (  # a single operation's, 1 when not given
+            "attention: {score: gaussian, Q: [[1, 2]], K: [[1, 0]], V: [[1, 0]]}\n",
+            ["attention.w.1=3"],
+            "w is a single number here, with no entries to set (not given: it is 1)",
+        ),
+    ],
+    ids=["file", "drawn", "operation"],
+)
+def test_an_entry_of_a_gaussian_w_that_is_one_number_says_so(
+    tmp_yaml: Any, text: str, sets: list[str], said: str
+) -> None:
+    """`--set ...w.0=3` where w is one number: the message said `expected the whole
+    weight first, ... of shape 2` (or `a mapping or list`), not that w is one number."""
+    from trace_tf.config import load
+
+    with pytest.raises(InputError) as info:
+        load(tmp_yaml(text), sets)
+    message = str(info.value)
+    assert said in message and "expected a single number" in message, message
+    assert "of shape" not in message and "a mapping or list" not in message, message
+
+
+def test_entries_of_a_gaussian_w_given_per_feature_are_set(tmp_yaml: Any) -> None:
+    from trace_tf.config import load
+
+    text = GAUSSIAN + "weights: {encoder: [{self_attn: {heads: [{w: [2, 5]}]}}]}\n"
+    cfg = load(tmp_yaml(text), [f"{W}.1=3"])
+    assert isinstance(cfg, Config)
+    assert list(cfg.encoder[0].self_attn.heads[0].score.w) == [2, 3]  # type: ignore[union-attr]

@@ -750,3 +750,19 @@ def test_diff_set_b_over_an_npz_array(tmp_path: Path) -> None:
         "encoder.0.self_attn.norm"
     )[:, 1]
     assert np.isclose(hidden["max_abs_diff"], np.abs(change).max(), rtol=1e-12)
+
+
+def test_an_entry_of_a_gaussian_w_the_npz_gives_as_one_number_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 2, score: gaussian}\nsource: [[1, 2]]\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    np.savez(tmp_path / "w.npz", **{"encoder.0.self_attn.heads.0.w": np.float64(2)})
+    w = "weights.encoder.0.self_attn.heads.0.w"
+    code, _, err = invoke("encode", str(config), "--set", f"{w}.0=3")
+    assert code == 2, err
+    assert f"{w}: w is a single number here, with no entries to set (from weights_file" in err
+    assert "expected a single number" in err, err
+    w_set = loaded(config, sets=[f"{w}=3"]).encoder[0].self_attn.heads[0].score.w  # type: ignore[union-attr]
+    assert w_set == 3

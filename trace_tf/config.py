@@ -689,6 +689,15 @@ def apply_override(
         if not last and not isinstance(node, dict | list):
             line = doc.lines.get(here) if here not in doc.overridden else None
             where = f" (line {line} of {doc.file})" if line else ""
+            number = isinstance(node, int | float) and not isinstance(node, bool)
+            if number and all(whole_number(p) for p in parts[i + 1 :]):
+                raise InputError(  # (gaussian's w: one number, or one per feature given whole)
+                    f"{here} is a single number, with no entries{where}",
+                    path=key,
+                    expected=f"a single number, set whole at {here}",
+                    found=f"{_kind(node)} and an index below it",
+                    file=file,
+                )
             raise InputError(
                 f"{here} is not a mapping or list{where}",
                 path=key,
@@ -1470,6 +1479,18 @@ class _Validator:
         for key in SCORE_WEIGHTS[score]:
             where, raw = join(path, key), block.get(key)
             if key == "w":  # a number, or one kernel width per feature
+                given = self.ctx.bases.get(where)  # (of a weights_file, entries set over it)
+                if where in self.ctx.made or (given is not None and np.ndim(given) == 0):
+                    # not given: drawn as one number (a model) or 1 (a single operation)
+                    why = " (not given: it is " + ("drawn as one)" if draw_path else "1)")
+                    raise self.ctx.err(
+                        where,
+                        "w is a single number here, with no entries to set"
+                        + (why if given is None else ""),
+                        expected=f"a single number, or one per feature ({d_q}), set whole: "
+                        f"{where}=[...]",
+                        found_text=f"entries set: {', '.join(self.ctx.entries(where))}",
+                    )
                 if raw is None:
                     w = self.draw(f"{draw_path}.w", ()) if draw_path else 1.0
                 elif isinstance(raw, list | np.ndarray):
