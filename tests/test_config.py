@@ -293,3 +293,40 @@ def test_a_part_turned_off_by_an_override_names_the_override(
         load(str(path), sets, variant)
     assert said in str(caught.value)
     load(str(path))  # (the file itself is sound)
+
+
+TIED = """\
+model: {d_model: 3, encoder_layers: 0, decoder_layers: 1, tie_embeddings: true}
+vocab: [a, b, c.d]
+target: [a, b]
+"""
+
+
+@pytest.mark.parametrize(
+    ("at", "said", "instead"),
+    [
+        ("1.2", "its entry 1, 2 is entry 1 of the embedding of token 'c.d'", "embeddings.c.d.1"),
+        ("2.0", "its entry 2, 0 is entry 2 of the embedding of token 'a'", "embeddings.a.2"),
+        ("1", "its row 1 is entry 1 of every token's embedding", "embeddings.<token>.1"),
+    ],
+    ids=["dotted-token", "entry", "row"],
+)
+def test_an_entry_of_a_tied_output_w_names_the_embedding_entry_that_holds_it(
+    tmp_yaml, at: str, said: str, instead: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The message said only 'output.W is given but model.tie_embeddings is on'."""
+    path = tmp_yaml(TIED)
+    with pytest.raises(InputError) as info:
+        load(path, [f"weights.output.W.{at}=5"])
+    err = info.value
+    assert err.path == f"weights.output.W.{at}", str(err)
+    assert "output.W is the embeddings transposed, as model.tie_embeddings is on" in str(err)
+    assert said in str(err) and f"set there: {instead}=VALUE" in str(err), str(err)
+    if "<" not in instead:  # the entry named is the one the tied output reads, by numpy
+        from trace_tf.model import output_weights
+
+        cfg = load(path, [f"{instead}=5"])
+        assert isinstance(cfg, Config)
+        i, j = (int(n) for n in at.split("."))
+        W = np.stack([cfg.embeddings[t] for t in cfg.vocab]).T
+        assert W[i, j] == 5 and output_weights(cfg)[0][i, j] == 5

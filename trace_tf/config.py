@@ -2487,6 +2487,7 @@ class _Validator:
         o = self.mapping(value, "weights.output", ("W", "b"))
         V = len(vocab)
         if m.tie_embeddings and o.get("W") is not None:
+            self.refuse_tied_entry(m, vocab)
             raise self.ctx.err(
                 "weights.output.W",
                 "output.W is given but model.tie_embeddings is on (the output uses the embeddings)"
@@ -2507,6 +2508,31 @@ class _Validator:
             )
         )
         return W, self.bias(o, "b", "weights.output.b", V, "vocab size")
+
+    def refuse_tied_entry(self, m: ModelConfig, vocab: tuple[str, ...]) -> None:
+        """An entry of output.W set with tied embeddings: name the embedding's entry that
+        holds it (the output weight is the embeddings transposed: W[i, j] is entry i of
+        token j's embedding)."""
+        tied = "output.W is the embeddings transposed, as model.tie_embeddings is on"
+        tied += self.ctx.set_by("model.tie_embeddings")
+        for key in self.ctx.entries("weights.output.W"):
+            at = key.split(".")[3:]
+            if not 1 <= len(at) <= 2 or not all(whole_number(n) for n in at):
+                continue
+            i, j = int(at[0]), int(at[-1])
+            if len(at) == 1 and i < m.d_model:  # a row: entry i of every embedding
+                raise self.ctx.err(
+                    key,
+                    f"{tied}: its row {i} is entry {i} of every token's embedding",
+                    expected=f"each entry set there: embeddings.<token>.{i}=VALUE",
+                )
+            if len(at) == 2 and i < m.d_model and j < len(vocab):
+                raise self.ctx.err(
+                    key,
+                    f"{tied}: its entry {i}, {j} is entry {i} of the embedding of token "
+                    + quoted(vocab[j]),
+                    expected=f"that entry set there: embeddings.{vocab[j]}.{i}=VALUE",
+                )
 
 
 def _of_vocab(vocab: Sequence[str]) -> str:
