@@ -173,6 +173,21 @@ def test_unknown_token(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
     assert err.path == "source.1" and "unknown token 'd'" in str(err)
 
 
+def test_an_empty_vocab_given_is_not_called_missing(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # `vocab: []` beside embeddings: the message said the file had no vocab or embeddings.
+    text = "model:\n  d_model: 2\nvocab: []\nembeddings:\n  a: [1, 2]\nsource: [a]\n"
+    err = _error(tmp_yaml, text)
+    assert (
+        err.path == "embeddings.a" and err.expected == "a token of vocab (the vocab given is empty)"
+    )
+    err = _error(tmp_yaml, "model:\n  d_model: 2\nsource: [a]\n")  # neither given: as it was
+    assert (
+        err.path == "source.0" and err.expected == "a token (the file has no vocab or embeddings)"
+    )
+    err = _error(tmp_yaml, BASE.replace("vocab: [a, b, c]", "tokens: {bos: a}"), "vocab=[]")
+    assert err.path == "tokens.bos" and "(the vocab given is empty)" in str(err)
+
+
 def test_non_numeric_and_non_finite_numbers(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
     err = _error(tmp_yaml, BASE + "embeddings:\n  a: [1, x, 3, 4]\n")
     assert err.path == "embeddings.a.1" and "not a number" in str(err)

@@ -1221,6 +1221,7 @@ class _Validator:
         self.seed = 0
         self.init_std = 1.0
         self.dtype = "float64"  # the model's, once read: given numbers must fit it
+        self.vocab_listed = False  # whether the file (or an override) gives `vocab`
 
     # -- primitives ---------------------------------------------------------
 
@@ -2165,6 +2166,7 @@ class _Validator:
         return out
 
     def vocab(self, value: Any, embeddings: Any) -> tuple[str, ...]:
+        self.vocab_listed = value is not None
         if value is None:
             return tuple(str(k) for k in embeddings) if isinstance(embeddings, dict) else ()
         if not isinstance(value, list):
@@ -2183,6 +2185,17 @@ class _Validator:
             first[tok] = i
         return tuple(first)
 
+    def of_vocab(self, vocab: Sequence[str]) -> str:
+        """'a token of vocab', listing a short vocabulary, or why it has no token to list."""
+        if not vocab:
+            return (
+                "a token of vocab (the vocab given is empty)"
+                if self.vocab_listed
+                else "a token (the file has no vocab or embeddings)"
+            )
+        shown = ", ".join(vocab[:12]) + (", …" if len(vocab) > 12 else "")
+        return f"a token of vocab ({shown})"
+
     def tokens(self, value: Any, vocab: set[str]) -> Tokens:
         t = self.mapping(value, "tokens", ("bos", "eos", "pad"))
         out: dict[str, str | None] = {}
@@ -2191,14 +2204,14 @@ class _Validator:
             if tok is not None:
                 if not isinstance(tok, str | int | float) or isinstance(tok, bool):
                     raise self.ctx.err(
-                        f"tokens.{key}", "not a token", tok, _of_vocab(sorted(vocab))
+                        f"tokens.{key}", "not a token", tok, self.of_vocab(sorted(vocab))
                     )
                 tok = _token_text(tok)
                 if tok not in vocab:
                     raise self.ctx.err(
                         f"tokens.{key}",
                         f"token {quoted(tok)} is not in the vocabulary{suggest(tok, sorted(vocab))}",
-                        expected=_of_vocab(sorted(vocab)),
+                        expected=self.of_vocab(sorted(vocab)),
                     )
             out[key] = tok
         return Tokens(**out)
@@ -2214,7 +2227,7 @@ class _Validator:
                 raise self.ctx.err(
                     f"embeddings.{tok}",
                     f"token {quoted(tok)} is not in the vocabulary{suggest(tok, vocab)}",
-                    expected=_of_vocab(vocab),
+                    expected=self.of_vocab(vocab),
                 )
         for tok in vocab:
             if tok in given and given[tok] is not None:
@@ -2256,7 +2269,7 @@ class _Validator:
                 raise self.ctx.err(
                     join(path, i),
                     f"unknown token {quoted(tok)}{suggest(tok, sorted(vocab))}",
-                    expected=_of_vocab(sorted(vocab)),
+                    expected=self.of_vocab(sorted(vocab)),
                 )
             out.append(tok)
         return Sequence_(tokens=tuple(out))
@@ -2533,14 +2546,6 @@ class _Validator:
                     + quoted(vocab[j]),
                     expected=f"that entry set there: embeddings.{vocab[j]}.{i}=VALUE",
                 )
-
-
-def _of_vocab(vocab: Sequence[str]) -> str:
-    """'a token of vocab', listing a short vocabulary."""
-    if not vocab:
-        return "a token (the file has no vocab or embeddings)"
-    shown = ", ".join(vocab[:12]) + (", …" if len(vocab) > 12 else "")
-    return f"a token of vocab ({shown})"
 
 
 def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
