@@ -285,3 +285,237 @@ def test_json_writes_a_non_finite_override_as_spec_section_5_does() -> None:
 def test_json_value_rewrites_non_finite_numbers_inside_mappings() -> None:
     value = {"a": [1.0, math.inf], "b": {"c": -math.inf, "d": math.nan}, "e": "x"}
     assert render.json_value(value) == {"a": [1.0, "inf"], "b": {"c": "-inf", "d": "nan"}, "e": "x"}
+
+
+# ---------------------------------------------------------------------------
+# the weights that differ
+# ---------------------------------------------------------------------------
+
+ENCODER = """\
+model: {d_model: 2, n_heads: 1, d_ff: 3, encoder_layers: 1, decoder_layers: 0}
+vocab: [a, b, c]
+source: [a, b]
+embeddings:
+  a: [1, 2]
+weights:
+  encoder:
+    - ffn:
+        W_1: [[1, 2, 3], [4, 5, W16]]
+"""
+DECODER = """\
+model: {d_model: 2, n_heads: 1, d_ff: 3, encoder_layers: 0, decoder_layers: 1}
+vocab: [a, b, c]
+target: [a, b]
+"""
+
+
+def drawn(seed: int, path: str, shape: tuple[int, ...]) -> np.ndarray:
+    """SPEC section 2's rule, written out here: each drawn array from its own generator."""
+    import zlib
+
+    return np.random.default_rng([seed, zlib.crc32(path.encode())]).standard_normal(shape)
+
+
+def weights_of(*args: str) -> dict[str, dict[str, Any]]:
+    """`diff --format json`'s weights, by key path (in their order)."""
+    return {w["path"]: w for w in diff_json(*args)["weights"]}
+
+
+def table_of(*args: str, columns: int = 200) -> str:
+    result = runner.invoke(app, ["diff", *args, "--brief"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_a_weight_entry_that_differs_is_listed_with_its_cell_and_sources(tmp_yaml: Any) -> None:
+    a = tmp_yaml(ENCODER.replace("W16", "6"), "a.yaml")
+    b = tmp_yaml(ENCODER.replace("W16", "6.5"), "b.yaml")
+    weights = weights_of(a, b)
+    # 3 embeddings; W_q, W_k, W_v, W_o, γ, β of the attention; W_1, W_2, γ, β of the
+    # FFN; the output W (an encoder-only model has logits too)
+    assert len(weights) == 3 + 6 + 4 + 1
+    differing = {k: w for k, w in weights.items() if w["status"] != SAME}
+    w1 = differing.pop("weights.encoder.0.ffn.W_1")
+    assert differing == {}
+    assert w1["status"] == DIFFERS and w1["shape_a"] == w1["shape_b"] == [2, 3]
+    assert (w1["at"], w1["a_at"], w1["b_at"]) == ([1, 2], 6.0, 6.5)
+    assert w1["max_abs_diff"] == 0.5 and (w1["cells_differing"], w1["cells"]) == (1, 6)
+    # typed in each file, on line 9
+    for side, file in (("source_a", a), ("source_b", b)):
+        src = w1[side]
+        assert (src["kind"], src["file"], src["line"]) == ("file", file, 9)
+    same = weights["embeddings.a"]
+    assert same["max_abs_diff"] == 0.0 and "at" not in same and same["cells"] == 2
+    # the table: that one weight, before the steps, with --brief too
+    out = table_of(a, b)
+    assert "weights that differ: 1 of 14 read by A or B (atol 1e-12)" in out
+    row = next(x for x in out.splitlines() if x.startswith("weights.encoder.0.ffn.W_1"))
+    assert row.split()[:11] == [
+        "weights.encoder.0.ffn.W_1", "2", "×", "3", "1/6", "0.5", "[1,2]",
+        "6.0000", "→", "6.5000", a,
+    ]  # fmt: skip
+    assert row.rstrip().endswith("line 9 →") and f"{b}".rsplit("/", 1)[-1] in out
+    assert out.index("weights that differ") < out.index("steps, in A's order")
+    # --atol as for steps: the cell is 0.5 apart
+    assert "no weight differs: all 14 weights agree within atol 0.5" in table_of(
+        a, b, "--atol", "0.5"
+    )
+    assert weights_of(a, b, "--atol", "0.4")["weights.encoder.0.ffn.W_1"]["status"] == DIFFERS
+
+
+def test_no_weight_differing_is_one_line(tmp_yaml: Any) -> None:
+    a = tmp_yaml(ENCODER.replace("W16", "6"))
+    out = table_of(a, "--set-b", "model.scale=30")
+    assert "no weight differs: all 14 weights agree within atol 1e-12" in out
+    assert "weights that differ" not in out
+    assert all(w["status"] == SAME for w in weights_of(a, "--set-b", "model.scale=30").values())
+
+
+def test_a_drawn_seed_changes_every_drawn_weight_and_not_the_given(tmp_yaml: Any) -> None:
+    a = tmp_yaml(ENCODER.replace("W16", "6"))
+    weights = weights_of(a, "--set-b", "model.seed=1")
+    differing = [k for k, w in weights.items() if w["status"] != SAME]
+    assert differing == [
+        "embeddings.b",
+        "embeddings.c",
+        *(f"weights.encoder.0.self_attn.{w}" for w in ("heads.0.W_q", "heads.0.W_k")),
+        *(f"weights.encoder.0.self_attn.{w}" for w in ("heads.0.W_v", "W_o")),
+        "weights.encoder.0.ffn.W_2",
+        "weights.output.W",
+    ]
+    for key, draw, shape in [
+        ("embeddings.c", "embeddings.c", (2,)),
+        ("weights.encoder.0.ffn.W_2", "encoder.0.ffn.W_2", (3, 2)),
+        ("weights.encoder.0.self_attn.W_o", "encoder.0.self_attn.W_o", (2, 2)),
+    ]:
+        old, new = drawn(0, draw, shape), drawn(1, draw, shape)
+        w = weights[key]
+        at = np.unravel_index(int(np.argmax(np.abs(new - old))), shape)
+        assert w["at"] == list(at) and w["max_abs_diff"] == np.abs(new - old).max()
+        assert (w["a_at"], w["b_at"]) == (old[at], new[at])
+        assert w["cells_differing"] == w["cells"] == old.size
+        assert (w["source_a"]["seed"], w["source_b"]["seed"]) == (0, 1)
+        assert w["source_a"]["text"] == "drawn: seed 0, N(0, 1²)"
+    out = table_of(a, "--set-b", "model.seed=1")
+    assert "drawn: seed 0, N(0, 1²) → drawn: seed 1, N(0, 1²)" in out
+
+
+def test_tied_embeddings_replace_the_output_weight(tmp_yaml: Any) -> None:
+    a = tmp_yaml(DECODER)
+    weights = weights_of(a, "--set-b", "model.tie_embeddings=true")
+    differing = {k: w for k, w in weights.items() if w["status"] != SAME}
+    assert list(differing) == ["weights.output.W", "embeddings (tied, transposed)"]
+    only_a, only_b = differing.values()
+    assert (only_a["status"], only_a["shape_a"], only_a["shape_b"]) == ("only in A", [2, 3], None)
+    assert only_a["source_a"]["kind"] == "drawn" and only_a["source_b"] is None
+    assert (only_b["status"], only_b["shape_a"], only_b["shape_b"]) == ("only in B", None, [2, 3])
+    assert only_b["source_a"] is None and only_b["source_b"]["kind"] == "tied"
+    assert "max_abs_diff" in only_b and only_b["max_abs_diff"] is None
+    out = table_of(a, "--set-b", "model.tie_embeddings=true")
+    assert "weights that differ: 2 of 15 read by A or B" in out
+    assert "only in A" in out and "only in B" in out and "tied: the embeddings transposed" in out
+
+
+def test_a_wider_ffn_changes_the_shapes_of_its_weights(tmp_yaml: Any) -> None:
+    a = tmp_yaml(DECODER)
+    weights = weights_of(a, "--set-b", "model.d_ff=5")
+    differing = {k: w for k, w in weights.items() if w["status"] != SAME}
+    assert {k: (w["status"], w["shape_a"], w["shape_b"]) for k, w in differing.items()} == {
+        "weights.decoder.0.ffn.W_1": (SHAPE, [2, 3], [2, 5]),
+        "weights.decoder.0.ffn.W_2": (SHAPE, [3, 2], [5, 2]),
+    }
+    assert all(w["max_abs_diff"] is None and "cells" not in w for w in differing.values())
+    out = table_of(a, "--set-b", "model.d_ff=5")
+    row = next(x for x in out.splitlines() if x.startswith("weights.decoder.0.ffn.W_2"))
+    assert row.split()[1:9] == ["3", "×", "2", "→", "5", "×", "2", "shape"]
+
+
+def test_a_vocabulary_change_lists_the_embeddings_of_each_side(tmp_yaml: Any) -> None:
+    a = tmp_yaml(DECODER)
+    weights = weights_of(a, "--set-b", "vocab=[a, b, d, e]")
+    differing = {k: w["status"] for k, w in weights.items() if w["status"] != SAME}
+    # the output weight is d_model x vocab: 2 x 3, then 2 x 4
+    assert differing == {
+        "embeddings.c": "only in A",
+        "weights.output.W": SHAPE,
+        "embeddings.d": "only in B",
+        "embeddings.e": "only in B",
+    }
+    assert weights["embeddings.d"]["source_b"]["draw_path"] == "embeddings.d"
+    assert (weights["weights.output.W"]["shape_a"], weights["weights.output.W"]["shape_b"]) == (
+        [2, 3],
+        [2, 4],
+    )
+
+
+def test_a_long_vocabulary_is_elided_unless_full(tmp_yaml: Any) -> None:
+    def vocab(prefix: str, n: int) -> str:
+        tokens = [f"{prefix}{i}" for i in range(n)]
+        return DECODER.replace("[a, b, c]", f"[{', '.join(tokens)}]").replace(
+            "target: [a, b]", f"target: [{tokens[0]}]"
+        )
+
+    a, b = tmp_yaml(vocab("w", 20), "a.yaml"), tmp_yaml(vocab("x", 20), "b.yaml")
+    out = table_of(a, "--set-b", "model.seed=1")
+    shown = [x.split()[0] for x in out.splitlines() if x.startswith("embeddings.")]
+    assert shown == [f"embeddings.w{i}" for i in (0, 1, 2, 3, 16, 17, 18, 19)]
+    assert "… 12 more embeddings (--full shows them)" in out
+    assert "weights.decoder.0.ffn.W_1" in out  # the layers' weights are all shown
+    full = table_of(a, "--set-b", "model.seed=1", "--full")
+    assert [x.split()[0] for x in full.splitlines() if x.startswith("embeddings.")] == [
+        f"embeddings.w{i}" for i in range(20)
+    ]
+    # A's own embeddings first, B's own last (after the layers', drawn anew): each run
+    # left out counted on its own
+    out = table_of(a, b, "--set-b", "model.seed=1")
+    shown = [x.split()[0] for x in out.splitlines() if x.startswith("embeddings.")]
+    assert shown == [f"embeddings.w{i}" for i in range(4)] + [
+        f"embeddings.x{i}" for i in range(16, 20)
+    ]
+    assert out.count("… 16 more embeddings (--full shows them)") == 2
+    assert len(weights_of(a, b)) == 20 + 20 + 11  # JSON lists every one
+
+
+def test_a_single_operation_file_has_no_weights() -> None:
+    data = diff_json(str(FIXTURES / "002_database_query.yaml"), "--variant-b", "cold")
+    assert data["weights"] == []
+    out = table_of(str(FIXTURES / "002_database_query.yaml"), "--variant-b", "cold")
+    assert "weights that differ" not in out and "no weight differs" not in out
+
+
+def test_weights_are_compared_in_batches_as_one_at_a_time(
+    tmp_yaml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights of one shape are compared stacked, a batch at a time: the same results,
+    in the same order, whatever the size of a batch."""
+    from trace_tf import diff
+
+    tokens = ", ".join(f"w{i}" for i in range(9))
+    a = tmp_yaml(DECODER.replace("[a, b, c]", f"[{tokens}]").replace("[a, b]", "[w0]"))
+    args = (a, "--set-b", "embeddings.w4=[0.5, 0.25]", "--set-b", "model.d_ff=4")
+    whole = weights_of(*args)
+    for cells in (1, 5, 8):
+        monkeypatch.setattr(diff, "_BATCH_CELLS", cells)
+        assert weights_of(*args) == whole
+    w4 = whole["embeddings.w4"]
+    old = drawn(0, "embeddings.w4", (2,))
+    new = np.array([0.5, 0.25])
+    at = int(np.argmax(np.abs(new - old)))
+    assert (w4["at"], w4["a_at"], w4["b_at"]) == ([at], old[at], new[at])
+    assert [k for k, w in whole.items() if w["status"] == DIFFERS] == ["embeddings.w4"]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_weights_table_fits_the_terminal(columns: int) -> None:
+    from rich.cells import cell_len
+
+    out = table_of(
+        "hello",
+        "--set-b",
+        "weights.encoder.0.ffn.W_1.0.1=5",
+        "--set-b",
+        "model.tie_embeddings=true",
+        columns=columns,
+    )
+    assert max(cell_len(x) for x in out.splitlines()) <= columns
+    assert "weights that differ: 3 of 47" in out

@@ -1424,9 +1424,19 @@ def diff(
     --set and --variant apply to both A and B; --set-b to B only; --variant-b replaces
     the variant for B.
     """
+    from rich.text import Text
+
     from trace_tf import render
-    from trace_tf.config import build, option_number, parse_set, read_document
-    from trace_tf.diff import DIFFERS, SAME, compare, first_difference, verdict
+    from trace_tf.config import Config, build, option_number, parse_set, read_document
+    from trace_tf.diff import (
+        DIFFERS,
+        SAME,
+        compare,
+        compare_weights,
+        first_difference,
+        verdict,
+        weights_verdict,
+    )
     from trace_tf.errors import InputError
     from trace_tf.runner import run
     from trace_tf.trace import check_stage, matches
@@ -1465,12 +1475,19 @@ def diff(
         )
         keep = lambda path: matches(path, stage, None, None)  # noqa: E731
     diffs = compare(trace_a, trace_b, atol, keep)
+    # the weights each run reads (a single-operation file has none)
+    cfg_a, cfg_b = built
+    weight_diffs = (
+        compare_weights(cfg_a, cfg_b, atol)
+        if isinstance(cfg_a, Config) and isinstance(cfg_b, Config)
+        else []
+    )
     first = first_difference(diffs)
     sides = {
         "a": {"config": doc_a.file, "variant": c.variant, "overrides": dict(both)},
         "b": {"config": doc_b.file, "variant": var_b, "overrides": dict(both + only_b)},
     }
-    data = {
+    data = lambda: {  # noqa: E731 (built only for JSON: a vocabulary may have 50,000 embeddings)
         "trace_tf": _version(),
         # (a --set value is as the user wrote it: `--set-b title=.nan` is a NaN)
         **render.json_value(sides),
@@ -1481,11 +1498,19 @@ def diff(
         "only_a": [d.path for d in diffs if d.b is None],
         "only_b": [d.path for d in diffs if d.a is None],
         "warnings": warn_a + warn_b,
+        "weights": [render.weights_diff_json(d) for d in weight_diffs],
     }
     view = c.view()
     items: list[Any] = [
         render.diff_header(sides["a"], sides["b"], verdict(diffs, atol, listed_same=all_steps))
     ]
+    if weight_diffs:  # their count, or that none differs, then those that do
+        said = weights_verdict(weight_diffs, atol)
+        differing_weights = [d for d in weight_diffs if d.status != SAME]
+        if differing_weights:
+            items.append(render.weights_diff_table(differing_weights, said, view))
+        else:
+            items.append(Text(said))
     listed = diffs if all_steps else [d for d in diffs if d.status != SAME]
     if listed:
         items.append(render.diff_summary(listed, view))

@@ -1,17 +1,20 @@
-"""Two traces side by side: where, and by how much, they differ, step by step.
+"""Two runs side by side: where, and by how much, they differ, step by step, and
+which of the weights they read differ.
 
-Pure: traces in, `StepDiff`s out. Cells are compared as `check` compares them
-(runner.abs_difference): equal infinities and NaN against NaN are the same.
+Pure: traces (configs) in, `StepDiff`s (`WeightDiff`s) out. Cells are compared as
+`check` compares them (runner.abs_difference): equal infinities and NaN against NaN
+are the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from trace_tf.runner import abs_difference
+from trace_tf.config import Config, Source
+from trace_tf.runner import abs_difference, named_arrays
 from trace_tf.text import counted, exact
 from trace_tf.trace import Step, Trace
 
@@ -42,36 +45,127 @@ class StepDiff:
         return int(step.value.size)
 
 
-def compare_steps(a: Step, b: Step, atol: float) -> StepDiff:
-    """Compare one step present on both sides."""
-    if a.shape != b.shape:
-        return StepDiff(a.path, SHAPE, a, b)
-    diff = abs_difference(b.value, a.value)
+_BATCH_CELLS = 1 << 16  # steps or weights of one shape compared together, up to this many cells
+
+
+def _compare_alike(pairs: Sequence[tuple[Step, Step]], atol: float) -> list[StepDiff]:
+    """Compare pairs of steps present on both sides, all of one shape, stacked: a few
+    numpy calls for them all (a vocabulary's 50,000 embeddings), not a few each."""
+    if len(pairs) == 1:  # (a large one, not copied)
+        a, b = pairs[0][0].value[np.newaxis], pairs[0][1].value[np.newaxis]
+    else:  # [n, *shape]
+        a, b = np.stack([x.value for x, _ in pairs]), np.stack([y.value for _, y in pairs])
+    shape = a.shape[1:]
+    diff = abs_difference(b, a).reshape(len(pairs), -1)  # one row per pair
+    if not diff.shape[1]:  # (no cells: nothing to differ)
+        return [StepDiff(x.path, SAME, x, y, 0.0) for x, y in pairs]
     differing = diff > atol
-    if not differing.any():
-        return StepDiff(a.path, SAME, a, b, float(diff.max()) if diff.size else 0.0)
-    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
+    parted = np.asarray(differing.any(axis=1))
+    most, at = diff.max(axis=1), diff.argmax(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
-        delta = b.value - a.value
-    return StepDiff(a.path, DIFFERS, a, b, float(diff.max()), where, differing, delta)
+        delta = b - a if parted.any() else b
+    out = []
+    for k, (x, y) in enumerate(pairs):
+        if not parted[k]:
+            out.append(StepDiff(x.path, SAME, x, y, float(most[k])))
+            continue
+        where = tuple(int(i) for i in np.unravel_index(int(at[k]), shape))
+        cells = differing[k].reshape(shape)
+        out.append(StepDiff(x.path, DIFFERS, x, y, float(most[k]), where, cells, delta[k]))
+    return out
 
 
 def compare(
     a: Trace, b: Trace, atol: float = 0.0, keep: Callable[[str], bool] | None = None
 ) -> list[StepDiff]:
     """Every step of A in order (compared with B's step of the same path), then B's own."""
-    out: list[StepDiff] = []
-    for step in a:
-        if keep is not None and not keep(step.path):
+    return _compare(a.steps, b.steps, atol, keep)
+
+
+def _compare(
+    a: Mapping[str, Step],
+    b: Mapping[str, Step],
+    atol: float,
+    keep: Callable[[str], bool] | None = None,
+) -> list[StepDiff]:
+    """`compare` of steps by path. Those of one shape are compared in batches of up to
+    _BATCH_CELLS cells (see _compare_alike); a larger one on its own, uncopied."""
+    out: list[StepDiff | None] = []
+    batches: dict[tuple[int, ...], list[tuple[int, Step, Step]]] = {}
+
+    def flush(shape: tuple[int, ...]) -> None:
+        batch = batches.pop(shape)
+        done = _compare_alike([(x, y) for _, x, y in batch], atol)
+        for (i, _, _), d in zip(batch, done, strict=True):
+            out[i] = d
+
+    for path, step in a.items():
+        if keep is not None and not keep(path):
             continue
-        other = b.steps.get(step.path)
-        out.append(
-            compare_steps(step, other, atol) if other else StepDiff(step.path, ONLY_A, step, None)
+        other = b.get(path)
+        if other is None:
+            out.append(StepDiff(path, ONLY_A, step, None))
+        elif other.shape != step.shape:
+            out.append(StepDiff(path, SHAPE, step, other))
+        else:
+            batch = batches.setdefault(step.shape, [])
+            batch.append((len(out), step, other))
+            out.append(None)  # (until its batch is compared)
+            if len(batch) * step.value.size >= _BATCH_CELLS:
+                flush(step.shape)
+    for shape in list(batches):
+        flush(shape)
+    for path, step in b.items():
+        if path not in a and (keep is None or keep(path)):
+            out.append(StepDiff(path, ONLY_B, None, step))
+    return [d for d in out if d is not None]
+
+
+@dataclass(frozen=True)
+class WeightDiff:
+    """One weight the two runs read, compared cell by cell as a step is (`cells`), with
+    where A's numbers and B's came from (Config.sources; None on the side without it)."""
+
+    cells: StepDiff
+    source_a: Source | None
+    source_b: Source | None
+
+    @property
+    def path(self) -> str:
+        return self.cells.path
+
+    @property
+    def status(self) -> str:
+        return self.cells.status
+
+
+def compare_weights(a: Config, b: Config, atol: float = 0.0) -> list[WeightDiff]:
+    """Every weight A's model reads, in A's order (runner.named_arrays: embeddings,
+    then the layers', the tied output weight as TIED_OUTPUT), compared with B's of the
+    same key path, then those only B reads. One pass over each side: linear in the
+    number of weights and of their cells (a vocabulary may hold 50,000 embeddings)."""
+
+    def weights(cfg: Config) -> dict[str, Step]:
+        return {k: Step(k, "weight", v) for k, v in named_arrays(cfg).items()}
+
+    return [
+        WeightDiff(
+            d, a.sources.get(d.path) if d.a else None, b.sources.get(d.path) if d.b else None
         )
-    for step in b:
-        if step.path not in a.steps and (keep is None or keep(step.path)):
-            out.append(StepDiff(step.path, ONLY_B, None, step))
-    return out
+        for d in _compare(weights(a), weights(b), atol)
+    ]
+
+
+def weights_verdict(diffs: list[WeightDiff], atol: float) -> str:
+    """One line: how many of the weights differ, or that none does."""
+    differing = sum(d.status != SAME for d in diffs)
+    if not differing:
+        every = "the 1 weight agrees" if len(diffs) == 1 else f"all {len(diffs):,} weights agree"
+        return f"no weight differs: {every} within atol {exact(atol)}"
+    return (
+        f"weights that differ: {differing:,} of {len(diffs):,} read by A or B"
+        f" (atol {exact(atol)}), in A's order (then B's own)"
+    )
 
 
 def first_difference(diffs: list[StepDiff]) -> StepDiff | None:

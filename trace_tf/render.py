@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from copy import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +29,7 @@ from trace_tf.trace import Step
 
 if TYPE_CHECKING:
     from trace_tf.cost import Cost, Totals, VaryRow
-    from trace_tf.diff import StepDiff
+    from trace_tf.diff import StepDiff, WeightDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
     from trace_tf.runner import CheckResult
     from trace_tf.stages import Stage
@@ -963,20 +963,37 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
     table.add_column("weight", style="bold cyan")
     table.add_column("shape", justify="right", no_wrap=True, min_width=0)
     table.add_column("source")
-    embeddings = [i for i, (path, _, _) in enumerate(rows) if path.startswith("embeddings.")]
+    for i in _embeddings_elided([path for path, _, _ in rows], view):
+        if isinstance(i, Text):
+            table.add_row(Wrapped(i), "", "")
+            continue
+        path, shape, source = rows[i]
+        table.add_row(
+            Wrapped(printable(path), PATH_BREAKS),
+            shape_text(shape),
+            Wrapped(printable(source), within=PATH_BREAKS),
+        )
+    return keep_whole(table)
+
+
+def _embeddings_elided(paths: Sequence[str], view: View) -> Iterator[int | Text]:
+    """The indices of the rows of weights `paths` to show, in order: over `view.max_rows`
+    embeddings (a real vocabulary has tens of thousands), only the first and last
+    `view.row_edge` of them, unless `view.full`, a row that counts them (a Text) in
+    place of each run of those left out."""
+    embeddings = [i for i, path in enumerate(paths) if path.startswith("embeddings.")]
     shown = _keep(len(embeddings), view.max_rows, view.row_edge, view.full)  # (as a matrix's)
     hidden = set(embeddings) - {embeddings[k] for k in shown if k is not None}
-    for i, (path, shape, source) in enumerate(rows):
-        if i not in hidden:
-            table.add_row(
-                Wrapped(printable(path), PATH_BREAKS),
-                shape_text(shape),
-                Wrapped(printable(source), within=PATH_BREAKS),
-            )
-        elif i - 1 not in hidden:
-            more = f"… {len(hidden):,} more embeddings (--full shows them)"
-            table.add_row(Wrapped(Text(more, style="dim")), "", "")
-    return keep_whole(table)
+    run = 0  # the embeddings left out since the last row shown
+    for i in range(len(paths) + 1):
+        if i in hidden:
+            run += 1
+            continue
+        if run:
+            yield Text(f"… {run:,} more embeddings (--full shows them)", style="dim")
+            run = 0
+        if i < len(paths):
+            yield i
 
 
 def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
@@ -1509,11 +1526,7 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
         if d.status == SHAPE:
             assert d.a is not None and d.b is not None
             status = f"shape {shape_text(d.a.shape)} → {shape_text(d.b.shape)}"
-        change = ""
-        if d.where is not None and d.a is not None and d.b is not None:
-            a, b = _apart(float(d.a.value[d.where]), float(d.b.value[d.where]), view.precision)
-            change = f"{a} → {b}"
-        changes.append(change)
+        changes.append(_change_there(d, view.precision))
         rows.append(
             [
                 d.path,
@@ -1555,7 +1568,8 @@ def diff_detail(d: StepDiff, view: View = View(), delta: bool = False) -> Render
     return Group(heading, array_view(value, d.b.rows, d.b.cols, view, highlight=d.differing))
 
 
-def diff_json(d: StepDiff) -> dict[str, Any]:
+def diff_json(d: StepDiff, cells: bool = True) -> dict[str, Any]:
+    """A step compared; `cells`: with the index of every differing cell."""
     step = d.a or d.b
     assert step is not None
     out: dict[str, Any] = {
@@ -1572,7 +1586,86 @@ def diff_json(d: StepDiff) -> dict[str, Any]:
         out["b_at"] = json_value(float(d.b.value[d.where]))
         out["cells_differing"] = d.n_differing
         assert d.differing is not None
-        out["differing"] = [list(map(int, ix)) for ix in np.argwhere(d.differing)]
+        if cells:
+            out["differing"] = [list(map(int, ix)) for ix in np.argwhere(d.differing)]
+    return out
+
+
+def _change_there(d: StepDiff, precision: int) -> str:
+    """`A → B` at the cell of the largest difference ("" when there is none)."""
+    if d.where is None or d.a is None or d.b is None:
+        return ""
+    a, b = _apart(float(d.a.value[d.where]), float(d.b.value[d.where]), precision)
+    return f"{a} → {b}"
+
+
+def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = View()) -> Table:
+    """The weights that differ, in A's order (then B's own), under `title` (their
+    count, diff.weights_verdict): key path, shape (A's → B's where it changed), cells
+    differing of all (or: shape, only in A, only in B), the largest |B − A|, where, the
+    two values there, and where the numbers came from (`weights`' text; A's → B's where
+    they differ). Embeddings elided as in `weights_table`, unless `view.full`."""
+    from trace_tf.diff import DIFFERS, SHAPE
+
+    style = {DIFFERS: "bold yellow", SHAPE: "bold red"}
+    rows: list[list[RenderableType]] = []
+    for i in _embeddings_elided([d.path for d in diffs], view):
+        if isinstance(i, Text):
+            rows.append([Wrapped(i), *[""] * 6])
+            continue
+        d, c = diffs[i], diffs[i].cells
+        shapes = [shape_text(s.shape) for s in (c.a, c.b) if s is not None]
+        sources = [s.text for s in (d.source_a, d.source_b) if s is not None]
+        cells = f"{c.n_differing}/{c.size}" if d.status == DIFFERS else d.status
+        rows.append(
+            [
+                Wrapped(printable(d.path), PATH_BREAKS, within=" +"),  # (TIED_OUTPUT's spaces)
+                " → ".join(dict.fromkeys(shapes)),
+                Text(cells, style=style.get(d.status, "magenta")),
+                "" if c.max_abs is None else f"{c.max_abs:.3g}",
+                _cell(c.where),
+                Wrapped(_change_there(c, view.precision)),
+                Wrapped(printable(" → ".join(dict.fromkeys(sources))), within=PATH_BREAKS),
+            ]
+        )
+
+    def table(spaced: bool, there: bool = True) -> Table:
+        # Paths go over lines after their dots, sources at their spaces (and a long path
+        # in one after its dots), the values at " → ": never inside a word (see
+        # Wrapped); rows that go over lines would run together, so blank lines then
+        # set them apart. Where even so the table cannot fit, the values there are
+        # left out, as in diff_summary.
+        out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        out.add_column("weight", style="bold cyan")
+        for name in ("shape", "cells", "max |B−A|", "at"):
+            out.add_column(name, justify="right", no_wrap=True, min_width=0)
+        if there:
+            out.add_column("A → B there")
+        out.add_column("source (A → B)")
+        for k, row in enumerate(rows):
+            if spaced and k:
+                out.add_row()
+            out.add_row(*(row if there else [*row[:5], row[6]]))
+        return keep_whole(out)
+
+    whole = table(spaced=False)
+    if view.width is None or _natural_width(whole) <= view.width:
+        return whole
+    spaced = table(spaced=True)
+    return spaced if least_width(spaced) <= view.width else table(spaced=True, there=False)
+
+
+def weights_diff_json(d: WeightDiff) -> dict[str, Any]:
+    """A weight compared: as a step (without the index of each differing cell: a weight
+    may hold millions), with its cells and A's and B's sources."""
+    from trace_tf.diff import DIFFERS, SAME
+
+    out = diff_json(d.cells, cells=False)
+    del out["stage"]  # (a weight's last part, W_1, is no stage)
+    if d.status in (SAME, DIFFERS):
+        out["cells"] = d.cells.size
+    for side, src in (("source_a", d.source_a), ("source_b", d.source_b)):
+        out[side] = src.json() if src is not None else None
     return out
 
 
