@@ -519,3 +519,18 @@ def test_the_weights_table_fits_the_terminal(columns: int) -> None:
     )
     assert max(cell_len(x) for x in out.splitlines()) <= columns
     assert "weights that differ: 3 of 47" in out
+
+
+def test_weights_compared_keep_no_b_minus_a() -> None:
+    """B − A is kept for steps (--delta shows it), not for weights: a model's weights may
+    hold millions of cells, and nothing shows their B − A."""
+    from trace_tf.config import Config
+    from trace_tf.diff import compare_weights
+
+    a, b = load(None), load(None, ["model.seed=1"])
+    assert isinstance(a, Config) and isinstance(b, Config)
+    differing = [d for d in compare_weights(a, b) if d.status == DIFFERS]
+    assert differing and all(d.cells.delta is None for d in differing)
+    assert all(d.cells.differing is not None for d in differing)
+    steps = [d for d in compare(run(a), run(b)) if d.status == DIFFERS]
+    assert steps and all(d.delta is not None for d in steps)

@@ -48,9 +48,12 @@ class StepDiff:
 _BATCH_CELLS = 1 << 16  # steps or weights of one shape compared together, up to this many cells
 
 
-def _compare_alike(pairs: Sequence[tuple[Step, Step]], atol: float) -> list[StepDiff]:
+def _compare_alike(
+    pairs: Sequence[tuple[Step, Step]], atol: float, delta: bool = True
+) -> list[StepDiff]:
     """Compare pairs of steps present on both sides, all of one shape, stacked: a few
-    numpy calls for them all (a vocabulary's 50,000 embeddings), not a few each."""
+    numpy calls for them all (a vocabulary's 50,000 embeddings), not a few each.
+    `delta`: keep B − A of those that differ (for `--delta`'s tables)."""
     if len(pairs) == 1:  # (a large one, not copied)
         a, b = pairs[0][0].value[np.newaxis], pairs[0][1].value[np.newaxis]
     else:  # [n, *shape]
@@ -62,8 +65,10 @@ def _compare_alike(pairs: Sequence[tuple[Step, Step]], atol: float) -> list[Step
     differing = diff > atol
     parted = np.asarray(differing.any(axis=1))
     most, at = diff.max(axis=1), diff.argmax(axis=1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        delta = b - a if parted.any() else b
+    deltas = None
+    if delta and parted.any():
+        with np.errstate(invalid="ignore", over="ignore"):
+            deltas = b - a
     out = []
     for k, (x, y) in enumerate(pairs):
         if not parted[k]:
@@ -71,7 +76,8 @@ def _compare_alike(pairs: Sequence[tuple[Step, Step]], atol: float) -> list[Step
             continue
         where = tuple(int(i) for i in np.unravel_index(int(at[k]), shape))
         cells = differing[k].reshape(shape)
-        out.append(StepDiff(x.path, DIFFERS, x, y, float(most[k]), where, cells, delta[k]))
+        d = deltas[k] if deltas is not None else None
+        out.append(StepDiff(x.path, DIFFERS, x, y, float(most[k]), where, cells, d))
     return out
 
 
@@ -87,15 +93,17 @@ def _compare(
     b: Mapping[str, Step],
     atol: float,
     keep: Callable[[str], bool] | None = None,
+    delta: bool = True,
 ) -> list[StepDiff]:
     """`compare` of steps by path. Those of one shape are compared in batches of up to
-    _BATCH_CELLS cells (see _compare_alike); a larger one on its own, uncopied."""
+    _BATCH_CELLS cells (see _compare_alike, and for `delta`); a larger one on its own,
+    uncopied."""
     out: list[StepDiff | None] = []
     batches: dict[tuple[int, ...], list[tuple[int, Step, Step]]] = {}
 
     def flush(shape: tuple[int, ...]) -> None:
         batch = batches.pop(shape)
-        done = _compare_alike([(x, y) for _, x, y in batch], atol)
+        done = _compare_alike([(x, y) for _, x, y in batch], atol, delta)
         for (i, _, _), d in zip(batch, done, strict=True):
             out[i] = d
 
@@ -148,11 +156,13 @@ def compare_weights(a: Config, b: Config, atol: float = 0.0) -> list[WeightDiff]
     def weights(cfg: Config) -> dict[str, Step]:
         return {k: Step(k, "weight", v) for k, v in named_arrays(cfg).items()}
 
-    return [
+    return [  # (without B − A: a model's weights may hold millions of cells)
         WeightDiff(
-            d, a.sources.get(d.path) if d.a else None, b.sources.get(d.path) if d.b else None
+            d,
+            a.sources.get(d.path) if d.a is not None else None,
+            b.sources.get(d.path) if d.b is not None else None,
         )
-        for d in _compare(weights(a), weights(b), atol)
+        for d in _compare(weights(a), weights(b), atol, delta=False)
     ]
 
 
