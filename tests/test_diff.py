@@ -534,3 +534,17 @@ def test_weights_compared_keep_no_b_minus_a() -> None:
     assert all(d.cells.differing is not None for d in differing)
     steps = [d for d in compare(run(a), run(b)) if d.status == DIFFERS]
     assert steps and all(d.delta is not None for d in steps)
+
+
+def test_a_variant_that_changes_a_weight_names_it_as_the_source() -> None:
+    path = str(FIXTURES / "000_relative_bias.yaml")
+    weights = weights_of(path, "--variant-b", "no_bias")
+    [(key, w)] = [(k, w) for k, w in weights.items() if w["status"] != SAME]
+    # rel_bias [-1, 0.5, 0, 1, 2] (line 29) against the variant's zeros (line 31)
+    old, new = np.array([-1, 0.5, 0, 1, 2]), np.zeros(5)
+    assert key == "weights.encoder.0.self_attn.heads.0.rel_bias"
+    assert (w["cells_differing"], w["cells"]) == (int((old != new).sum()), 5) == (4, 5)
+    assert (w["max_abs_diff"], w["at"], w["a_at"], w["b_at"]) == (2.0, [4], 2.0, 0.0)
+    assert (w["source_a"]["kind"], w["source_a"]["line"]) == ("file", 29)
+    assert (w["source_b"]["kind"], w["source_b"]["line"]) == ("variant", 31)
+    assert "line 29 → variant 'no_bias'," in table_of(path, "--variant-b", "no_bias")
