@@ -1290,6 +1290,15 @@ STRUCTURE = [
         "found shape 1 x 3",
         args=("step", "{file}", "--stage", "softmax"),
     ),
+    case(  # the file's K is right for its own Q: the --q that made Q wider is named
+        "attention-K-columns-of-a-q-option",
+        "attention: {Q: [[1, 2]], K: [[1, 2]], V: [[1]]}\n",
+        "attention.K",
+        1,
+        "wrong shape (attention.Q set by --q)",
+        "as many columns as Q (d_k) (3 columns), found shape 1 x 2",
+        args=("attend", "{file}", "--q", "1 2 3"),
+    ),
     case(
         "attention-mask-plus-inf",
         "attention: {Q: [[1]], K: [[1], [2]], V: [[1], [2]], mask: [[0, .inf]]}\n",

@@ -1164,7 +1164,7 @@ def _op_config(
             raise InputError(
                 f"{command} needs a single {kind} operation",
                 file=doc.file,
-                expected=f"a file with a '{kind}:' section (and no other)",
+                expected=f"a file with the section '{kind}:' (and no model or other operation)",
                 found=", ".join(f"'{k}:'" for k in found) or "neither",
             )
     sets = [parse_set(s) for s in c.sets]

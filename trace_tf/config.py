@@ -1616,14 +1616,23 @@ class _Validator:
                 "attention.K",
                 cols=Q.shape[1] if same_width else None,
                 what="columns as Q (d_k)",
+                like="attention.Q",
             )
             V = self.matrix(
-                a["V"], "attention.V", rows=K.shape[0], what="rows as K (one value per key)"
+                a["V"],
+                "attention.V",
+                rows=K.shape[0],
+                what="rows as K (one value per key)",
+                like="attention.K",
             )
             d_a = 0
             if score == "additive" and a.get("W_a_q") is not None:
                 d_a = self.matrix(
-                    a["W_a_q"], "attention.W_a_q", rows=Q.shape[1], what="rows as Q has columns"
+                    a["W_a_q"],
+                    "attention.W_a_q",
+                    rows=Q.shape[1],
+                    what="rows as Q has columns",
+                    like="attention.Q",
                 ).shape[1]
             # its steps hold L_q x L_k numbers four or five times, and the additive score's
             # q_a, k_a and tanh (L_q x L_k x d_a) more: an upper bound, refused before any
@@ -1742,8 +1751,10 @@ class _Validator:
         rows: int | None = None,
         cols: int | None = None,
         what: str = "",
+        like: str = "",
     ) -> np.ndarray:
-        """A non-empty 2-D matrix, optionally with a given number of rows or columns."""
+        """A non-empty 2-D matrix, optionally with a given number of rows or columns (`what`
+        they match: that of the matrix at `like`, named if an override set it)."""
         arr = self.array(value, path, None)
         if arr.ndim == 1 and arr.size:
             arr = arr[:, None] if (rows is not None and arr.shape[0] == rows) else arr[None, :]
@@ -1759,8 +1770,13 @@ class _Validator:
                 want += f" ({counted(rows, 'row')})"
             if cols is not None:
                 want += f" ({counted(cols, 'column')})"
+            # the override that set `like` where this one is the file's (--q over a file)
+            by = self.ctx.set_by(like) if like and not self.ctx.set_by(path) else ""
             raise self.ctx.err(
-                path, "wrong shape", expected=want, found_text=f"shape {shape_text(arr.shape, 'x')}"
+                path,
+                "wrong shape" + by,
+                expected=want,
+                found_text=f"shape {shape_text(arr.shape, 'x')}",
             )
         return arr
 
