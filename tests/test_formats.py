@@ -75,6 +75,49 @@ def test_npz_of_a_selection_and_its_refusals(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no" in result.stderr
 
 
+def test_step_inputs_writes_the_numbers_each_step_was_computed_from(tmp_path: Path) -> None:
+    path, raw = _config(tmp_path)
+    args = ["step", path, "--stage", "encoder.0.ffn.hidden", "--format", "json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    assert "inputs" not in plain  # (only asked for)
+    result = runner.invoke(app, [*args, "--inputs"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["steps"] == plain["steps"]
+    (hidden,) = out["steps"]
+    inputs = {i["path"]: i for i in out["inputs"]}
+    assert list(inputs) == hidden["inputs"]  # each named input, once, in order
+    ffn = raw["weights"]["encoder"][0]["ffn"]  # type: ignore[index]
+    W_1, b_1 = (np.array(ffn[k], dtype=np.float64) for k in ("W_1", "b_1"))
+    assert np.array_equal(np.array(inputs["weights.encoder.0.ffn.W_1"]["value"]), W_1)
+    assert np.array_equal(np.array(inputs["weights.encoder.0.ffn.b_1"]["value"]), b_1)
+    assert "c.yaml" in inputs["weights.encoder.0.ffn.W_1"]["source"]["text"]
+    x = np.array(inputs["encoder.0.self_attn.norm"]["value"])  # an earlier step, as PyTorch has it
+    np.testing.assert_allclose(x, reference_forward(raw)["encoder.0.self_attn.norm"], atol=1e-10)
+    assert inputs["encoder.0.self_attn.norm"]["formula"]  # (a step: as `steps` writes one)
+    np.testing.assert_allclose(np.array(hidden["value"]), x @ W_1 + b_1, atol=1e-12)
+
+    # npz: the inputs under their paths beside the steps; each head's inputs once
+    npz_out = tmp_path / "s.npz"
+    many = ["step", path, "--stage", "softmax", "--inputs", "--format"]
+    assert runner.invoke(app, [*many, "npz", "--output", str(npz_out)]).exit_code == 0
+    many_json = json.loads(runner.invoke(app, [*many, "json"]).stdout)
+    with np.load(npz_out) as npz:
+        paths = [s["path"] for s in many_json["steps"]] + [i["path"] for i in many_json["inputs"]]
+        assert list(npz.keys()) == paths and len(set(paths)) == len(paths)
+        for s in many_json["steps"]:  # a head's softmax reads its scaled (or masked) scores
+            (name,) = s["inputs"]
+            e = np.exp(npz[name] - npz[name].max(axis=-1, keepdims=True))
+            np.testing.assert_allclose(npz[s["path"]], e / e.sum(-1, keepdims=True), atol=1e-15)
+
+    refused = runner.invoke(app, [*args[:-1], "csv", "--inputs"])
+    assert refused.exit_code == 2 and "--format json or npz" in refused.stderr
+    table = ["step", path, "--stage", "encoder.0.ffn.hidden"]
+    warned = runner.invoke(app, [*table, "--inputs"])
+    assert "unused by tables" in warned.stderr
+    assert warned.stdout == runner.invoke(app, table).stdout
+
+
 def test_csv_writes_one_step_labelled_by_tokens(tmp_path: Path) -> None:
     path, raw = _config(tmp_path)
     step = "encoder.0.self_attn.h1.softmax"

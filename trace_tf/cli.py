@@ -12,7 +12,7 @@ import inspect
 import io
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -673,7 +673,11 @@ def _show(
     steps: "list[Step]",
     c: Common,
     body: "Callable[[], list[RenderableType]] | None" = None,
+    inputs: "Sequence[Step]" = (),
+    weights: "Mapping[str, Step] | None" = None,
 ) -> None:
+    """Tables, JSON, npz or csv of `steps`; with `inputs` (`step --inputs`), JSON and npz
+    also hold those (earlier steps, and arrays of `weights`) once each."""
     from trace_tf import render
     from trace_tf.config import Config
     from trace_tf.runner import conventions
@@ -692,12 +696,16 @@ def _show(
         }
 
     def data() -> dict[str, Any]:
-        return render.trace_json(
+        out = render.trace_json(
             cfg.title, tokens, steps, conventions=dict(conventions(cfg)), warnings=trace.warnings
         )
+        if inputs:
+            sources = cfg.sources if isinstance(cfg, Config) else {}
+            out["inputs"] = render.inputs_json(inputs, weights or {}, sources)
+        return out
 
     if c.fmt != "table":
-        emit(c, [], data, steps)
+        emit(c, [], data, [*steps, *inputs])
         return
     head = render.header(cfg.title or cfg.file, conventions(cfg), trace.warnings)
     items = body() if body is not None else [render.trace_view(steps, c.view())]
@@ -741,13 +749,26 @@ def step(
     ] = "softmax",
     layer: Annotated[Optional[int], typer.Option("--layer", min=0, help="Only this layer.")] = None,  # noqa: UP045
     head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head.")] = None,  # noqa: UP045
+    with_inputs: Annotated[
+        bool,
+        typer.Option(
+            "--inputs",
+            help="With --format json or npz: also write the numbers of the inputs the steps "
+            "were computed from (earlier steps, weights), each once (the tables always show "
+            "them).",
+        ),
+    ] = False,
 ) -> None:
     """Only the matching steps, each with the inputs it was computed from and its formula."""
     from trace_tf import render
     from trace_tf.errors import InputError
-    from trace_tf.runner import input_steps, run
+    from trace_tf.runner import input_steps, inputs_of, run
     from trace_tf.trace import check_selection, matches
 
+    if with_inputs and c.fmt == "csv":
+        _fail("--inputs writes the inputs' numbers beside the steps: use --format json or npz")
+    if with_inputs and c.fmt == "table":
+        _warning("--inputs adds the inputs' numbers to --format json or npz: unused by tables")
     cfg = _load(config, c)
     # Store only the selected steps (and, as they are recorded, their inputs).
     trace = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
@@ -758,12 +779,15 @@ def step(
     steps = trace.select(stage, layer, head)
     weights = input_steps(cfg)
     view = c.view()
+    given = inputs_of(steps, trace.steps, weights) if with_inputs and c.fmt != "table" else []
     _show(
         cfg,
         trace,
         steps,
         c,
         lambda: [render.step_with_inputs(s, trace.steps, weights, view) for s in steps],
+        given,
+        weights,
     )
 
 

@@ -28,6 +28,7 @@ from trace_tf.text import exact, printable, shape_text
 from trace_tf.trace import Step
 
 if TYPE_CHECKING:
+    from trace_tf.config import Source
     from trace_tf.cost import Cost, Totals, VaryRow
     from trace_tf.diff import StepDiff, WeightDiff
     from trace_tf.generate import Generation, Hypothesis, Iteration
@@ -546,6 +547,23 @@ def step_json(step: Step) -> dict[str, Any]:
         "inputs": list(step.inputs),
         "value": json_value(step.value),
     }
+
+
+def inputs_json(
+    inputs: Sequence[Step], weights: Mapping[str, Step], sources: Mapping[str, Source]
+) -> list[dict[str, Any]]:
+    """The inputs `step --inputs` writes (runner.inputs_of): an earlier step as
+    `step_json` writes it; a weight or given array (in `weights`) by its key path, shape
+    and numbers, and where a model's came from (Config.sources)."""
+    out = []
+    for s in inputs:
+        if s.path not in weights:
+            out.append(step_json(s))
+            continue
+        given = {"path": s.path, "shape": list(s.shape), "value": json_value(s.value)}
+        source = sources.get(s.path)
+        out.append(given | ({"source": source.json()} if source is not None else {}))
+    return out
 
 
 def trace_json(

@@ -3,7 +3,7 @@ conventions in force, and the `expect` checks. No printing here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -50,6 +50,23 @@ def input_steps(cfg: Config | OpConfig) -> dict[str, Step]:
             cols = tuple(f"{o:+d}" if o else "0" for o in range(-reach, reach + 1))
         what = "given" if isinstance(cfg, OpConfig) else _weight_title(cfg, name)
         out[name] = Step(name, what, value, rows=rows, cols=cols)
+    return out
+
+
+def inputs_of(
+    steps: Sequence[Step], lookup: Mapping[str, Step], weights: Mapping[str, Step]
+) -> list[Step]:
+    """The inputs `steps` were computed from that are not among them, each once, in the
+    order the steps name them: earlier steps (in `lookup`) and weights or given arrays
+    (`weights`: input_steps). What `step --inputs` writes beside the steps."""
+    seen = {s.path for s in steps}
+    out = []
+    for s in steps:
+        for name in s.inputs:
+            given = lookup.get(name) or weights.get(name)
+            if name not in seen and given is not None:
+                seen.add(name)
+                out.append(given)
     return out
 
 
