@@ -521,6 +521,26 @@ def test_the_weights_table_fits_the_terminal(columns: int) -> None:
     assert "weights that differ: 3 of 47" in out
 
 
+def test_the_weights_table_fits_where_its_words_do(tmp_yaml: Any) -> None:
+    """At 60 columns each column can keep its widest word ("transposed)" of the tied
+    weight's path, "tie_embeddings" of its source) and the table still fit: 11 + 5 + 9
+    + 9 + 2 + 14 cells and 2 between each of the 6 columns is 60. It was printed 63
+    wide: rich narrows the wrapping columns to one common width, that of the widest
+    word of either (14)."""
+    from rich.cells import cell_len
+
+    a = tmp_yaml(ENCODER.replace("W16", "6").replace("d_model: 2", "d_model: 4")
+                 .replace("[1, 2]", "[1, 2, 3, 4]")
+                 .replace("[[1, 2, 3], [4, 5, 6]]", "[[1, 2, 3], [4, 5, 6], [1, 2, 3], [4, 5, 6]]"))  # fmt: skip
+    out = table_of(a, "--set-b", "model.tie_embeddings=true", columns=60)
+    lines = out.splitlines()
+    assert max(cell_len(x) for x in lines) <= 60, out
+    # nothing cut inside a word: each word of the rows is whole on one line
+    words = {w for x in lines for w in x.split()}
+    assert {"transposed)", "tie_embeddings", "only", "×"} <= words
+    assert sum("only in A" in x for x in lines) == 1 and sum("only in B" in x for x in lines) == 1
+
+
 def test_weights_compared_keep_no_b_minus_a() -> None:
     """B − A is kept for steps (--delta shows it), not for weights: a model's weights may
     hold millions of cells, and nothing shows their B − A."""

@@ -770,6 +770,33 @@ def least_width(renderable: RenderableType) -> int:
     return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
 
 
+def _shared_out(table: Table, width: int) -> Table:
+    """`table` (after keep_whole) with its wrapping columns given widths of their own
+    that fit `width` where their least widths (min_width) do: rich would narrow them
+    all to one common width, no less than the largest of those least widths, and so
+    print the table wider than it need be (see least_width). Each gets its least, and
+    the room left is shared out in proportion to how much wider each would be. Where
+    even their least widths do not fit, or the table fits as it is, it is left as is."""
+    console = _measuring_console()
+    columns = table.columns
+    wrap = [not c.no_wrap and c.width is None for c in columns]
+    pad = [table._get_padding_width(c._index) for c in columns]
+    widest = [table._measure_column(console, console.options, c).maximum for c in columns]
+    if least_width(table) <= width or sum(widest) + table._extra_width <= width:
+        return table
+    least = [(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)]
+    room = width - table._extra_width - sum(w for w, f in zip(widest, wrap, strict=True) if not f)
+    chosen = [i for i, f in enumerate(wrap) if f]
+    spare = room - sum(least[i] for i in chosen)
+    if spare < 0:
+        return table
+    gaps = [max(widest[i] - least[i], 0) for i in chosen]
+    shares = [spare * g // (sum(gaps) or 1) for g in gaps]
+    for i, share in zip(chosen, shares, strict=True):
+        columns[i].width = least[i] + share - pad[i]
+    return table
+
+
 def _cut(text: str, cells: int) -> str:
     """`text` (a name that gives way in `_fitted`: a variant's, in `check`) in
     `cells` terminal cells, cut in the middle: its last two dot-separated parts kept
@@ -1669,8 +1696,10 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
     whole = table(spaced=False)
     if view.width is None or _natural_width(whole) <= view.width:
         return whole
-    spaced = table(spaced=True)
-    return spaced if least_width(spaced) <= view.width else table(spaced=True, there=False)
+    spaced = _shared_out(table(spaced=True), view.width)
+    if least_width(spaced) <= view.width:
+        return spaced
+    return _shared_out(table(spaced=True, there=False), view.width)
 
 
 def weights_diff_json(d: WeightDiff) -> dict[str, Any]:
