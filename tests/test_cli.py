@@ -1642,6 +1642,35 @@ def test_a_token_with_dots_is_read_whatever_the_order_of_the_sets(
 
 
 @pytest.mark.parametrize(
+    "sets",
+    [
+        ["embeddings.x.0=6", "embeddings.x.y=[3, 4]"],  # (was: 'embeddings.x.y: no such entry')
+        ["embeddings.x.y=[3, 4]", "embeddings.x.0=6"],
+        ["embeddings.x.y.0=5", "embeddings.x=[7, 7]", "embeddings.x.y.0=3"],
+    ],
+)
+def test_a_set_of_a_token_is_not_inside_a_longer_token_it_begins(tmp_yaml, sets: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """`embeddings.x.y` (token x.y) is not an entry of token x: setting one leaves the
+    other as it would be, drawn by SPEC's rule, or as set."""
+    text = "model: {d_model: 2, n_heads: 1, seed: 4}\nvocab: [x, x.y]\nsource: [x, x.y]\n"
+    args = [a for s in sets for a in ("--set", s)]
+    code, out, err = invoke("step", tmp_yaml(text), *args, "--stage", "embed", "--format", "json")
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+
+    def drawn(token: str) -> list[float]:
+        rng = np.random.default_rng([4, zlib.crc32(f"embeddings.{token}".encode())])
+        return list(rng.standard_normal(2))
+
+    x, xy = drawn("x"), drawn("x.y")
+    if "embeddings.x=[7, 7]" in sets:
+        x, xy = [7.0, 7.0], [3.0, xy[1]]
+    else:
+        x, xy = [6.0, x[1]], [3.0, 4.0]
+    assert step["value"] == [x, xy]
+
+
+@pytest.mark.parametrize(
     "key", ["embeddings..x", "embeddings...", "embeddings.e.g..", "embeddings.hi."]
 )
 def test_set_below_embeddings_with_an_empty_part_and_no_such_token_is_refused(

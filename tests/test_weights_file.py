@@ -766,3 +766,42 @@ def test_an_entry_of_a_gaussian_w_the_npz_gives_as_one_number_says_so(tmp_path: 
     assert "expected a single number" in err, err
     w_set = loaded(config, sets=[f"{w}=3"]).encoder[0].self_attn.heads[0].score.w  # type: ignore[union-attr]
     assert w_set == 3
+
+
+@pytest.mark.parametrize(
+    ("sets", "x", "xy"),
+    [
+        (["embeddings.x.0=5"], [5, 2], [3, 4]),  # (was: 'embeddings.x.y: no such entry')
+        (["embeddings.x=[5, 6]"], [5, 6], [3, 4]),
+        (["embeddings.x=[7, 7]", "embeddings.x.0=5"], [5, 7], [3, 4]),
+        (["embeddings.x=[5, 6]", "embeddings.x.y.1=-4"], [5, 6], [3, -4]),  # (x.y was drawn)
+        (["embeddings.x.y.1=-4", "embeddings.x=[5, 6]"], [5, 6], [3, -4]),
+        (["embeddings.x.0=5", "embeddings.x.y.1=-4"], [5, 2], [3, -4]),
+    ],
+)
+def test_a_set_below_a_token_that_begins_another_leaves_the_other_the_npz_s(
+    tmp_path: Path, sets: list[str], x: list[float], xy: list[float]
+) -> None:
+    """Tokens `x` and `x.y` from the npz: a --set of `x` or of its entries is not inside
+    `x.y` (a key path below embeddings is not a prefix of the text), so neither is
+    refused nor the npz's `x.y` dropped for a drawn one."""
+    np.savez(tmp_path / "w.npz", **{"embeddings.x": [1.0, 2.0], "embeddings.x.y": [3.0, 4.0]})
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 2, n_heads: 1, decoder_layers: 0}\nvocab: [x, x.y]\n"
+        "source: [x, x.y]\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    before = (tmp_path / "w.npz").read_bytes()
+    args = [a for s in sets for a in ("--set", s)]
+    code, out, err = invoke("step", str(config), *args, "--stage", "embed", "--format", "json")
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+    assert step["value"] == [x, xy]  # (embed: the rows of the embeddings, unscaled)
+    code, out, err = invoke("weights", str(config), *args, "--format", "json")
+    assert code == 0, err
+    source = {w["path"]: w for w in json.loads(out)["weights"]}["embeddings.x.y"]
+    assert source["kind"] == "npz" and source["array"] == "embeddings.x.y", source
+    entries = ["--set embeddings.x.y.1"] if "embeddings.x.y.1=-4" in sets else []
+    assert source.get("partly", []) == entries, source
+    assert (tmp_path / "w.npz").read_bytes() == before

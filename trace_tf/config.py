@@ -950,12 +950,28 @@ def _under_entries(
 
 def _set_inside(overridden: Sequence[str], origins: Mapping[str, Origin], key: str) -> list[str]:
     """The keys below `key` that overrides set (its entries, or a part of it), in the
-    order set; not the empty entries an override added past a list's end."""
-    return [k for k in overridden if k.startswith(key + ".") and not origins[k].pads]
+    order set; not the empty entries an override added past a list's end. Below
+    embeddings a token may hold dots: `embeddings.x.y` (token x.y) is not inside
+    `embeddings.x`, so the key's parts are read, not its text."""
+    return [
+        k
+        for k in overridden
+        if k.startswith(key + ".") and not origins[k].pads and _below(origins[k].parts, key)
+    ]
+
+
+def _below(parts: Sequence[str], key: str) -> bool:
+    """Whether the key of `parts` lies below `key` (some of its first parts are `key`);
+    true when its parts are not recorded (its text then says)."""
+    return not parts or any(".".join(parts[:n]) == key for n in range(1, len(parts)))
 
 
 def _covers(key: str, path: str) -> bool:
-    """Whether setting `key` sets the value at `path`: it is `path` or a key above it."""
+    """Whether setting `key` sets the value at `path`, a weight's key path: it is `path`
+    or a key above it (above an embedding, `embeddings.<token>`, only `embeddings`: a
+    token may hold dots, and `embeddings.x` is not above `embeddings.x.y`)."""
+    if path.startswith("embeddings."):
+        return key in (path, "embeddings")
     return path == key or path.startswith(key + ".")
 
 
