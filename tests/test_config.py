@@ -345,3 +345,16 @@ def test_an_entry_of_a_tied_output_w_names_the_embedding_entry_that_holds_it(
         i, j = (int(n) for n in at.split("."))
         W = np.stack([cfg.embeddings[t] for t in cfg.vocab]).T
         assert W[i, j] == 5 and output_weights(cfg)[0][i, j] == 5
+
+
+@pytest.mark.parametrize("at", ["3.0", "1.9", "04.0"])
+def test_an_entry_set_past_a_list_s_end_is_named_by_the_error_of_the_list(
+    tmp_yaml, at: str
+) -> None:  # type: ignore[no-untyped-def]
+    """`--set weights.output.W.3.0=5` adds W.0..W.2 empty before it: the error at
+    output.W (tied) dropped '(set by --set ...)', as several keys were set below it."""
+    with pytest.raises(InputError) as info:
+        load(tmp_yaml(TIED), [f"weights.output.W.{at}=5"])
+    written = ".".join(str(int(p)) for p in at.split("."))
+    assert "output.W is given but model.tie_embeddings is on" in str(info.value)
+    assert f"(set by --set weights.output.W.{written})" in str(info.value), str(info.value)

@@ -1062,8 +1062,11 @@ class _Ctx:
         )
         from_npz = [self.origins.get(k, Origin("")) for k in made]
         arrays = [k for k, o in zip(made, from_npz, strict=True) if o.array and not o.pads]
-        if key is None and (len(made) == 1 or (made and all(o.array for o in from_npz))):
-            key = made[0]  # (the arrays of a weights_file below path: the first named)
+        # (the empty entries an override added past a list's end are its own: W.3.0 adds
+        # W.0..W.2, and is still one override)
+        real = [k for k, o in zip(made, from_npz, strict=True) if not o.pads]
+        if key is None and (len(real) == 1 or (made and all(o.array for o in from_npz))):
+            key = real[0]  # (the arrays of a weights_file below path: the first named)
         line = None if made else self.lines.get(path)
         if key is not None:  # the value is not the file's: say what set it
             origin = self.origins.get(key, Origin("--set"))
