@@ -274,9 +274,21 @@ def test_a_key_in_both_the_yaml_and_the_npz_is_refused(tmp_path: Path) -> None:
     assert code == 2 and "given twice" in err and "set" in err
 
 
-def test_two_arrays_of_the_npz_for_one_key_are_named_both(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        # (were taken: the entry written over the second array, the first one unread)
+        ["weights.encoder.0.ffn.b_1.3=5"],
+        ["weights.encoder.00.ffn.b_1.3=5", "weights.encoder.0.ffn.b_1.2=6"],
+        ["weights.encoder.0.ffn.b_1=[" + ", ".join(["0"] * 16) + "]"],
+    ],
+    ids=["alone", "entry", "entries", "whole"],
+)
+def test_two_arrays_of_the_npz_for_one_key_are_named_both(tmp_path: Path, sets: list[str]) -> None:
     """`encoder.00.ffn.b_1` is index 0 as in --set: with `encoder.0.ffn.b_1` beside it the
-    key is given twice, by the npz alone; the message said 'in c.yaml and as array'."""
+    key is given twice, by the npz alone (whatever a --set writes over it); the message
+    said 'in c.yaml and as array'."""
     (tmp_path / "c.yaml").write_text(
         "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
     )
@@ -284,7 +296,9 @@ def test_two_arrays_of_the_npz_for_one_key_are_named_both(tmp_path: Path) -> Non
         tmp_path / "w.npz",
         **{"encoder.0.ffn.b_1": np.zeros(16), "encoder.00.ffn.b_1": np.ones(16)},
     )
-    code, _, err = invoke("encode", str(tmp_path / "c.yaml"))
+    code, _, err = invoke(
+        "encode", str(tmp_path / "c.yaml"), *(a for s in sets for a in ("--set", s))
+    )
     assert code == 2, err
     assert "given twice: as arrays 'encoder.0.ffn.b_1' and 'encoder.00.ffn.b_1' of " in err, err
     assert "in " + str(tmp_path / "c.yaml") + " and" not in err, err

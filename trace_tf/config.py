@@ -868,7 +868,17 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
         exc.message += of_config
         raise
     placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
+    read: dict[str, str] = {}  # (the arrays so far, by their key paths as read)
     overrides = doc.overridden[:]  # (the arrays are placed after them)
+
+    def twice(key: str, first: str) -> InputError:
+        return ctx.err(
+            key,
+            f"given twice: {first} of weights_file {name}"
+            + (f" (set by {set_by.by})" if set_by else ""),
+            expected="each weight given once, in the YAML or in the .npz",
+        )
+
     for array, value in arrays:
         # an embedding's token may hold dots: it is one key below `embeddings`
         token = array[len("embeddings.") :] if array.startswith("embeddings.") else None
@@ -882,6 +892,10 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
                 path=f"array {quoted(array)}",
                 expected="a key path below weights, such as encoder.0.ffn.W_1",
             )
+        as_read = key if token is not None else _index_read(key)
+        if as_read in read:  # (whatever overrides set there: `encoder.00.` is `encoder.0.`)
+            raise twice(key, f"as arrays {quoted(read[as_read])} and {quoted(array)}")
+        read[as_read] = array
         if token is not None:
             given = doc.data.get("embeddings")
             given = given.get(token) if isinstance(given, dict) else None
@@ -909,12 +923,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
                 if id(given) in placed
                 else f"{where} and as array {quoted(array)}"
             )
-            raise ctx.err(
-                key,
-                f"given twice: {first} of weights_file {name}"
-                + (f" (set by {set_by.by})" if set_by else ""),
-                expected="each weight given once, in the YAML or in the .npz",
-            )
+            raise twice(key, first)
         placed[id(value)] = array
         origin = Origin(name, at="weights_file", array=array)
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
@@ -933,8 +942,8 @@ def _under_entries(
     inside it, if that is what the document holds there: it becomes their base
     (Document.bases), set just before the first of them, as a weight of the YAML
     would be, so that its source names the array and then the entries set."""
-    if token is None:  # (`encoder.00` is `encoder.0`, as overrides read an index)
-        key = ".".join(str(int(p)) if whole_number(p) else p for p in key.split("."))
+    if token is None:
+        key = _index_read(key)
     inside = _set_inside(overrides, doc.origins, key)
     if not inside:
         return False
@@ -946,6 +955,12 @@ def _under_entries(
         doc.origins[k] = replace(doc.origins[k], made=None)
     doc.bases[key] = value
     return True
+
+
+def _index_read(key: str) -> str:
+    """A key path below weights with its indices as overrides read them: `encoder.00` is
+    `encoder.0`."""
+    return ".".join(str(int(p)) if whole_number(p) else p for p in key.split("."))
 
 
 def _set_inside(overridden: Sequence[str], origins: Mapping[str, Origin], key: str) -> list[str]:
