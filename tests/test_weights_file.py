@@ -819,3 +819,82 @@ def test_a_set_below_a_token_that_begins_another_leaves_the_other_the_npz_s(
     entries = ["--set embeddings.x.y.1"] if "embeddings.x.y.1=-4" in sets else []
     assert source.get("partly", []) == entries, source
     assert (tmp_path / "w.npz").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["weights.encoder.0.ffn={}"],  # (the npz's W_1 was kept)
+        ["weights.encoder.0.ffn={}", "weights.encoder.0.ffn.W_1.0.1=5"],  # (drawn: as now)
+        ["weights.encoder.0.ffn=null"],
+        ["weights.encoder.0={}"],
+        ["weights=null"],
+        ["embeddings={b: [1, 2, 3, 4]}"],  # (a kept, unlike a YAML's a)
+    ],
+)
+def test_a_set_above_an_npz_array_stands_over_it_as_over_the_yaml_s(
+    tmp_path: Path, sets: list[str]
+) -> None:
+    """An override of a key above arrays of the npz replaces them as it replaces the
+    YAML's: what it does not give is drawn by SPEC's rule, whether or not an entry is
+    set below it too (before, the npz's arrays stayed unless an entry was set)."""
+    rng = np.random.default_rng(5)
+    W_1, W_2, a = rng.standard_normal((4, 6)), rng.standard_normal((6, 4)), rng.standard_normal(4)
+    np.savez(
+        tmp_path / "w.npz",
+        **{"encoder.0.ffn.W_1": W_1, "encoder.0.ffn.W_2": W_2, "embeddings.a": a},
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 4, n_heads: 2, d_ff: 6, decoder_layers: 0, seed: 9}\n"
+        "vocab: [a, b]\nsource: [a, b]\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+
+    def drawn(path: str, shape: tuple[int, ...]) -> np.ndarray:
+        import zlib
+
+        return np.random.default_rng([9, zlib.crc32(path.encode())]).standard_normal(shape)
+
+    cfg = loaded(config, sets=sets)
+    ffn = cfg.encoder[0].ffn
+    if sets[0].startswith("embeddings"):
+        assert np.array_equal(ffn.W_1, W_1) and np.array_equal(ffn.W_2, W_2)
+        assert np.array_equal(cfg.embeddings["a"], drawn("embeddings.a", (4,)))
+        assert list(cfg.embeddings["b"]) == [1, 2, 3, 4]
+        return
+    want = drawn("encoder.0.ffn.W_1", (4, 6))
+    if len(sets) > 1:
+        want[0, 1] = 5
+    assert np.array_equal(ffn.W_1, want)
+    assert np.array_equal(ffn.W_2, drawn("encoder.0.ffn.W_2", (6, 4)))
+    assert np.array_equal(cfg.embeddings["a"], a)
+
+
+def test_a_set_above_made_before_the_weights_file_is_named_leaves_its_arrays(
+    tmp_path: Path,
+) -> None:
+    """`weights: null` then `weights_file: w.npz` (a variant that swaps the YAML's
+    weights for the npz's, or two --set in that order): the npz fills what is not given."""
+    W = np.arange(24.0).reshape(4, 6) / 7
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": W})
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 4, n_heads: 2, d_ff: 6, decoder_layers: 0}\n"
+        "source: [[1, 2, 3, 4]]\nweights: {encoder: [{ffn: {W_1: "
+        + str(np.ones((4, 6)).tolist())
+        + "}}]}\nvariants: {npz: {weights: null, weights_file: w.npz}}\n",
+        encoding="utf-8",
+    )
+    entry = W.copy()
+    entry[0, 1] = 5
+    for cfg, want in (
+        (loaded(config, variant="npz"), W),
+        (loaded(config, sets=["weights=null", "weights_file=w.npz"]), W),
+        (loaded(config, sets=["weights=null", "weights_file=w.npz", f"{W_1}.0.1=5"]), entry),
+    ):
+        assert np.array_equal(cfg.encoder[0].ffn.W_1, want)
+    # after the weights_file is named, the override stands over the array: drawn
+    cfg = loaded(config, sets=["weights_file=w.npz", "weights=null"])
+    assert not np.array_equal(cfg.encoder[0].ffn.W_1, W)
+    assert cfg.sources[W_1].kind == "drawn"

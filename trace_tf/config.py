@@ -870,6 +870,8 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
     placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
     read: dict[str, str] = {}  # (the arrays so far, by their key paths as read)
     overrides = doc.overridden[:]  # (the arrays are placed after them)
+    named = max((n for n, k in enumerate(overrides) if k == "weights_file"), default=-1)
+    above = set(overrides[named + 1 :])  # (those since an override named the weights_file)
 
     def twice(key: str, first: str) -> InputError:
         return ctx.err(
@@ -901,10 +903,21 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             given = given.get(token) if isinstance(given, dict) else None
         else:
             given = _at(doc.data, key.split("."))
-        if given is not None and id(given) not in placed and not doc.lines.given(key):
-            # an override's value: one that set the key whole (or a key above it) stands
-            # over the array; entries set by overrides are written over a copy of it
-            if any(_covers(k, key) for k in overrides if not doc.origins[k].pads):
+        setters = [k for k in overrides if not doc.origins[k].pads and _covers(k, as_read)]
+        # (the file's value at key, unless an override set it or a key above it)
+        in_file = doc.lines.given(key) and not setters
+        if not in_file and any(k in above for k in setters):
+            # an override that set the key whole, or a key above it, stands over the
+            # array, as over the YAML's (`--set weights.encoder.0.ffn={}`: drawn),
+            # unless it came before the weights_file was named (`weights: null,
+            # weights_file: w.npz`: the npz fills what is not given)
+            continue
+        if given is not None and id(given) not in placed and not in_file:
+            # an override's value at the key stands over the array (not entries that
+            # made one where an override before the weights_file left none); entries set
+            # by overrides are written over a copy of it
+            inside = _set_inside(overrides, doc.origins, as_read)
+            if setters and not any(doc.origins[k].made == as_read for k in inside):
                 continue
             if _under_entries(doc, overrides, key, token, name, array, value):
                 placed[id(value)] = array
