@@ -898,3 +898,26 @@ def test_a_set_above_made_before_the_weights_file_is_named_leaves_its_arrays(
     cfg = loaded(config, sets=["weights_file=w.npz", "weights=null"])
     assert not np.array_equal(cfg.encoder[0].ffn.W_1, W)
     assert cfg.sources[W_1].kind == "drawn"
+
+
+def test_an_entry_set_over_a_nan_of_the_npz_replaces_it(tmp_path: Path) -> None:
+    """The npz's array is checked once the entries are written over it, as the YAML's is:
+    a NaN an entry (or row) replaces is gone; one left is named as the array's (before,
+    its first NaN was refused as set by the --set, even where the --set replaced it)."""
+    W = np.arange(16.0).reshape(4, 4)
+    W[0, 1] = np.nan
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": W})
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 4, n_heads: 1, d_ff: 4, decoder_layers: 0}\n"
+        "source: [[1, 2, 3, 4]]\nweights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    entry, row = W.copy(), W.copy()
+    entry[0, 1], row[0] = 5, 5
+    for set_, want in ((f"{W_1}.0.1=5", entry), (f"{W_1}.0=[5, 5, 5, 5]", row)):
+        assert np.array_equal(loaded(config, sets=[set_]).encoder[0].ffn.W_1, want)
+    code, _, err = invoke("encode", str(config), "--set", f"{W_1}.1.1=5")
+    assert code == 2, err
+    assert f"{W_1}.0.1: not a finite number (from weights_file" in err, err
+    assert "set by --set" not in err, err

@@ -1347,9 +1347,11 @@ class _Validator:
         the array is when the config does not give it (drawn, or a default), which
         entries set by overrides (`--set ...W_2.0.1=5`) then change."""
         if path in self.ctx.bases:  # an array of the weights_file, entries set over it
-            given = self._array(self.ctx.bases[path], path, shape, finite=finite, dims=dims)
+            # (its numbers checked once the entries are written: one may replace a NaN)
+            given = self._array(self.ctx.bases[path], path, shape, finite=False, dims=dims)
             copied = np.array(given, dtype=np.float64)  # (never the loaded array itself)
-            return self._array(self._entries(copied, value, path), path, shape, dims=dims)
+            changed = self._entries(copied, value, path)
+            return self._array(changed, path, shape, finite=finite, dims=dims)
         if base is not None and shape is not None and path in self.ctx.made:
             return self._array(self._entries(base(), value, path), path, shape, dims=dims)
         try:
