@@ -738,6 +738,31 @@ def _natural_width(renderable: RenderableType) -> int:
     return Measurement.get(console, console.options, renderable).maximum
 
 
+@dataclass(frozen=True)
+class _ColumnWidths:
+    """A table's columns measured as rich lays them out, in terminal cells (its private
+    `_measure_column`, `_get_padding_width` and `_extra_width`, read here only)."""
+
+    widest: list[int]  # each column's widest cell, its padding included
+    least: list[int]  # its min_width (else 1 cell), its padding included
+    pad: list[int]  # its padding
+    wrap: list[bool]  # whether rich may narrow it (it wraps, with no fixed width)
+    extra: int  # the table's edges and the rules between its columns
+
+    @staticmethod
+    def of(table: Table) -> _ColumnWidths:
+        console = _measuring_console()
+        columns = table.columns
+        pad = [table._get_padding_width(c._index) for c in columns]
+        return _ColumnWidths(
+            widest=[table._measure_column(console, console.options, c).maximum for c in columns],
+            least=[(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)],
+            pad=pad,
+            wrap=[not c.no_wrap and c.width is None for c in columns],
+            extra=table._extra_width,
+        )
+
+
 def least_width(renderable: RenderableType) -> int:
     """The fewest terminal cells `renderable` can be printed in without cutting a column
     kept whole (never wrapped, with a min_width: numbers, short codes) or splitting a
@@ -755,18 +780,12 @@ def least_width(renderable: RenderableType) -> int:
     if isinstance(renderable, Grid):
         return renderable.width
     if isinstance(renderable, Table):
-        columns = renderable.columns
-        if not any(c.min_width is not None or c.width is not None for c in columns):
+        if not any(c.min_width is not None or c.width is not None for c in renderable.columns):
             return 0
-        console = _measuring_console()
-        options = console.options
-        widest = [renderable._measure_column(console, options, c).maximum for c in columns]
-        pad = [renderable._get_padding_width(c._index) for c in columns]
-        wrap = [not c.no_wrap and c.width is None for c in columns]
-        least = [(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)]
-        level = max((x for x, w in zip(least, wrap, strict=True) if w), default=0)
-        cells = sum(min(x, level) if w else x for x, w in zip(widest, wrap, strict=True))
-        return cells + renderable._extra_width
+        m = _ColumnWidths.of(renderable)
+        level = max((x for x, w in zip(m.least, m.wrap, strict=True) if w), default=0)
+        cells = sum(min(x, level) if w else x for x, w in zip(m.widest, m.wrap, strict=True))
+        return cells + m.extra
     return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
 
 
@@ -777,23 +796,18 @@ def _shared_out(table: Table, width: int) -> Table:
     print the table wider than it need be (see least_width). Each gets its least, and
     the room left is shared out in proportion to how much wider each would be. Where
     even their least widths do not fit, or the table fits as it is, it is left as is."""
-    console = _measuring_console()
-    columns = table.columns
-    wrap = [not c.no_wrap and c.width is None for c in columns]
-    pad = [table._get_padding_width(c._index) for c in columns]
-    widest = [table._measure_column(console, console.options, c).maximum for c in columns]
-    if least_width(table) <= width or sum(widest) + table._extra_width <= width:
+    m = _ColumnWidths.of(table)
+    if least_width(table) <= width or sum(m.widest) + m.extra <= width:
         return table
-    least = [(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)]
-    room = width - table._extra_width - sum(w for w, f in zip(widest, wrap, strict=True) if not f)
-    chosen = [i for i, f in enumerate(wrap) if f]
-    spare = room - sum(least[i] for i in chosen)
+    room = width - m.extra - sum(w for w, f in zip(m.widest, m.wrap, strict=True) if not f)
+    chosen = [i for i, f in enumerate(m.wrap) if f]
+    spare = room - sum(m.least[i] for i in chosen)
     if spare < 0:
         return table
-    gaps = [max(widest[i] - least[i], 0) for i in chosen]
+    gaps = [max(m.widest[i] - m.least[i], 0) for i in chosen]
     shares = [spare * g // (sum(gaps) or 1) for g in gaps]
     for i, share in zip(chosen, shares, strict=True):
-        columns[i].width = least[i] + share - pad[i]
+        table.columns[i].width = m.least[i] + share - m.pad[i]
     return table
 
 
