@@ -867,7 +867,6 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
     except InputError as exc:
         exc.message += of_config
         raise
-    placed: dict[int, str] = {}  # (the arrays placed so far, by their values' ids)
     read: dict[str, str] = {}  # (the arrays so far, by their key paths as read)
     overrides = doc.overridden[:]  # (the arrays are placed after them)
     named = max((n for n, k in enumerate(overrides) if k == "weights_file"), default=-1)
@@ -912,7 +911,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             # unless it came before the weights_file was named (`weights: null,
             # weights_file: w.npz`: the npz fills what is not given)
             continue
-        if given is not None and id(given) not in placed and not in_file:
+        if given is not None and not in_file:
             # an override's value at the key stands over the array (not entries that
             # made one where an override before the weights_file left none); entries set
             # by overrides are written over a copy of it
@@ -920,7 +919,6 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             if setters and not any(doc.origins[k].made == as_read for k in inside):
                 continue
             if _under_entries(doc, overrides, key, token, name, array, value):
-                placed[id(value)] = array
                 continue
         if given is not None:
             # the file's value, or an override's that is not an array's entries
@@ -931,13 +929,7 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
                 where = "by an override"
             elif inside and not doc.lines.given(key):
                 where = f"by {doc.origins[inside[-1]].named(inside[-1])}"
-            first = (  # another array of the file (`encoder.00.` is `encoder.0.`)
-                f"as arrays {quoted(placed[id(given)])} and {quoted(array)}"
-                if id(given) in placed
-                else f"{where} and as array {quoted(array)}"
-            )
-            raise twice(key, first)
-        placed[id(value)] = array
+            raise twice(key, f"{where} and as array {quoted(array)}")
         origin = Origin(name, at="weights_file", array=array)
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
 
