@@ -918,7 +918,8 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
             inside = _set_inside(overrides, doc.origins, as_read)
             if setters and not any(doc.origins[k].made == as_read for k in inside):
                 continue
-            if _under_entries(doc, overrides, key, token, name, array, value):
+            if inside:
+                _under_entries(doc, as_read, token, inside, name, array, value)
                 continue
         if given is not None:
             # the file's value, or an override's that is not an array's entries
@@ -936,22 +937,18 @@ def place_weights_file(doc: Document, max_elements: int) -> None:
 
 def _under_entries(
     doc: Document,
-    overrides: Sequence[str],
     key: str,
     token: str | None,
+    inside: Sequence[str],
     file: str,
     array: str,
     value: Any,
-) -> bool:
-    """Place the weights_file's `array` (at `key`) under the entries that overrides set
-    inside it, if that is what the document holds there: it becomes their base
-    (Document.bases), set just before the first of them, as a weight of the YAML
-    would be, so that its source names the array and then the entries set."""
-    if token is None:
-        key = _index_read(key)
-    inside = _set_inside(overrides, doc.origins, key)
-    if not inside:
-        return False
+) -> None:
+    """Place the weights_file's `array` (at `key`, its indices as overrides read them:
+    `_index_read`) under the entries that overrides set inside it (`inside`, in the
+    order set): it becomes their base (Document.bases), set just before the first of
+    them, as a weight of the YAML would be, so that its source names the array and
+    then the entries set."""
     first = doc.overridden.index(inside[0])
     parts = ("embeddings", token) if token is not None else tuple(key.split("."))
     doc.overridden.insert(first, key)
@@ -959,7 +956,6 @@ def _under_entries(
     for k in inside:  # no longer entries of an array the document does not give
         doc.origins[k] = replace(doc.origins[k], made=None)
     doc.bases[key] = value
-    return True
 
 
 def _index_read(key: str) -> str:
