@@ -921,3 +921,34 @@ def test_an_entry_set_over_a_nan_of_the_npz_replaces_it(tmp_path: Path) -> None:
     assert code == 2, err
     assert f"{W_1}.0.1: not a finite number (from weights_file" in err, err
     assert "set by --set" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("sets", "x", "xy"),
+    [
+        (["embeddings.x.y.0=5"], [1, 2], [5, 4]),  # (was: 'embeddings.x.y.0: no such entry')
+        (["embeddings.x.y=[5, 6]"], [1, 2], [5, 6]),
+        (["embeddings.x.y.1=-4", "embeddings.x.0=7"], [7, 2], [3, -4]),
+    ],
+)
+def test_a_set_below_a_token_with_dots_only_the_npz_gives_is_read_against_it(
+    tmp_path: Path, sets: list[str], x: list[float], xy: list[float]
+) -> None:
+    """No vocab in the YAML: the tokens are the npz's embeddings (`x`, `x.y`). A key below
+    embeddings is read against them too, as against the YAML's vocab or embeddings
+    (README: the longest token the key goes on with is one part)."""
+    arrays = {"embeddings.x": [1.0, 2.0], "embeddings.x.y": [3.0, 4.0]}
+    np.savez(tmp_path / "w.npz", **arrays)  # type: ignore[arg-type]
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 2, n_heads: 1, decoder_layers: 0}\nsource: [x, x.y]\n"
+        "weights_file: w.npz\n",
+        encoding="utf-8",
+    )
+    before = (tmp_path / "w.npz").read_bytes()
+    args = [a for s in sets for a in ("--set", s)]
+    code, out, err = invoke("step", str(config), *args, "--stage", "embed", "--format", "json")
+    assert code == 0, err
+    (step,) = json.loads(out)["steps"]
+    assert step["value"] == [x, xy]  # (embed: the rows of the embeddings, unscaled)
+    assert (tmp_path / "w.npz").read_bytes() == before

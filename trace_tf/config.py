@@ -418,8 +418,9 @@ class Document:
     # arrays of the weights_file that overrides set entries of, by key path: the entries
     # are written over a copy (the array may be shared, or the npz's own buffer)
     bases: dict[str, Any] = field(default_factory=dict)
-    # the tokens holding dots of the vocab the overrides leave: a key below embeddings
-    # is read against them too, so that the overrides' order does not matter
+    # the tokens holding dots of the vocab the overrides leave, and of the embeddings of
+    # the weights_file: a key below embeddings is read against them too, so that the
+    # overrides' order does not matter, nor whether the YAML lists the tokens
     tokens: frozenset[str] = frozenset()
 
 
@@ -598,7 +599,7 @@ def key_parts(doc: Document, key: str) -> list[str]:
     """The parts of a dotted key. A token may hold dots (".", "e.g."): below `embeddings`,
     the longest token of the document's vocab or embeddings that the rest of the key
     is, or begins with before a dot, is one part (`embeddings.e.g..0`: e.g., 0); also a
-    token of the vocab that the overrides leave (Document.tokens)."""
+    token of the vocab that the overrides leave or of the weights_file (Document.tokens)."""
     head, _, rest = key.partition(".")
     if head == "embeddings" and rest:
         vocab, given = doc.data.get("vocab"), doc.data.get("embeddings")
@@ -772,15 +773,18 @@ def overridden(
     sets: Sequence[tuple[str, Any]] = (),
     variant: str | None = None,
     options: Sequence[tuple[str, Any, str]] = (),
+    tokens: frozenset[str] = frozenset(),
 ) -> Document:
     """A copy of the document with its variant, then each --set, then a command's own
-    options (key, value, option name) set over it; the document itself is untouched."""
+    options (key, value, option name) set over it; the document itself is untouched.
+    `tokens`: more tokens holding dots that keys below embeddings are read against (the
+    weights_file's; see Document.tokens)."""
     doc = Document(
         doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins), doc.base
     )
     variants = doc.data.get("variants")
     body = variants.get(variant) if isinstance(variants, dict) and variant is not None else None
-    doc.tokens = _final_tokens(
+    doc.tokens = tokens | _final_tokens(
         doc,
         [
             *(body.items() if isinstance(body, dict) else ()),
@@ -830,43 +834,67 @@ def build(
     into a Config or OpConfig.
 
     `dtype` (the --dtype option) sets model.dtype, after everything else."""
-    doc = overridden(doc, sets, variant, options)
-    if dtype is not None:
-        if "model" not in doc.data:
-            raise InputError(
-                f"--dtype {dtype} applies to a model config; this file holds a single operation",
-                file=doc.file,
-                expected="a config with a 'model:' section (single operations run in float64)",
-            )
-        apply_override(doc, "model.dtype", dtype, Origin("--dtype"))
-    if "model" in doc.data and doc.data.get("weights_file") is not None:
-        place_weights_file(doc, max_elements)
-    ctx = _ctx(doc)
-    return _Validator(ctx, max_elements).document(doc.data, variant)
+
+    def applied(tokens: frozenset[str] = frozenset()) -> Document:
+        out = overridden(doc, sets, variant, options, tokens)
+        if dtype is not None:
+            if "model" not in out.data:
+                raise InputError(
+                    f"--dtype {dtype} applies to a model config; this file holds a single "
+                    "operation",
+                    file=out.file,
+                    expected="a config with a 'model:' section (single operations run in float64)",
+                )
+            apply_override(out, "model.dtype", dtype, Origin("--dtype"))
+        return out
+
+    final = applied()
+    if "model" in final.data and final.data.get("weights_file") is not None:
+        arrays = read_weights_file(final, max_elements)
+        # its embeddings' tokens holding dots: keys below embeddings read against them
+        # too (`embeddings.x.y.0`: entry 0 of token x.y, which only the npz gives)
+        tokens = {a[len("embeddings.") :] for a, _ in arrays if a.startswith("embeddings.")}
+        dotted = frozenset(t for t in tokens if "." in t) - final.tokens
+        if dotted and any(k.startswith("embeddings.") for k in final.overridden):
+            final = applied(dotted)
+        place_weights_file(final, arrays)
+    ctx = _ctx(final)
+    return _Validator(ctx, max_elements).document(final.data, variant)
 
 
-def place_weights_file(doc: Document, max_elements: int) -> None:
-    """Put each array of the document's `weights_file` (an .npz) into its data where the
-    YAML would hold it: `embeddings.<token>` or, below `weights`, its key path
-    (`encoder.0.self_attn.W_q`), so that every check of the YAML's arrays applies to it.
-    The arrays stay numpy arrays (the validator takes them as they are); a key the
-    document already gives is refused, naming both."""
-    ctx = _ctx(doc)
+def _weights_file(doc: Document) -> tuple[str, str]:
+    """The path of the document's `weights_file` (relative to the config's directory; no
+    ~) and how to name it in a message (' (the weights_file of c.yaml, line 3)')."""
     raw = doc.data["weights_file"]
     if not isinstance(raw, str) or not raw.strip() or "\0" in raw:  # (no path holds NUL)
-        raise ctx.err("weights_file", "not a file name", raw, "the path of an .npz file")
-    path = (doc.base or Path()) / raw  # relative to the config's directory; no ~
-    name = str(path)
+        raise _ctx(doc).err("weights_file", "not a file name", raw, "the path of an .npz file")
     set_by = doc.origins.get("weights_file")
     line = doc.lines.get("weights_file")
     of_config = f" (the weights_file of {doc.file}" + (
         f", set by {set_by.by})" if set_by else f", line {line})" if line else ")"
     )
+    return str((doc.base or Path()) / raw), of_config
+
+
+def read_weights_file(doc: Document, max_elements: int) -> list[tuple[str, Any]]:
+    """The arrays of the document's `weights_file` (an .npz; loader.read_npz), by name."""
+    name, of_config = _weights_file(doc)
     try:
-        arrays = read_npz(path, name, max_elements, OBJECT_COST)
+        return read_npz(Path(name), name, max_elements, OBJECT_COST)
     except InputError as exc:
         exc.message += of_config
         raise
+
+
+def place_weights_file(doc: Document, arrays: Sequence[tuple[str, Any]]) -> None:
+    """Put each of `arrays`, those of the document's `weights_file` (read_weights_file),
+    into its data where the YAML would hold it: `embeddings.<token>` or, below
+    `weights`, its key path (`encoder.0.self_attn.W_q`), so that every check of the
+    YAML's arrays applies to it. The arrays stay numpy arrays (the validator takes them
+    as they are); a key the document already gives is refused, naming both."""
+    ctx = _ctx(doc)
+    name, of_config = _weights_file(doc)
+    set_by = doc.origins.get("weights_file")
     read: dict[str, str] = {}  # (the arrays so far, by their key paths as read)
     overrides = doc.overridden[:]  # (the arrays are placed after them)
     named = max((n for n, k in enumerate(overrides) if k == "weights_file"), default=-1)
