@@ -1448,8 +1448,6 @@ def diff(
     --set and --variant apply to both A and B; --set-b to B only; --variant-b replaces
     the variant for B.
     """
-    from rich.text import Text
-
     from trace_tf import render
     from trace_tf.config import Config, build, option_number, parse_set, read_document
     from trace_tf.diff import (
@@ -1529,12 +1527,7 @@ def diff(
         render.diff_header(sides["a"], sides["b"], verdict(diffs, atol, listed_same=all_steps))
     ]
     if weight_diffs:  # their count, or that none differs, then those that do
-        said = weights_verdict(weight_diffs, atol)
-        differing_weights = [d for d in weight_diffs if d.status != SAME]
-        if differing_weights:
-            items.append(render.weights_diff_table(differing_weights, said, view))
-        else:
-            items.append(Text(said))
+        items.append(render.weights_diff(weight_diffs, weights_verdict(weight_diffs, atol), view))
     listed = diffs if all_steps else [d for d in diffs if d.status != SAME]
     if listed:
         items.append(render.diff_summary(listed, view))

@@ -1627,8 +1627,8 @@ def diff_detail(d: StepDiff, view: View = View(), delta: bool = False) -> Render
     return Group(heading, array_view(value, d.b.rows, d.b.cols, view, highlight=d.differing))
 
 
-def diff_json(d: StepDiff, cells: bool = True) -> dict[str, Any]:
-    """A step compared; `cells`: with the index of every differing cell."""
+def diff_json(d: StepDiff, indices: bool = True) -> dict[str, Any]:
+    """A step compared; `indices`: with the index of every differing cell."""
     step = d.a or d.b
     assert step is not None
     out: dict[str, Any] = {
@@ -1645,7 +1645,7 @@ def diff_json(d: StepDiff, cells: bool = True) -> dict[str, Any]:
         out["b_at"] = json_value(float(d.b.value[d.where]))
         out["cells_differing"] = d.n_differing
         assert d.differing is not None
-        if cells:
+        if indices:
             out["differing"] = [list(map(int, ix)) for ix in np.argwhere(d.differing)]
     return out
 
@@ -1656,6 +1656,15 @@ def _change_there(d: StepDiff, precision: int) -> str:
         return ""
     a, b = _apart(float(d.a.value[d.where]), float(d.b.value[d.where]), precision)
     return f"{a} → {b}"
+
+
+def weights_diff(diffs: Sequence[WeightDiff], title: str, view: View = View()) -> RenderableType:
+    """`diff`'s weights (diff.compare_weights): the table of those that differ under
+    `title` (diff.weights_verdict), or `title` alone where none does."""
+    from trace_tf.diff import SAME
+
+    differing = [d for d in diffs if d.status != SAME]
+    return weights_diff_table(differing, title, view) if differing else Text(title)
 
 
 def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = View()) -> Table:
@@ -1721,7 +1730,7 @@ def weights_diff_json(d: WeightDiff) -> dict[str, Any]:
     may hold millions), with its cells and A's and B's sources."""
     from trace_tf.diff import DIFFERS, SAME
 
-    out = diff_json(d.cells, cells=False)
+    out = diff_json(d.cells, indices=False)
     del out["stage"]  # (a weight's last part, W_1, is no stage)
     if d.status in (SAME, DIFFERS):
         out["cells"] = d.cells.size
