@@ -929,6 +929,7 @@ def test_an_entry_set_over_a_nan_of_the_npz_replaces_it(tmp_path: Path) -> None:
         (["embeddings.x.y.0=5"], [1, 2], [5, 4]),  # (was: 'embeddings.x.y.0: no such entry')
         (["embeddings.x.y=[5, 6]"], [1, 2], [5, 6]),
         (["embeddings.x.y.1=-4", "embeddings.x.0=7"], [7, 2], [3, -4]),
+        (["embeddings.x.0=7", "embeddings.x.y.1=-4"], [7, 2], [3, -4]),  # (x: a list first)
     ],
 )
 def test_a_set_below_a_token_with_dots_only_the_npz_gives_is_read_against_it(

@@ -835,7 +835,11 @@ def build(
 
     `dtype` (the --dtype option) sets model.dtype, after everything else."""
 
-    def applied(tokens: frozenset[str] = frozenset()) -> Document:
+    def applied(
+        sets: Sequence[tuple[str, Any]] = sets,
+        options: Sequence[tuple[str, Any, str]] = options,
+        tokens: frozenset[str] = frozenset(),
+    ) -> Document:
         out = overridden(doc, sets, variant, options, tokens)
         if dtype is not None:
             if "model" not in out.data:
@@ -848,16 +852,27 @@ def build(
             apply_override(out, "model.dtype", dtype, Origin("--dtype"))
         return out
 
-    final = applied()
+    # Keys below embeddings are read against the weights_file's tokens too (`embeddings.
+    # x.y.0`: entry 0 of token x.y, which only the npz may give): the overrides are
+    # applied without those to find the weights_file, then all of them.
+    kept = [s for s in sets if not s[0].startswith("embeddings.")]
+    kept_options = [o for o in options if not o[0].startswith("embeddings.")]
+    held = len(kept) < len(sets) or len(kept_options) < len(options)
+    try:
+        final = applied(kept, kept_options)
+    except InputError:
+        if not held:
+            raise
+        final, held = applied(), False  # (the first error, in the overrides' order)
     if "model" in final.data and final.data.get("weights_file") is not None:
         arrays = read_weights_file(final, max_elements)
-        # its embeddings' tokens holding dots: keys below embeddings read against them
-        # too (`embeddings.x.y.0`: entry 0 of token x.y, which only the npz gives)
         tokens = {a[len("embeddings.") :] for a, _ in arrays if a.startswith("embeddings.")}
-        dotted = frozenset(t for t in tokens if "." in t) - final.tokens
-        if dotted and any(k.startswith("embeddings.") for k in final.overridden):
-            final = applied(dotted)
+        dotted = frozenset(t for t in tokens if "." in t)
+        if held or (dotted and any(k.startswith("embeddings.") for k in final.overridden)):
+            final = applied(tokens=dotted)
         place_weights_file(final, arrays)
+    elif held:
+        final = applied()
     ctx = _ctx(final)
     return _Validator(ctx, max_elements).document(final.data, variant)
 
