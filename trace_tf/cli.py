@@ -894,7 +894,7 @@ def weights(c: Common, config: ConfigArg = None) -> None:
         lambda: {  # (built only for JSON: a vocabulary may have 50,000 embeddings)
             "trace_tf": _version(),
             "title": cfg.title,
-            "weights": [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows],
+            "weights": render.weights_json(rows),
         },
     )
 

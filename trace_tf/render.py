@@ -1012,6 +1012,12 @@ def cost_ledger(costs: Iterable[Cost]) -> Table:
     return keep_whole(table)
 
 
+def weights_json(rows: Sequence[tuple[str, Sequence[int], Source]]) -> list[dict[str, Any]]:
+    """`weights`' JSON: each weight's key path, shape and the fields of its source
+    (Source.json; `step --inputs` and `diff` write them under "source" keys)."""
+    return [{"path": k, "shape": list(shape), **src.json()} for k, shape, src in rows]
+
+
 def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) -> Table:
     """Every weight: its key path, shape and where its numbers came from. Over
     `view.max_rows` embeddings (a real vocabulary has tens of thousands), the first and
