@@ -1602,8 +1602,17 @@ SETS = [
         "source.2",
         None,
         "not a token (set by --set source.5, which added source.2 empty before it)",
-        "found a mapping",
+        "found nothing: an entry left empty",  # (not 'a mapping', which the user never wrote)
         args=("encode", "{file}", "--set", "source.5=a"),
+    ),
+    case(
+        "set-past-a-row-s-end",
+        "attention: {Q: [[1, 0]], K: [[1, 0]], V: [[1]]}\n",
+        "attention.Q.0.2",
+        None,
+        "not a number (set by --set attention.Q.0.3, which added attention.Q.0.2 empty",
+        "expected a number, found nothing: an entry left empty",
+        args=("attend", "{file}", "--set", "attention.Q.0.3=1"),
     ),
     case(
         "variant-past-the-end-of-a-list-names-the-variant",

@@ -1144,6 +1144,9 @@ class _Ctx:
             message += f" ({by})" if origin.array is not None else f" (set by {by})"
             rest = "" if origin.pads else path[len(key) :]
             line = None if origin.at is None else self.lines.get(origin.at + rest)
+            if origin.pads and key == path and isinstance(found, dict) and not found:  # (added)
+                found = ...
+                found_text = "nothing: an entry left empty"
         return InputError(
             message,
             file=self.file,
