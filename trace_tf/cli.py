@@ -129,6 +129,7 @@ def _format_opt(csv: str, npz: str = "every step", offers_csv: bool = True) -> A
 FormatOpt = _format_opt(CSV_BY_STEP)
 NO_CSV = ("table", "json", "npz")  # several steps, and no --stage to choose one
 REPORTS = ("table", "json")  # no traced steps to write
+SHOWN_ROWS = 10  # generate's --show: the rows of each next-token distribution's table
 ReportFormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
 DtypeOpt = Annotated[
     Optional[str],  # noqa: UP045
@@ -1013,7 +1014,7 @@ def generate(
             "--show",
             min=1,
             help="Rows of each next-token distribution shown (the table's).",
-            show_default="10",
+            show_default=str(SHOWN_ROWS),
         ),
     ] = None,
     explain_step: Annotated[
@@ -1122,7 +1123,7 @@ def generate(
         emit(c, [], data, traced, "--stage PATH (a whole path, e.g. t0.probs)")
         return
     head_panel = render.header(cfg.title or cfg.file, header_rows, warnings)
-    body = render.generation_view(result, cfg.vocab, steps, show or 10, c.view())
+    body = render.generation_view(result, cfg.vocab, steps, show or SHOWN_ROWS, c.view())
     emit(c, [head_panel, *body], data, traced)
 
 

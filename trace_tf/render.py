@@ -1466,10 +1466,11 @@ def generation_view(
     gen: Generation,
     vocab: Sequence[str],
     steps: Sequence[Step],
-    show: int = 10,
+    show: int,
     view: View = View(),
 ) -> list[RenderableType]:
-    """Each iteration (its traced steps first, when there are any), then the summary."""
+    """Each iteration (its traced steps first, when there are any), then the summary;
+    `show`: the rows of each next-token distribution's table."""
     by_iteration: dict[int, list[Step]] = {}
     before: list[Step] = []
     for st in steps:

@@ -63,7 +63,7 @@ def inputs_of(
     out = []
     for s in steps:
         for name in s.inputs:
-            given = lookup.get(name) or weights.get(name)
+            given = lookup[name] if name in lookup else weights.get(name)
             if name not in seen and given is not None:
                 seen.add(name)
                 out.append(given)
