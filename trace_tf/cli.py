@@ -1013,8 +1013,8 @@ def generate(
         typer.Option(
             "--show",
             min=1,
-            help="Rows of each next-token distribution shown (the table's).",
-            show_default=str(SHOWN_ROWS),
+            help=f"Rows of each next-token distribution's table (default {SHOWN_ROWS}).",
+            show_default=False,
         ),
     ] = None,
     explain_step: Annotated[
