@@ -782,6 +782,7 @@ def test_an_entry_of_a_gaussian_w_the_npz_gives_as_one_number_says_so(tmp_path: 
     assert w_set == 3
 
 
+@pytest.mark.parametrize("vocab", ["vocab: [x, x.y]\n", ""], ids=["vocab", "no-vocab"])
 @pytest.mark.parametrize(
     ("sets", "x", "xy"),
     [
@@ -791,18 +792,24 @@ def test_an_entry_of_a_gaussian_w_the_npz_gives_as_one_number_says_so(tmp_path: 
         (["embeddings.x=[5, 6]", "embeddings.x.y.1=-4"], [5, 6], [3, -4]),  # (x.y was drawn)
         (["embeddings.x.y.1=-4", "embeddings.x=[5, 6]"], [5, 6], [3, -4]),
         (["embeddings.x.0=5", "embeddings.x.y.1=-4"], [5, 2], [3, -4]),
+        (["embeddings.x.y.0=5"], [1, 2], [5, 4]),  # (no vocab: 'x.y.0: no such entry')
+        (["embeddings.x.y=[5, 6]"], [1, 2], [5, 6]),
+        (["embeddings.x.y.1=-4", "embeddings.x.0=7"], [7, 2], [3, -4]),
+        (["embeddings.x.0=7", "embeddings.x.y.1=-4"], [7, 2], [3, -4]),  # (x: a list first)
     ],
 )
 def test_a_set_below_a_token_that_begins_another_leaves_the_other_the_npz_s(
-    tmp_path: Path, sets: list[str], x: list[float], xy: list[float]
+    tmp_path: Path, vocab: str, sets: list[str], x: list[float], xy: list[float]
 ) -> None:
     """Tokens `x` and `x.y` from the npz: a --set of `x` or of its entries is not inside
     `x.y` (a key path below embeddings is not a prefix of the text), so neither is
-    refused nor the npz's `x.y` dropped for a drawn one."""
+    refused nor the npz's `x.y` dropped for a drawn one. With no vocab in the YAML the
+    tokens are the npz's, and keys are read against them as against a vocab (README:
+    the longest token the key goes on with is one part)."""
     np.savez(tmp_path / "w.npz", **{"embeddings.x": [1.0, 2.0], "embeddings.x.y": [3.0, 4.0]})
     config = tmp_path / "c.yaml"
     config.write_text(
-        "model: {d_model: 2, n_heads: 1, decoder_layers: 0}\nvocab: [x, x.y]\n"
+        f"model: {{d_model: 2, n_heads: 1, decoder_layers: 0}}\n{vocab}"
         "source: [x, x.y]\nweights_file: w.npz\n",
         encoding="utf-8",
     )
@@ -815,9 +822,12 @@ def test_a_set_below_a_token_that_begins_another_leaves_the_other_the_npz_s(
     code, out, err = invoke("weights", str(config), *args, "--format", "json")
     assert code == 0, err
     source = {w["path"]: w for w in json.loads(out)["weights"]}["embeddings.x.y"]
-    assert source["kind"] == "npz" and source["array"] == "embeddings.x.y", source
-    entries = ["--set embeddings.x.y.1"] if "embeddings.x.y.1=-4" in sets else []
-    assert source.get("partly", []) == entries, source
+    if "embeddings.x.y=[5, 6]" in sets:  # (set whole: none of the npz's numbers left)
+        assert source["kind"] == "set", source
+    else:
+        assert source["kind"] == "npz" and source["array"] == "embeddings.x.y", source
+        entries = [f"--set {k.partition('=')[0]}" for k in sets if k.startswith("embeddings.x.y.")]
+        assert source.get("partly", []) == entries, source
     assert (tmp_path / "w.npz").read_bytes() == before
 
 
@@ -921,35 +931,3 @@ def test_an_entry_set_over_a_nan_of_the_npz_replaces_it(tmp_path: Path) -> None:
     assert code == 2, err
     assert f"{W_1}.0.1: not a finite number (from weights_file" in err, err
     assert "set by --set" not in err, err
-
-
-@pytest.mark.parametrize(
-    ("sets", "x", "xy"),
-    [
-        (["embeddings.x.y.0=5"], [1, 2], [5, 4]),  # (was: 'embeddings.x.y.0: no such entry')
-        (["embeddings.x.y=[5, 6]"], [1, 2], [5, 6]),
-        (["embeddings.x.y.1=-4", "embeddings.x.0=7"], [7, 2], [3, -4]),
-        (["embeddings.x.0=7", "embeddings.x.y.1=-4"], [7, 2], [3, -4]),  # (x: a list first)
-    ],
-)
-def test_a_set_below_a_token_with_dots_only_the_npz_gives_is_read_against_it(
-    tmp_path: Path, sets: list[str], x: list[float], xy: list[float]
-) -> None:
-    """No vocab in the YAML: the tokens are the npz's embeddings (`x`, `x.y`). A key below
-    embeddings is read against them too, as against the YAML's vocab or embeddings
-    (README: the longest token the key goes on with is one part)."""
-    arrays = {"embeddings.x": [1.0, 2.0], "embeddings.x.y": [3.0, 4.0]}
-    np.savez(tmp_path / "w.npz", **arrays)  # type: ignore[arg-type]
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        "model: {d_model: 2, n_heads: 1, decoder_layers: 0}\nsource: [x, x.y]\n"
-        "weights_file: w.npz\n",
-        encoding="utf-8",
-    )
-    before = (tmp_path / "w.npz").read_bytes()
-    args = [a for s in sets for a in ("--set", s)]
-    code, out, err = invoke("step", str(config), *args, "--stage", "embed", "--format", "json")
-    assert code == 0, err
-    (step,) = json.loads(out)["steps"]
-    assert step["value"] == [x, xy]  # (embed: the rows of the embeddings, unscaled)
-    assert (tmp_path / "w.npz").read_bytes() == before
