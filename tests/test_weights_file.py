@@ -931,3 +931,64 @@ def test_an_entry_set_over_a_nan_of_the_npz_replaces_it(tmp_path: Path) -> None:
     assert code == 2, err
     assert f"{W_1}.0.1: not a finite number (from weights_file" in err, err
     assert "set by --set" not in err, err
+
+
+def _dotted_npz_config(tmp_path: Path, extra: str = "") -> Path:
+    """No vocab in the YAML; the npz gives tokens x and x.y (x.y holding a dot)."""
+    arrays = {"embeddings.x": [1.0, 2.0], "embeddings.x.y": [3.0, 4.0]}
+    np.savez(tmp_path / "w.npz", **arrays)  # type: ignore[arg-type]
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 2, n_heads: 1, d_ff: 4, decoder_layers: 0}\nsource: [x, x.y]\n"
+        "weights_file: w.npz\n" + extra,
+        encoding="utf-8",
+    )
+    return config
+
+
+def test_a_variant_setting_below_a_token_with_dots_only_the_npz_gives_reads_it(
+    tmp_path: Path,
+) -> None:
+    """A variant's keys below embeddings are read against the npz's tokens as a --set's
+    are: {embeddings.x.0: 7, embeddings.x.y.1: -4} sets entry 0 of x and entry 1 of x.y
+    (before, the variant was applied before the npz was read: 'embeddings.x is a list')."""
+    config = _dotted_npz_config(
+        tmp_path, "variants:\n  v:\n    embeddings.x.0: 7\n    embeddings.x.y.1: -4\n"
+    )
+    for extra in ([], ["--set", "embeddings.x.1=8"]):
+        args = ["--variant", "v", *extra, "--stage", "embed", "--format", "json"]
+        code, out, err = invoke("step", str(config), *args)
+        assert code == 0, err
+        (step,) = json.loads(out)["steps"]
+        assert step["value"] == [[7, 8 if extra else 2], [3, -4]]
+
+
+def test_a_bad_set_is_said_not_one_below_a_token_only_the_npz_gives(tmp_path: Path) -> None:
+    """--set embeddings.x.0=7 --set embeddings.x.y.1=-4 is right (x.y is the npz's); a
+    bad --set after them is the error said (before: the overrides re-applied without the
+    npz's tokens blamed the good embeddings.x.y.1, 'embeddings.x is a list')."""
+    config = _dotted_npz_config(tmp_path)
+    sets = ["embeddings.x.0=7", "embeddings.x.y.1=-4", "model.d_ff.q=1"]
+    code, _, err = invoke("encode", str(config), *[a for s in sets for a in ("--set", s)])
+    assert code == 2, err
+    assert "model.d_ff.q: model.d_ff is not a mapping or list" in err, err
+    assert "embeddings.x is a list" not in err, err
+
+
+def test_a_bad_set_below_embeddings_is_said_before_a_missing_npz(tmp_path: Path) -> None:
+    """The overrides are applied before the weights_file is read: a --set that cannot be
+    applied (embeddings.a.0.q, a.0 being a number of the YAML) is the error said, as a
+    --set above embeddings is, not the npz that is missing (before: 'no such file')."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {d_model: 2, n_heads: 1, decoder_layers: 0}\nvocab: [a]\n"
+        "embeddings: {a: [1, 2]}\nsource: [a]\nweights_file: missing.npz\n",
+        encoding="utf-8",
+    )
+    for key in ("embeddings.a.0.q", "model.d_model.q"):
+        code, _, err = invoke("encode", str(config), "--set", f"{key}=1")
+        assert code == 2, err
+        assert f"--set: {key}: " in err and "no such file" not in err, err
+    code, _, err = invoke("encode", str(config), "--set", "embeddings.a.0=3")
+    assert code == 2, err
+    assert "missing.npz: no such file" in err, err

@@ -782,16 +782,7 @@ def overridden(
     doc = Document(
         doc.file, _deepcopy(doc.data), doc.lines, list(doc.overridden), dict(doc.origins), doc.base
     )
-    variants = doc.data.get("variants")
-    body = variants.get(variant) if isinstance(variants, dict) and variant is not None else None
-    doc.tokens = tokens | _final_tokens(
-        doc,
-        [
-            *(body.items() if isinstance(body, dict) else ()),
-            *sets,
-            *((key, value) for key, value, _ in options),
-        ],
-    )
+    doc.tokens = tokens | _final_tokens(doc, _overrides(doc, sets, variant, options))
     if variant is not None:
         apply_variant(doc, variant)
     for key, value in sets:
@@ -801,22 +792,45 @@ def overridden(
     return doc
 
 
+def _overrides(
+    doc: Document,
+    sets: Sequence[tuple[str, Any]],
+    variant: str | None,
+    options: Sequence[tuple[str, Any, str]],
+) -> list[tuple[Any, Any]]:
+    """Every override (key, value) in the order `overridden` applies them: the variant's
+    keys, each --set, a command's own options."""
+    variants = doc.data.get("variants")
+    body = variants.get(variant) if isinstance(variants, dict) and variant is not None else None
+    return [
+        *(body.items() if isinstance(body, dict) else ()),
+        *sets,
+        *((key, value) for key, value, _ in options),
+    ]
+
+
+def _final_value(doc: Document, name: str, overrides: Iterable[tuple[Any, Any]]) -> Any:
+    """The value of the document's top-level key `name` once those of `overrides` (key,
+    value) at or below it are applied (those that cannot be are left to say their error
+    when the overrides themselves are applied); the document is untouched."""
+    scratch = Document(doc.file, {name: _deepcopy(doc.data.get(name))}, doc.lines, base=doc.base)
+    for key, value in overrides:
+        if isinstance(key, str) and (key == name or key.startswith(name + ".")):
+            with contextlib.suppress(InputError):
+                apply_override(scratch, key, _deepcopy(value), Origin(""))
+    return scratch.data.get(name)
+
+
 def _final_tokens(doc: Document, overrides: Iterable[tuple[Any, Any]]) -> frozenset[str]:
     """The tokens holding dots of the vocab once `overrides` (key, value) are applied to
     the document's: what a key below embeddings is read against, whichever the order of
     the overrides (`--set embeddings.x.y=[...] --set vocab=[..., x.y]`)."""
-    changes = [
-        (k, v)
-        for k, v in overrides
-        if isinstance(k, str) and (k == "vocab" or k.startswith("vocab."))
-    ]
-    if not changes:
+    overrides = list(overrides)
+    if not any(
+        isinstance(k, str) and (k == "vocab" or k.startswith("vocab.")) for k, _ in overrides
+    ):
         return frozenset()
-    scratch = Document(doc.file, {"vocab": _deepcopy(doc.data.get("vocab"))}, doc.lines)
-    for key, value in changes:
-        with contextlib.suppress(InputError):  # (said when the override itself is applied)
-            apply_override(scratch, key, _deepcopy(value), Origin(""))
-    vocab = scratch.data.get("vocab")
+    vocab = _final_value(doc, "vocab", overrides)
     if not isinstance(vocab, list):
         return frozenset()
     return frozenset(t for t in vocab if isinstance(t, str) and "." in t)
@@ -835,44 +849,34 @@ def build(
 
     `dtype` (the --dtype option) sets model.dtype, after everything else."""
 
-    def applied(
-        sets: Sequence[tuple[str, Any]] = sets,
-        options: Sequence[tuple[str, Any, str]] = options,
-        tokens: frozenset[str] = frozenset(),
-    ) -> Document:
-        out = overridden(doc, sets, variant, options, tokens)
-        if dtype is not None:
-            if "model" not in out.data:
-                raise InputError(
-                    f"--dtype {dtype} applies to a model config; this file holds a single "
-                    "operation",
-                    file=out.file,
-                    expected="a config with a 'model:' section (single operations run in float64)",
-                )
-            apply_override(out, "model.dtype", dtype, Origin("--dtype"))
-        return out
-
     # Keys below embeddings are read against the weights_file's tokens too (`embeddings.
-    # x.y.0`: entry 0 of token x.y, which only the npz may give): the overrides are
-    # applied without those to find the weights_file, then all of them.
-    kept = [s for s in sets if not s[0].startswith("embeddings.")]
-    kept_options = [o for o in options if not o[0].startswith("embeddings.")]
-    held = len(kept) < len(sets) or len(kept_options) < len(options)
-    try:
-        final = applied(kept, kept_options)
-    except InputError:
-        if not held:
-            raise
-        final, held = applied(), False  # (the first error, in the overrides' order)
+    # x.y.0`: entry 0 of token x.y, which only the npz may give): where an override sets
+    # below embeddings, the npz the overrides leave is read first, so that they are
+    # applied once, in order, each read as it is meant (an npz that cannot be read is
+    # said once the overrides are applied: an override's own error comes first).
+    every = _overrides(doc, sets, variant, options)
+    tokens: frozenset[str] = frozenset()
+    early: tuple[str, list[tuple[str, Any]]] | None = None
+    if any(isinstance(k, str) and k.startswith("embeddings.") for k, _ in every):
+        raw = _final_value(doc, "weights_file", every)
+        probe = Document(doc.file, {"weights_file": raw}, doc.lines, base=doc.base)
+        with contextlib.suppress(InputError):  # (said below, if the npz is still read)
+            early = (_weights_file(probe)[0], read_weights_file(probe, max_elements))
+            embedded = (a[len("embeddings.") :] for a, _ in early[1])
+            tokens = frozenset(t for t in embedded if "." in t)
+    final = overridden(doc, sets, variant, options, tokens)
+    if dtype is not None:
+        if "model" not in final.data:
+            raise InputError(
+                f"--dtype {dtype} applies to a model config; this file holds a single operation",
+                file=final.file,
+                expected="a config with a 'model:' section (single operations run in float64)",
+            )
+        apply_override(final, "model.dtype", dtype, Origin("--dtype"))
     if "model" in final.data and final.data.get("weights_file") is not None:
-        arrays = read_weights_file(final, max_elements)
-        tokens = {a[len("embeddings.") :] for a, _ in arrays if a.startswith("embeddings.")}
-        dotted = frozenset(t for t in tokens if "." in t)
-        if held or (dotted and any(k.startswith("embeddings.") for k in final.overridden)):
-            final = applied(tokens=dotted)
+        name = _weights_file(final)[0]
+        arrays = early[1] if early and early[0] == name else read_weights_file(final, max_elements)
         place_weights_file(final, arrays)
-    elif held:
-        final = applied()
     ctx = _ctx(final)
     return _Validator(ctx, max_elements).document(final.data, variant)
 
