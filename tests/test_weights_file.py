@@ -992,3 +992,28 @@ def test_a_bad_set_below_embeddings_is_said_before_a_missing_npz(tmp_path: Path)
     code, _, err = invoke("encode", str(config), "--set", "embeddings.a.0=3")
     assert code == 2, err
     assert "missing.npz: no such file" in err, err
+
+
+@pytest.mark.parametrize("npz", [False, True])
+def test_entries_are_named_in_the_order_set_where_one_filled_an_entry_left_empty(
+    tmp_path: Path, npz: bool
+) -> None:
+    """A variant setting entry 1 of x.y adds entry 0 empty; a --set of entry 0 then sets
+    it: the sources name the variant, then the --set, as they were applied (before: the
+    --set in the place of the empty entry, first). In a YAML's drawn embedding too."""
+    body = "variants:\n  v:\n    embeddings.x.y.1: -4\n"
+    if npz:
+        config = _dotted_npz_config(tmp_path, body)
+    else:
+        config = tmp_path / "c.yaml"
+        config.write_text(
+            "model: {d_model: 2, n_heads: 1, d_ff: 4, decoder_layers: 0}\n"
+            "vocab: [x, x.y]\nsource: [x, x.y]\n" + body,
+            encoding="utf-8",
+        )
+    cfg = loaded(config, sets=["embeddings.x.y.0=0.5"], variant="v")
+    assert cfg.sources["embeddings.x.y"].partly == ("variant 'v'", "--set embeddings.x.y.0")
+    assert np.array_equal(cfg.embeddings["x.y"], [0.5, -4.0])
+    sets = ["embeddings.x.y.1=-4", "embeddings.x.y.0=0.5"]
+    partly = loaded(config, sets=sets).sources["embeddings.x.y"].partly
+    assert partly == ("--set embeddings.x.y.1", "--set embeddings.x.y.0")

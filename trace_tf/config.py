@@ -716,6 +716,10 @@ def apply_override(
             _covers(k, prev.made) for k in doc.overridden[since + 1 :] if not doc.origins[k].pads
         ):
             made = prev.made
+    if prev is not None and prev.pads:
+        # the empty entry an earlier override added here (W.0 for W.1) is now set: it
+        # is this override's, in its place among them, not in the earlier one's
+        del doc.overridden[len(doc.overridden) - 1 - doc.overridden[::-1].index(key)]
     doc.overridden.append(key)
     doc.origins[key] = replace(origin, parts=tuple(parts), made=made)
 
