@@ -1017,3 +1017,15 @@ def test_entries_are_named_in_the_order_set_where_one_filled_an_entry_left_empty
     sets = ["embeddings.x.y.1=-4", "embeddings.x.y.0=0.5"]
     partly = loaded(config, sets=sets).sources["embeddings.x.y"].partly
     assert partly == ("--set embeddings.x.y.1", "--set embeddings.x.y.0")
+
+
+def test_cost_vary_reads_a_set_below_a_token_only_the_npz_gives(tmp_path: Path) -> None:
+    """`cost --vary L` applies the --set again to repeat the tokens: it reads a key below
+    embeddings against the npz's tokens as build does (before: embeddings.x.y.0 was read
+    as x, y, 0, and x.y's array then refused: 'embeddings.x.y.0: no such entry')."""
+    config = _dotted_npz_config(tmp_path)
+    for sets in (["embeddings.x.y.0=9"], ["embeddings.x.0=7", "embeddings.x.y.1=-4"]):
+        args = [a for s in sets for a in ("--set", s)]
+        code, out, err = invoke("cost", str(config), *args, "--vary", "L=2,4")
+        assert code == 0, err
+        assert "growth exponent over L" in out, out

@@ -291,7 +291,8 @@ def resized(
     D: every width follows from d_model by the defaults (d_k = d_v = D / n_heads,
     d_ff = 4 D) and every weight and embedding is drawn, as the file's have the old width.
     """
-    d = overridden(doc, sets, variant)
+    # (keys below embeddings read against every token, the weights_file's included)
+    d = overridden(doc, sets, variant, tokens=frozenset(t for t in base.embeddings if "." in t))
     if name == "L":
         with _naming_the_value(name, value, base):  # before the list is made
             check_size(d, base.model, len(base.vocab), [value], max_elements)
