@@ -973,15 +973,10 @@ def place_weights_file(doc: Document, arrays: Sequence[tuple[str, Any]]) -> None
                 _under_entries(doc, as_read, token, inside, name, array, value)
                 continue
         if given is not None:
-            # the file's value, or an override's that is not an array's entries
-            replaced = any(_covers(k, key) for k in doc.overridden)
-            inside = _set_inside(doc.overridden, doc.origins, key)
-            where = f"in {doc.file}"
-            if replaced:
-                where = "by an override"
-            elif inside and not doc.lines.given(key):
-                where = f"by {doc.origins[inside[-1]].named(inside[-1])}"
-            raise twice(key, f"{where} and as array {quoted(array)}")
+            # the file's value: every override's value at or above the key was dealt
+            # with above (it stands over the array, or the array is the base of its
+            # entries), so what is left is the YAML's own
+            raise twice(key, f"in {doc.file} and as array {quoted(array)}")
         origin = Origin(name, at="weights_file", array=array)
         apply_override(doc, key, value, origin, None if token is None else ["embeddings", token])
 
