@@ -102,16 +102,21 @@ def _by_laying_out_each(
     highlight: np.ndarray | None,
 ) -> render.Grid:
     """matrix_table the straightforward way, the oracle of its measuring: lay the grid
-    out with the view's columns, then with one fewer from each edge, until it fits."""
+    out with the view's columns, then with one fewer from each edge, until it fits;
+    where none fits, again with tokens as labels a cell shorter each time."""
     m = np.atleast_2d(value) if value.ndim < 2 else value
     marked = None if highlight is None else highlight.reshape(m.shape)
     row_idx = render._keep(m.shape[0], view.max_rows, view.row_edge, view.full)
     first = render._keep(m.shape[1], view.max_cols, view.col_edge, view.full)
     shown = len(first) - (None in first)
-    for col_idx in [first] + [render._edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]:
-        grid = render._layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view)
-        if view.full or view.width is None or grid.width <= view.width:
-            break
+    choices = [first] + [render._edges(m.shape[1], e) for e in range((shown - 1) // 2, 0, -1)]
+    for cells in range(render.LABEL_CELLS, render.LABEL_LEAST - 1, -1):
+        for col_idx in choices:
+            grid = render._layout(
+                m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view, None, cells
+            )
+            if view.full or view.width is None or grid.width <= view.width:
+                return grid
     return grid
 
 
@@ -197,7 +202,8 @@ def test_when_nothing_fits_the_narrowest_grid_is_given() -> None:
     value = np.arange(40.0).reshape(2, 20)
     view = render.View(precision=8, width=20)
     grid = render.matrix_table(value, rows=["incomprehensibilities", "a"], view=view)
-    assert _row(grid, 0) == ["incomprehensibilities", "0.00000000", "…", "19.00000000"]
+    # and its tokens as labels at their shortest (LABEL_LEAST cells), start and end kept
+    assert _row(grid, 0) == ["in…es", "0.00000000", "…", "19.00000000"]
 
 
 def test_full_ignores_the_width() -> None:
@@ -469,3 +475,31 @@ def test_the_diff_header_folds_a_long_path_rather_than_cut_it() -> None:
     assert all(cell_len(x) <= 40 for x in lines)
     text = "".join("".join(x.strip("│╭╮╰╯─ ").split()) for x in lines)
     assert "…" not in text and "encoder.0.self_attn.h0.softmax(differs)" in text
+
+
+@pytest.mark.parametrize("width", [40, 50, 60, 80])
+def test_long_tokens_are_shortened_further_where_the_grid_would_not_fit(width: int) -> None:
+    # At 40 columns a 32-cell token as the row label and as a column label made the
+    # fewest columns (first, "…", last) 60 cells wide; the labels now give way.
+    long, wide = "start" + "x" * 60 + "end", "你" * 30
+    value = np.arange(12 * 12, dtype=float).reshape(12, 12) - 70.5
+    tokens = [long, wide, *"abcdefghij"]
+    view = render.View(max_cols=8, col_edge=3, width=width)
+    grid = render.matrix_table(value, rows=tokens, cols=tokens, view=view)
+    lines = Console(file=io.StringIO(), width=1000, color_system=None)
+    lines.print(grid)
+    text = lines.file.getvalue()  # type: ignore[attr-defined]
+    assert grid.width <= width
+    assert all(cell_len(line) <= width for line in text.splitlines())
+    label = _row(grid, 0)[0]
+    assert label.startswith("st") and label.endswith("d") and "…" in label
+    assert _header(grid)[1].startswith("[0] st")  # its place kept whole
+    assert _row(grid, 0)[1] == "-70.5000" and _row(grid, 0)[-1] == "-59.5000"  # (by hand)
+
+
+def test_labels_that_fit_keep_their_32_cells() -> None:
+    long = "start" + "x" * 60 + "end"
+    grid = render.matrix_table(
+        np.ones((2, 2)), rows=[long, "a"], cols=["b", "c"], view=render.View(width=80)
+    )
+    assert cell_len(_row(grid, 0)[0]) == render.LABEL_CELLS

@@ -108,6 +108,10 @@ def _heat(value: float) -> Style:
     return Style(bgcolor=Color.from_rgb(r, g, b), color="white" if t > 0.55 else "black")
 
 
+LABEL_CELLS = 32  # the most cells a token takes as a row or column label
+LABEL_LEAST = 5  # ... and the fewest, where the grid would not fit the width otherwise
+
+
 def matrix_table(
     value: np.ndarray,
     *,
@@ -130,11 +134,22 @@ def matrix_table(
     row_idx = _keep(m.shape[0], view.max_rows, view.row_edge, view.full)
     col_idx = _keep(m.shape[1], view.max_cols, view.col_edge, view.full)
     cells = None
+    label_cells = LABEL_CELLS
     if not view.full and view.width is not None:
-        labels = _row_labels(rows, row_idx, value.ndim)
         choices = _narrowing(m.shape[1], col_idx)
-        col_idx, cells = _fitting(m, row_idx, choices, labels, cols, view.precision, view.width)
-    return _layout(m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view, cells)
+        # Where even the fewest columns do not fit (long tokens on a narrow terminal),
+        # the tokens are shortened further, to the longest that lets the grid fit.
+        for label_cells in range(LABEL_CELLS, LABEL_LEAST - 1, -1):
+            labels = _row_labels(rows, row_idx, value.ndim, label_cells)
+            fit = _fitting(
+                m, row_idx, choices, labels, cols, view.precision, view.width, label_cells
+            )
+            if fit[2] or (rows is None and cols is None):  # (index labels cannot shorten)
+                break
+        col_idx, cells, _ = fit
+    return _layout(
+        m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view, cells, label_cells
+    )
 
 
 def _edges(n: int, edge: int) -> list[int | None]:
@@ -156,9 +171,11 @@ def _fitting(
     cols: Sequence[str] | None,
     precision: int,
     width: int,
-) -> tuple[list[int | None], list[str]]:
+    label_cells: int = LABEL_CELLS,
+) -> tuple[list[int | None], list[str], bool]:
     """The first of `choices` (columns, each among the first's) whose grid is at most
-    `width` wide, else the last, with the texts of its numbers (_layout's `cells`).
+    `width` wide, else the last, with the texts of its numbers (_layout's `cells`)
+    and whether it fits; tokens as labels take at most `label_cells`.
 
     Each grid's width is summed from its columns' widest texts, as _grid measures
     them, without laying one out: the numbers are formatted once in each notation
@@ -186,33 +203,38 @@ def _fitting(
                 .max(axis=0, initial=0)
             )
         if elided not in labels:
-            labels[elided] = np.array([_cells(_label(cols, j, col_idx)) for j in first], dtype=int)
+            labels[elided] = np.array(
+                [_cells(_label(cols, j, col_idx, label_cells)) for j in first], dtype=int
+            )
         # a column as wide as its widest number or its label (a "…" row's is no wider),
         # between the rows' labels and the ellipsis's column
         columns = np.maximum(widths[sci][ks], labels[elided][ks]).tolist()
-        if _grid_width([label_width, *columns, *[1] * elided]) <= width:
+        fits = _grid_width([label_width, *columns, *[1] * elided]) <= width
+        if fits:
             break
-    return col_idx, texts[sci][:, ks].ravel().tolist()  # (none fits: the last, narrowest)
+    return col_idx, texts[sci][:, ks].ravel().tolist(), fits  # (none fits: the last, narrowest)
 
 
-def _row_labels(rows: Sequence[str] | None, row_idx: list[int | None], ndim: int) -> list[str]:
+def _row_labels(
+    rows: Sequence[str] | None, row_idx: list[int | None], ndim: int, cells: int = LABEL_CELLS
+) -> list[str]:
     """The first column's text on each row shown: its label (none for a 1-D array), or "…"."""
     return [
-        ELLIPSIS if i is None else _label(rows, i, row_idx) if ndim >= 2 else "" for i in row_idx
+        ELLIPSIS if i is None else _label(rows, i, row_idx, cells) if ndim >= 2 else ""
+        for i in row_idx
     ]
 
 
-def _label(labels: Sequence[str] | None, i: int, shown: list[int | None]) -> str:
+def _label(
+    labels: Sequence[str] | None, i: int, shown: list[int | None], cells: int = LABEL_CELLS
+) -> str:
     """Row or column i's label: its token, or its index; with the token, the index too
     ("[12] the") when the axis is elided, where a repeated token's place cannot be
-    counted. A token too long for a label is shortened in its middle."""
+    counted. A token longer than `cells` is shortened in its middle."""
     if labels is None:
         return str(i)
-    token = shown_token(labels[i])
+    token = shown_token(labels[i], cells=cells)
     return f"[{i}] {token}" if None in shown else token
-
-
-LABEL_CELLS = 32  # the most cells a token takes as a row or column label
 
 
 def shortened(text: str, cells: int = LABEL_CELLS) -> str:
@@ -252,17 +274,21 @@ def _layout(
     marked: np.ndarray | None,
     view: View,
     cells: list[str] | None = None,
+    label_cells: int = LABEL_CELLS,
 ) -> Grid:
     """The grid of the chosen rows and columns of a 2-D array (None: an ellipsis);
-    `cells`, the shown numbers' texts when already formatted."""
+    `cells`, the shown numbers' texts when already formatted; tokens as labels take
+    at most `label_cells`."""
     shown = m[np.ix_([i for i in row_idx if i is not None], [j for j in col_idx if j is not None])]
     if cells is None:
         cells = _format_cells(shown, view.precision)
     width = shown.shape[1]
-    header = [""] + [ELLIPSIS if j is None else _label(cols, j, col_idx) for j in col_idx]
+    header = [""] + [
+        ELLIPSIS if j is None else _label(cols, j, col_idx, label_cells) for j in col_idx
+    ]
     body: list[list[tuple[str, Style | None]]] = []
     r = 0
-    for i, label in zip(row_idx, _row_labels(rows, row_idx, ndim), strict=True):
+    for i, label in zip(row_idx, _row_labels(rows, row_idx, ndim, label_cells), strict=True):
         if i is None:
             body.append([(ELLIPSIS, None)] * (len(col_idx) + 1))
             continue
@@ -357,16 +383,17 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
     return width(renderable)
 
 
-def shown_token(token: str, among_others: bool = False) -> str:
+def shown_token(token: str, among_others: bool = False, cells: int = LABEL_CELLS) -> str:
     """A token as every table and line shows it: as it is, unless it could be misread
     as another (README, "how a token is shown"); then as Python's repr writes it, in
     quotes. Shortened in its middle when longer than a label (JSON keeps it whole).
 
     `among_others`: one of a sequence written on a line, space between tokens (a
     prefix, a hypothesis), where a space inside a token would read as two tokens
-    ("New York"), and the token "(none)" as no token: those are quoted too."""
+    ("New York"), and the token "(none)" as no token: those are quoted too. `cells`:
+    the most cells it takes (a matrix's labels on a narrow terminal take fewer)."""
     misread = _misreadable(token) or (among_others and (" " in token or token == NO_TOKENS))
-    return shortened(repr(token) if misread else token)
+    return shortened(repr(token) if misread else token, cells)
 
 
 def _misreadable(token: str) -> bool:
