@@ -206,6 +206,32 @@ def test_layer_norm_statistics_are_the_rows_own() -> None:
     assert ev.operands["x[1,:]"] == z.tolist() and "(4 terms)" not in ev.lines()[-1]
 
 
+def test_a_pre_norm_residual_says_the_sublayer_read_the_norm() -> None:
+    """Pre-norm is x + sublayer(Norm(x)), as the step's formula says; the written line
+    said x + sublayer(x), the post-norm convention, and did not name the norm read."""
+    data = {
+        "model": {"d_model": 2, "positional": "none", "norm_position": "pre", "d_ff": 2},
+        "source": [[1, 3], [2, -2]],
+    }
+    x = np.array(data["source"], dtype=float)
+    for block, x_name in (("self_attn", "encoder.input"), ("ffn", "encoder.0.self_attn.residual")):
+        trace = run(config_from(data))
+        e = explain(config_from(data), trace, trace[f"encoder.0.{block}.residual"], (1, 0))
+        assert e.formula == "x + sublayer(Norm(x))"
+        assert e.chain[0] == "x[1,0] + sublayer(Norm(x))[1,0]"
+        assert e.where == (
+            f"x = {x_name} (the sublayer's input)",
+            f"sublayer(Norm(x)) = encoder.0.{block}.{'wo' if block == 'self_attn' else 'out'} "
+            f"(it reads Norm(x) = encoder.0.{block}.norm)",
+        )
+        if block == "self_attn":  # x[1,0] is the source's own number
+            assert e.operands["x"] == [x[1, 0]]
+    post = {**data, "model": {**data["model"], "norm_position": "post"}}
+    e = explained(config_from(post), "encoder.0.ffn.residual", (0, 1))
+    assert e.chain[0] == "x[0,1] + sublayer(x)[0,1]"
+    assert e.where[1] == "sublayer(x) = encoder.0.ffn.out"
+
+
 def test_concat_names_the_head_and_its_column() -> None:
     e = explained(load(None), "encoder.0.self_attn.concat", (1, 4))
     assert e.lines()[0].endswith("= head 1's context[1,1] = " + e.chain[-1])

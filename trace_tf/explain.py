@@ -933,16 +933,23 @@ def _concat(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """x + sublayer(x) (post-norm), or x + sublayer(Norm(x)) (pre-norm: the sublayer
+    reads the norm recorded beside the residual)."""
+    assert isinstance(ctx.cfg, Config)
     x_name, y_name = step.inputs
     x, y = float(ctx.get(x_name)[cell]), float(ctx.get(y_name)[cell])
     total = x + y
+    read, reads = "x", ""
+    if ctx.cfg.model.norm_position == "pre":
+        read = "Norm(x)"
+        reads = f" (it reads Norm(x) = {step.path.removesuffix('.residual')}.norm)"
     return _Parts(
         [
-            f"x{_idx(cell)} + sublayer(x){_idx(cell)}",
+            f"x{_idx(cell)} + sublayer({read}){_idx(cell)}",
             f"{ctx.f.num(x)} + {ctx.f.fac(y)}",
         ],
         total,
-        [f"x = {x_name} (the sublayer's input)", f"sublayer(x) = {y_name}"],
+        [f"x = {x_name} (the sublayer's input)", f"sublayer({read}) = {y_name}{reads}"],
         {"x": [x], "sublayer": [y]},
     )
 
