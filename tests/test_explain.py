@@ -492,6 +492,35 @@ def test_a_product_that_overflows_is_written_out_as_the_engine_computed_it() -> 
     assert e.result == e.value == ieee(lambda: f64(1e308) + f64(1e308)) == math.inf
 
 
+def test_an_overflowing_sum_fused_last_to_first_is_the_one_recorded() -> None:
+    """q0 · k0 = 1e200×1e200 + 1e200×(−1e200): nan one rounded product at a time, +inf with
+    fused multiply-adds first to last, −inf last to first. OpenBLAS, for a 1 × 2 by 2 × 2
+    product, recorded −inf, and the explanation said `recorded value -inf but the
+    arithmetic gives nan`, its note naming only +inf: the engine's own number is one way
+    of adding them, and the explanation must show it, whichever the BLAS took."""
+    Q, K = [[1e200, 1e200]], [[1e200, -1e200], [1, 1]]
+    cfg = config_from({"attention": {"Q": Q, "K": K, "V": [[1], [2]], "scale": 1}})
+    trace = run(cfg)
+    step = trace["attn.scores"]
+    engine = ieee(lambda: (np.array(Q) @ np.array(K).T)[0, 0])  # this machine's BLAS
+    one_by_one = ieee(lambda: f64(1e200) * f64(1e200) + f64(1e200) * f64(-1e200))
+    assert math.isnan(one_by_one)
+    for recorded in (engine, math.inf, -math.inf, math.nan):  # each order a BLAS may take
+        value = step.value.copy()
+        value[0, 0] = recorded
+        e = explain(cfg, trace, dataclasses.replace(step, value=value), (0, 0))
+        assert e.agrees and same_float(e.result, recorded), (recorded, e.result)
+        assert e.chain[-2] == "1.000e+200×1.000e+200 + 1.000e+200×(-1.000e+200)"
+        assert e.remarks[0].endswith(
+            "as written, nan; with fused multiply-adds (each product added exactly, as BLAS "
+            "matrix products do on most machines), inf adding them first to last, -inf last "
+            "to first"
+        )
+    value = step.value.copy()
+    value[0, 0] = 5.0  # no way of adding them gives a finite number
+    assert not explain(cfg, trace, dataclasses.replace(step, value=value), (0, 0)).agrees
+
+
 def test_scores_of_infinite_rows_are_nan_and_the_command_exits_0(tmp_yaml: Any) -> None:
     """The audit's `--set model.init_std=1e200`: drawn weights overflow q and k to ±inf."""
     path = tmp_yaml("model: {d_model: 4, n_heads: 2}\nvocab: [a, b, c]\nsource: [a, b, c]\n")

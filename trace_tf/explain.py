@@ -123,8 +123,9 @@ class _Parts:
     where: list[str] = field(default_factory=list)
     operands: dict[str, list[float]] = field(default_factory=dict)
     # A sum of products that overflows float64 has no one value: the result, added one
-    # product at a time as written, and `fused`, with fused multiply-adds (as BLAS does).
-    fused: float | None = None
+    # product at a time as written, and `fused`, with fused multiply-adds (as BLAS does),
+    # adding the products first to last, and last to first (BLAS kernels do either).
+    fused: tuple[float, float] | None = None
     note: str = ""  # said after the result: why a mask entry is 0 or −inf
     # The steps and weights the entry was computed from, when not the step's own inputs
     # (a KV-cached row: those of the iteration that computed it).
@@ -287,7 +288,15 @@ def _fma(x: float, y: float, acc: float) -> float:
         return math.inf if exact > 0 else -math.inf
 
 
-def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float, float | None]:
+def _fused_sum(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Σ x × y by fused multiply-adds, in the order given."""
+    total = 0.0
+    for x, y in zip(xs, ys, strict=True):
+        total = _fma(x, y, total)
+    return total
+
+
+def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float, tuple[float, float] | None]:
     """a · b written out term by term; its value from those terms; and, when finite
     numbers overflow on the way, its value with fused multiply-adds (see _Parts.fused)."""
     xs, ys = [float(x) for x in a], [float(y) for y in b]
@@ -295,18 +304,22 @@ def _dot(f: _Fmt, a: np.ndarray, b: np.ndarray) -> tuple[str, float, float | Non
     total = _fsum(x * y for x, y in zip(xs, ys, strict=True))
     fused = None
     if not math.isfinite(total) and all(map(math.isfinite, [*xs, *ys])):
-        fused = 0.0
-        for x, y in zip(xs, ys, strict=True):
-            fused = _fma(x, y, fused)
+        fused = (_fused_sum(xs, ys), _fused_sum(xs[::-1], ys[::-1]))
     return _elide(terms), total, fused
 
 
-def _overflow_remark(f: _Fmt, written: float, fused: float) -> str:
+def _overflow_remark(f: _Fmt, written: float, fused: tuple[float, float]) -> str:
+    forward, backward = fused
+    orders = (
+        f.num(forward)
+        if _same(forward, backward)
+        else f"{f.num(forward)} adding them first to last, {f.num(backward)} last to first"
+    )
     return (
         "the products overflow float64 (beyond ±1.8e308), so the sum depends on how it is "
         f"done: added one product at a time, as written, {f.num(written)}; with fused "
         "multiply-adds (each product added exactly, as BLAS matrix products do on most "
-        f"machines), {f.num(fused)}"
+        f"machines), {orders}"
     )
 
 
@@ -492,7 +505,7 @@ def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         chain[0] += f" + {bs}[{j}]"
         text += f" + {ctx.f.fac(float(b[j]))}"
         total = total + float(b[j])
-        fused = None if fused is None else fused + float(b[j])
+        fused = None if fused is None else (fused[0] + float(b[j]), fused[1] + float(b[j]))
         b_key, b_at, b_note = _given_as(ctx, b_name, j)
         where.append(
             f"{bs} = {b_name}{b_note}"
@@ -1413,18 +1426,19 @@ def explain(
 
     in_full = written(_Fmt(None))  # every number in full: the result, and the operands
     f = _Fmt(precision)
-    value, result, fused, remarks = float(step.value[cell]), in_full.result, False, []
+    value, result, remarks = float(step.value[cell]), in_full.result, []
+    order: int | None = None  # the engine fused them, in this order (see _Parts.fused)
     rtol = _rtol(step.value.dtype)
-    if in_full.fused is not None and not _same(in_full.fused, result):
+    if in_full.fused is not None and not all(_same(v, result) for v in in_full.fused):
         remarks.append(_overflow_remark(f, result, in_full.fused))
-        # the engine fused them
-        if _same(in_full.fused, value, rtol) and not _same(result, value, rtol):
-            result, fused = in_full.fused, True
+        if not _same(result, value, rtol):
+            order = next((k for k, v in enumerate(in_full.fused) if _same(v, value, rtol)), None)
+            result = result if order is None else in_full.fused[order]
     # The result is written at `precision`; the numbers it comes from with as many more
     # decimals as it takes for them to give that result (68 / 1.73 = 39, not 68 / 2 = 39).
     for digits in [*range(precision, 18), None]:
         parts = written(_Fmt(digits))
-        got = parts.fused if fused and parts.fused is not None else parts.result
+        got = parts.result if order is None or parts.fused is None else parts.fused[order]
         if f.num(got) == f.num(result):
             break
     chain = [*parts.chain, f.num(result) + (f"  ({parts.note})" if parts.note else "")]
