@@ -238,6 +238,27 @@ def test_concat_names_the_head_and_its_column() -> None:
     assert "column 4 = head 1 (columns 3..5), its column 1" in e.where
 
 
+def test_a_fully_masked_softmax_row_says_it_has_no_softmax() -> None:
+    """SPEC: a fully masked row comes out as NaN, not silently. The explanation wrote its
+    nan with `m = -inf (subtracted for stability; it cancels)`, and −inf − (−inf) is
+    nan, not 0: it now says why, beside the result."""
+    mask = [[0, -math.inf, 0], [-math.inf, -math.inf, -math.inf]]
+    att = {"Q": [[1, 0], [0, 1]], "K": [[1, 0], [0, 1], [1, 1]], "V": [[1], [2], [3]]}
+    for T in (1, 0.5):
+        cfg = config_from({"attention": {**att, "mask": mask, "temperature": T}})
+        e = explained(cfg, "attn.softmax", (1, 2))
+        assert math.isnan(e.result) and math.isnan(e.value) and e.agrees
+        assert e.chain[-1] == "nan  (a fully masked row has no softmax)"
+        assert e.where[1] == (
+            "m = the row's largest masked = -inf "
+            "(subtracted for stability; every entry is −inf: −inf − (−inf) is nan)"
+        )
+        # row 0 keeps keys 0 and 2, both scored q0 · k = 1: half each, at any T
+        kept = explained(cfg, "attn.softmax", (0, 2))
+        assert kept.result == 0.5 and kept.chain[-1] == "0.5"
+        assert kept.where[1].endswith("(subtracted for stability; it cancels)")
+
+
 def test_masks_say_why() -> None:
     cfg = load(str(FIXTURES / "004_causal_padding_mask.yaml"))
     assert "key 1 comes after query 0 (causal)" in explained(cfg, "decoder.mask", (0, 1)).chain[0]

@@ -798,7 +798,9 @@ def _softmax_row(ctx: _Ctx, src: str, cell: tuple[int, ...], T: float) -> _Parts
     shown = [f.shown(x) for x in row]  # (written, as are the exponentials and their sum)
     m = _max(shown)
     where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
-    where.append(f"m = the row's largest {s} = {f.num(m)} (subtracted for stability; it cancels)")
+    masked = all(x == -math.inf for x in row)  # SPEC: NaN, and the run warns of it
+    why = "every entry is −inf: −inf − (−inf) is nan" if masked else "it cancels"
+    where.append(f"m = the row's largest {s} = {f.num(m)} (subtracted for stability; {why})")
     if T == 1:
         z = [x - m for x in shown]  # a fully masked row: −inf − (−inf) = nan
         terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in shown]
@@ -816,6 +818,7 @@ def _softmax_row(ctx: _Ctx, src: str, cell: tuple[int, ...], T: float) -> _Parts
         result,
         where,
         {f"{s}{i}": row, "m": [m], "T": [T]},
+        note="a fully masked row has no softmax" if masked else "",
     )
 
 
