@@ -113,6 +113,30 @@ def test_additive_single_operation_allows_keys_of_another_width() -> None:
     assert out == pytest.approx(21.61240091209382, abs=1e-12)  # the fixture colleague's value
 
 
+@pytest.mark.parametrize("score", ["bilinear", "additive"])
+def test_sqrt_dk_of_a_single_operation_is_the_keys_width(score: str) -> None:
+    """d_k is the keys' width (README: W_b is d_q x d_k, W_a_k is d_k x d_a); with queries
+    of 3 features and keys of 2, `scale: sqrt_dk` divided by √3, the queries' width,
+    and said `sqrt(d_k) ≈ 1.73205`."""
+    Q, K = [[0.3, -1.2, 0.5]], [[0.2, 0.9], [1.5, -0.3]]
+    weights: dict[str, Any] = (
+        {"W_b": [[0.1, 0.2], [-0.3, 0.4], [0.5, -0.6]]}
+        if score == "bilinear"
+        else {"W_a_q": [[0.1], [-0.3], [0.5]], "W_a_k": [[0.7], [0.9]], "v_a": [2]}
+    )
+    op = {"score": score, "Q": Q, "K": K, "V": [[1], [3]], "scale": "sqrt_dk", **weights}
+    trace = run(config_from({"attention": op}))
+    if score == "bilinear":  # (q W_b) · k by hand
+        want = [0.64 * 0.2 + -0.72 * 0.9, 0.64 * 1.5 + -0.72 * -0.3]
+    else:  # v_a tanh(q W_a_q + k W_a_k), q W_a_q = 0.03 + 0.36 + 0.25 = 0.64
+        want = [2 * math.tanh(0.64 + 0.14 + 0.81), 2 * math.tanh(0.64 + 1.05 - 0.27)]
+    np.testing.assert_allclose(trace.value("attn.scores")[0], want, rtol=1e-14)
+    np.testing.assert_allclose(
+        trace.value("attn.scaled")[0], [w / math.sqrt(2) for w in want], rtol=1e-14
+    )
+    assert trace["attn.scaled"].formula == "S / sqrt(d_k),  sqrt(d_k) ≈ 1.41421"
+
+
 def test_bilinear_scores_by_hand() -> None:
     data = _cfg("bilinear", np.random.default_rng(2))
     trace = run(config_from(data))

@@ -1738,7 +1738,7 @@ class _Validator:
             scale, text = self.scale(
                 a.get("scale", "sqrt_dk" if score == "scaled_dot" else 1),
                 "attention.scale",
-                Q.shape[1],
+                K.shape[1],  # d_k, the keys' width (a bilinear W_b is d_q x d_k)
             )
             mask = None
             if a.get("mask") is not None:
