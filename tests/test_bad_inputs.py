@@ -1956,7 +1956,7 @@ CALCULATORS = [
             f"norm.{option[2:]}",
             None,
             f"wrong shape (set by {option})",
-            f"expected shape 1, found shape {n}",
+            f"expected shape 1 (one number per feature of norm.x), found shape {n}",
             args=("norm", "--x", "1", option, text),
             names="command line",
         )

@@ -325,6 +325,27 @@ def test_norm_bad_input_exits_2(args: tuple[str, ...], message: str) -> None:
     assert code == 2 and message in err
 
 
+def test_norm_file_against_an_option_names_the_option(tmp_yaml: Any) -> None:
+    """An option that makes the file's own γ, β or x wrong is named, as `attend --q` over a
+    file is (`attention.K: wrong shape (attention.Q set by --q)`): `--x "1 2"` over a file
+    with three γ said `norm.gamma: wrong shape; expected shape 2`, naming nothing the user
+    typed. Nothing is run (exit 2, nothing on stdout)."""
+    flat = tmp_yaml("norm: {x: [[1, 2, 3]], gamma: [1, 2, 3], beta: [0, 0, 0]}\n")
+    cube = tmp_yaml("norm: {kind: instance, x: [[[1, 2], [3, 4]]]}\n", "cube.yaml")
+    for path, args, message in (
+        (flat, ("--x", "1 2"), "norm.gamma: wrong shape (norm.x set by --x); expected shape 2 "
+         "(one number per feature of norm.x), found shape 3"),
+        (flat, ("--beta", "1 2"), "norm.beta: wrong shape (set by --beta); expected shape 3"),
+        (cube, ("--kind", "layer"), "norm.x: wrong shape for layer norm (norm.kind set by "
+         "--kind); expected a non-empty matrix, found shape 1 x 2 x 2"),
+        (cube, ("--gamma", "1"), "norm.gamma: wrong shape (set by --gamma); expected shape 2 "
+         "(one number per channel of norm.x), found shape 1"),
+    ):  # fmt: skip
+        code, out, err = invoke("norm", path, *args)
+        assert code == 2 and out == "" and message in err, err
+        assert len(err.strip().splitlines()) == 1
+
+
 # ---------------------------------------------------------------------------
 # pe
 # ---------------------------------------------------------------------------

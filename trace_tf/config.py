@@ -1777,23 +1777,36 @@ class _Validator:
             x = self.array(n["x"], "norm.x", None)
             want = 3 if norm_kind == "instance" else 2
             if x.ndim != want or 0 in x.shape:
+                # the override that set the kind where x is the file's (--kind over a file)
+                by = "" if self.ctx.set_by("norm.x") else self.ctx.set_by("norm.kind")
                 raise self.ctx.err(
                     "norm.x",
-                    f"wrong shape for {norm_kind} norm",
+                    f"wrong shape for {norm_kind} norm{by}",
                     expected="a 3-D batch x channels x n array"
                     if want == 3
                     else "a non-empty matrix",
                     found_text=f"shape {shape_text(x.shape, 'x')}",
                 )
             size = x.shape[1]
-            gamma = (
-                self.array(n["gamma"], "norm.gamma", (size,))
-                if n.get("gamma") is not None
-                else None
-            )
-            beta = (
-                self.array(n["beta"], "norm.beta", (size,)) if n.get("beta") is not None else None
-            )
+
+            def scale_or_shift(key: str) -> np.ndarray | None:
+                """γ or β: one number per feature (per channel for instance norm) of x."""
+                if n.get(key) is None:
+                    return None
+                arr = self.array(n[key], f"norm.{key}", None)
+                if arr.shape != (size,):
+                    # the override that set x where this one is the file's (--x over a file)
+                    by = "" if self.ctx.set_by(f"norm.{key}") else self.ctx.set_by("norm.x")
+                    per = "channel" if norm_kind == "instance" else "feature"
+                    raise self.ctx.err(
+                        f"norm.{key}",
+                        "wrong shape" + by,
+                        expected=f"shape {size} (one number per {per} of norm.x)",
+                        found_text=f"shape {shape_text(arr.shape, 'x')}",
+                    )
+                return arr
+
+            gamma, beta = scale_or_shift("gamma"), scale_or_shift("beta")
             return {
                 "kind": norm_kind,
                 "x": x,
