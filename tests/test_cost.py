@@ -132,6 +132,32 @@ def test_vary_D_draws_every_weight_at_the_new_width() -> None:
     assert json.loads(result.stdout)["vary"]["exponents"]["ffn"] == 2.0
 
 
+@pytest.mark.parametrize("vocab", ["", "vocab: null\n"])
+def test_vary_D_keeps_the_vocab_its_embeddings_gave(vocab: str, tmp_yaml: Any) -> None:
+    # no vocab: the embeddings' tokens are the vocabulary; --vary D drops the embeddings
+    # (the old width) and refused the file's own source ("unknown token 'a'")
+    path = tmp_yaml(
+        "model: {d_model: 4, n_heads: 2}\n"
+        + vocab
+        + "embeddings: {a: [1, 2, 3, 4], b: [0, 1, 0, 1]}\n"
+        "source: [a, b, a]\n"
+    )
+    result = runner.invoke(
+        app, ["cost", path, "--vary", "D=4,8", "--repeat", "1", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["vary"]["rows"]
+    # encoder-only, L = 3, V = 2 (a, b), 2 heads of D / 2: per layer Q, K, V, W_o are
+    # 4 L D², scores and context 2 L² D, the FFN 2 L D (4 D), the output head L D V
+    for row, d in zip(rows, (4, 8), strict=True):
+        assert row["by_kind"] == {
+            "projection": 4 * 3 * d * d,
+            "attention": 2 * 3 * 3 * d,
+            "ffn": 2 * 3 * d * 4 * d,
+            "output": 3 * d * 2,
+        }
+
+
 def test_bad_vary_is_exit_2() -> None:
     for bad in ("X=1,2", "L=", "L=a,b", "L=0,4", "L"):
         result = runner.invoke(app, ["cost", "--vary", bad])

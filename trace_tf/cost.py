@@ -319,6 +319,8 @@ def resized(
         m["d_model"] = value
         for key in ("d_k", "d_v", "d_ff", "d_a"):  # each follows d_model by its default
             m.pop(key, None)
+        if d.data.get("vocab") is None:  # the vocabulary the embeddings gave stays
+            d.data["vocab"] = list(base.vocab)
         for key in ("embeddings", "weights", "weights_file"):
             d.data.pop(key, None)
     with _naming_the_value(name, value, base):
