@@ -192,6 +192,18 @@ def test_a_vary_value_the_model_cannot_take_is_named(tmp_yaml: Any) -> None:
     assert result.exit_code == 2 and "with --vary L=100000000: too large" in result.stderr
 
 
+def test_vary_refuses_a_value_twice_and_a_second_vary() -> None:
+    # L=4,8,4 measured 4 twice and lost the growth exponent (first and last row alike);
+    # --vary L=4 --vary D=8 used D alone, the L dropped without a word
+    result = runner.invoke(app, ["cost", "--vary", "L=4,8,4"])
+    assert result.exit_code == 2, result.output
+    assert "each once, found 'L=4,8,4'" in result.stderr
+    result = runner.invoke(app, ["cost", "--vary", "L=4", "--vary", "D=8"])
+    assert result.exit_code == 2, result.output
+    assert "--vary is given more than once" in result.stderr
+    assert "found 'L=4', 'D=8'" in result.stderr
+
+
 def test_repeat_is_bounded() -> None:
     # a mistyped --repeat 1000000 would time the runs for hours
     result = runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "101"])

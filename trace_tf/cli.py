@@ -1625,7 +1625,7 @@ def cost(
     c: Common,
     config: ConfigArg = None,
     vary_opt: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[list[str]],  # noqa: UP045
         typer.Option(
             "--vary",
             help="L=8,16,32,64 (sequence length: the tokens repeated) or D=64,128,... "
@@ -1647,9 +1647,16 @@ def cost(
     from trace_tf import cost as costs
     from trace_tf import render
     from trace_tf.config import build, parse_set, read_document
+    from trace_tf.errors import InputError, quoted
     from trace_tf.runner import require_model
 
-    varied = costs.parse_vary(vary_opt) if vary_opt is not None else None
+    if vary_opt and len(vary_opt) > 1:  # the last alone would be used, the others unsaid
+        raise InputError(
+            "--vary is given more than once; it varies one size",
+            expected="one --vary, L=N,N,... or D=N,N,...",
+            found=", ".join(quoted(v) for v in vary_opt),
+        )
+    varied = costs.parse_vary(vary_opt[0]) if vary_opt else None
     doc = read_document(config)  # once: `-` (stdin) can be read only once
     pairs = [parse_set(s) for s in c.sets]
     cfg = require_model(build(doc, pairs, c.variant, c.max_elements, c.dtype), "cost")

@@ -269,7 +269,10 @@ def parse_vary(text: str) -> tuple[str, list[int]]:
     items = [v.strip() for v in values.split(",")]
     if not all(map(whole_number, items)) or min(map(int, items)) < 1:
         raise InputError("malformed --vary", expected=expected, found=quoted(text))
-    return name, [int(v) for v in items]
+    numbers = [int(v) for v in items]
+    if len(set(numbers)) < len(numbers):  # a second row of one value measures nothing new
+        raise InputError("malformed --vary", expected=f"{expected}, each once", found=quoted(text))
+    return name, numbers
 
 
 def _cycled(items: Sequence[Any], n: int) -> list[Any]:
