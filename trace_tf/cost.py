@@ -350,7 +350,7 @@ class VaryRow:
     value: int
     by_kind: dict[str, int]
     total: int
-    predicted: float  # seconds, from the multiply-adds, normalised to the last row's measurement
+    predicted: float  # seconds, from the multiply-adds, scaled to the measurement of the row of most multiply-adds
     measured: float  # seconds, untraced engine, fastest of `repeat`
 
 
