@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -172,3 +173,21 @@ def test_check_keeps_two_configs_of_one_file_name_apart(tmp_path: Path) -> None:
         body = [x for x in out[start + 1 : end] if not x.startswith("step ")]  # (the header)
         verdicts = [x for x in body if re.search(r"\s(ok|FAIL)\s", x)]
         assert len(verdicts) == sum(r["config"] == file for r in results) > 0
+
+
+LONG_TOKEN = "supercalifragilistic" * 3  # 60 letters, one of hello's vocab below
+LONG_VOCAB = ["vocab=[hello, mundo, world, how, '?', EOS, SOS, a, hola, " + LONG_TOKEN + "]"]
+
+
+@pytest.mark.parametrize("columns", [40, 60, 80])
+def test_weights_shortens_a_long_token_in_its_key_path_to_fit(columns: int) -> None:
+    """`weights`' key path `embeddings.<token>` held the whole 60-letter token: 91 cells
+    at 80 columns. The token is now shortened in its middle (to 32 cells, fewer where
+    the table would not fit otherwise); the shapes are whole, JSON keeps the whole path."""
+    args = ["weights", "hello", "--set", *LONG_VOCAB]
+    text = shown(args, columns)
+    assert max(map(cell_len, text.splitlines())) <= columns
+    assert LONG_TOKEN not in text and "super" in text and "…" in text
+    weights = data(args)["weights"]
+    assert box_cells(text, 1, 1) == [" × ".join(map(str, w["shape"])) for w in weights]
+    assert f"embeddings.{LONG_TOKEN}" in [w["path"] for w in weights]

@@ -1048,7 +1048,22 @@ def weights_json(rows: Sequence[tuple[str, Sequence[int], Source]]) -> list[dict
 def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) -> Table:
     """Every weight: its key path, shape and where its numbers came from. Over
     `view.max_rows` embeddings (a real vocabulary has tens of thousands), the first and
-    last `view.row_edge` around a row that counts the others, unless `view.full`."""
+    last `view.row_edge` around a row that counts the others, unless `view.full`. An
+    embedding's token is shortened to a label's cells (LABEL_CELLS), and further (down
+    to the cells of "embeddings.") where the table would not fit `view.width` otherwise."""
+    table = _weights_table(rows, view, LABEL_CELLS)
+    if view.width is None:  # (no width to fit: as wide as it is)
+        return table
+    excess = least_width(table) - view.width
+    if excess > 0:  # (the token, where it is the widest piece, narrows the table cell for
+        # cell; never below "embeddings.", which its column holds on a line anyway)
+        table = _weights_table(rows, view, max(LABEL_CELLS - excess, len("embeddings.")))
+    return table
+
+
+def _weights_table(
+    rows: Sequence[tuple[str, Sequence[int], str]], view: View, token_cells: int
+) -> Table:
     table = Table(title="weights: where each came from", title_justify="left")
     # On a narrow terminal a path goes over lines after its dots, a source at its spaces
     # (and a long path in it after its dots): never inside a word (see Wrapped).
@@ -1061,11 +1076,22 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
             continue
         path, shape, source = rows[i]
         table.add_row(
-            Wrapped(printable(path), PATH_BREAKS),
+            Wrapped(_weight_path(path, token_cells), PATH_BREAKS),
             shape_text(shape),
             Wrapped(printable(source), within=PATH_BREAKS),
         )
-    return keep_whole(table)
+    table = keep_whole(table)
+    return table if view.width is None else _shared_out(table, view.width)
+
+
+def _weight_path(path: str, cells: int) -> str:
+    """A weight's key path as its table shows it: an embedding's token shortened in its
+    middle as a label is (`shortened`; a 300-letter token would otherwise widen the
+    column past the terminal), the rest as it is (JSON keeps the whole path)."""
+    embedding, dot, token = path.partition(".")
+    if embedding == "embeddings" and dot:
+        return f"{embedding}.{shortened(printable(token), cells)}"
+    return printable(path)
 
 
 def _embeddings_elided(paths: Sequence[str], view: View) -> Iterator[int | Text]:
