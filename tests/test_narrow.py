@@ -191,3 +191,21 @@ def test_weights_shortens_a_long_token_in_its_key_path_to_fit(columns: int) -> N
     weights = data(args)["weights"]
     assert box_cells(text, 1, 1) == [" × ".join(map(str, w["shape"])) for w in weights]
     assert f"embeddings.{LONG_TOKEN}" in [w["path"] for w in weights]
+
+
+@pytest.mark.parametrize("columns", [40, 60])
+def test_cost_vary_deals_its_columns_over_tables_that_fit(columns: int) -> None:
+    """`cost --vary`'s table of nine number columns took 78 cells, at 60 columns too;
+    its columns are now dealt out over tables that fit, each led by L, no number cut."""
+    args = ["cost", "--vary", "L=4,8"]
+    text = shown(args, columns).split("multiply-adds as L")[1]
+    assert max(map(cell_len, text.splitlines())) <= columns
+    heads = [c for line in text.splitlines() if line.startswith("┃") for c in line.split("┃")]
+    named = [c.strip() for c in heads if c.strip()]
+    assert named.count("L") > 1  # (more than one table)
+    assert sorted(set(named)) == sorted(
+        ["L", "proj", "attn", "ffn", "output", "total", "attn %", "pred. ms", "meas. ms"]
+    )
+    assert len(named) == len(set(named)) + named.count("L") - 1
+    for r in data(args)["vary"]["rows"]:  # L=4 and 8: totals under 10,000, written exactly
+        assert re.search(rf"│ +{r['value']} │.* {r['total']:,} │", text)

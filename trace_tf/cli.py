@@ -1696,7 +1696,7 @@ def cost(
             "rows": [asdict(r) for r in rows],
             "exponents": growth,
         }
-        items.append(render.vary_table(name, costs.VARY[name], rows, costs.KINDS))
+        items.extend(render.vary_table(name, costs.VARY[name], rows, costs.KINDS, c.width))
         if growth:
             from rich.text import Text
 

@@ -1133,32 +1133,62 @@ def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
     return keep_whole(table)
 
 
-def vary_table(name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[str]) -> Table:
-    """One row per value of L or D: multiply-adds per kind, predicted beside measured time."""
-    table = Table(
-        title=f"multiply-adds as {name}, the {what}, grows",
-        caption="Multiply-adds to 3 digits (k = 10³, M = 10⁶, G = 10⁹, T = 10¹²; exact in --format json). "
-        "pred. ms: the largest row's measured time scaled by multiply-adds; meas. ms: "
-        "the untraced engine, fastest of the runs. On small models Python's fixed cost per "
-        "step, not arithmetic, dominates the measured time.",
-        title_justify="left",
-        caption_justify="left",
-    )
+def vary_table(
+    name: str, what: str, rows: Sequence[VaryRow], kinds: Sequence[str], width: int | None = None
+) -> list[RenderableType]:
+    """One row per value of L or D: multiply-adds per kind, predicted beside measured time.
+    Where its columns (numbers, all kept whole) do not fit `width`, they are dealt out
+    over several tables, in order, each led by the column of L or D, as many in each
+    as fit; the caption under the last, or under them all."""
     short = {"projection": "proj", "attention": "attn", "ffn": "ffn", "output": "output"}
     shown = [k for k in kinds if any(r.by_kind[k] for r in rows)]
-    for col in (name, *(short[k] for k in shown), "total", "attn %", "pred. ms", "meas. ms"):
-        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    names = [name, *(short[k] for k in shown), "total", "attn %", "pred. ms", "meas. ms"]
+    cells = []
     for r in rows:
         share = r.by_kind.get("attention", 0) / r.total if r.total else 0.0
-        table.add_row(
-            str(r.value),
-            *(_si(r.by_kind[k]) for k in shown),
-            _si(r.total),
-            f"{share:.1%}",
-            f"{r.predicted * 1e3:.3f}",
-            f"{r.measured * 1e3:.3f}",
+        cells.append(
+            [
+                str(r.value),
+                *(_si(r.by_kind[k]) for k in shown),
+                _si(r.total),
+                f"{share:.1%}",
+                f"{r.predicted * 1e3:.3f}",
+                f"{r.measured * 1e3:.3f}",
+            ]
         )
-    return keep_whole(table)
+    # Each column's cells, its padding (2) and the border after it (1).
+    room = [max(map(len, [n, *(row[i] for row in cells)])) + 3 for i, n in enumerate(names)]
+    groups: list[list[int]] = [[]]
+    for i in range(1, len(names)):
+        if (
+            width is not None
+            and groups[-1]
+            and 1 + room[0] + sum(room[j] for j in [*groups[-1], i]) > width
+        ):
+            groups.append([])
+        groups[-1].append(i)
+    caption = (
+        "Multiply-adds to 3 digits (k = 10³, M = 10⁶, G = 10⁹, T = 10¹²; exact in --format "
+        "json). pred. ms: the largest row's measured time scaled by multiply-adds; meas. ms: "
+        "the untraced engine, fastest of the runs. On small models Python's fixed cost per "
+        "step, not arithmetic, dominates the measured time."
+    )
+    tables: list[RenderableType] = []
+    for k, group in enumerate(groups):
+        table = Table(
+            title=f"multiply-adds as {name}, the {what}, grows" if k == 0 else None,
+            caption=caption if len(groups) == 1 else None,
+            title_justify="left",
+            caption_justify="left",
+        )
+        for i in [0, *group]:
+            table.add_column(names[i], justify="right", no_wrap=True, min_width=len(names[i]))
+        for row in cells:
+            table.add_row(*(row[i] for i in [0, *group]))
+        tables.append(keep_whole(table))
+    if len(groups) > 1:  # (under narrow tables, the caption as wide as the terminal)
+        tables.append(Text(caption))
+    return tables
 
 
 def _si(n: int) -> str:
