@@ -209,3 +209,17 @@ def test_cost_vary_deals_its_columns_over_tables_that_fit(columns: int) -> None:
     assert len(named) == len(set(named)) + named.count("L") - 1
     for r in data(args)["vary"]["rows"]:  # L=4 and 8: totals under 10,000, written exactly
         assert re.search(rf"│ +{r['value']} │.* {r['total']:,} │", text)
+
+
+@pytest.mark.parametrize("columns", [60])
+def test_generate_beam_extensions_fit_60_columns(columns: int) -> None:
+    """`generate --beam 3`'s extensions (eight columns, two spaces apart) made every
+    iteration's panel 62-63 cells at 60 columns; where they do not fit, one space now
+    sets the columns apart. Each extension's p, as the beams' JSON gives it, is whole."""
+    args = ["generate", "--beam", "3"]
+    text = shown(args, columns)
+    assert max(map(cell_len, text.splitlines())) <= columns
+    first = data(args)["iterations"][0]["beams"][0]["probs"]
+    panel = text.split("iteration 0 ")[1].split("iteration 1 ")[0]
+    for token, p in first.items():
+        assert re.search(rf"│ +\d+ +0 {re.escape(token)} +{p:.4f} ", panel), token

@@ -1475,6 +1475,8 @@ def _beams_table(
             status,
         )
     keep_whole(table)
+    if view.width is not None and least_width(table) + 4 > view.width:  # (4: the panel's)
+        table.collapse_padding = True  # one space between columns, not two
     parts: list[RenderableType] = [
         Text("live beams", style="bold"),
         beams,
