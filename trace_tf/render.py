@@ -670,11 +670,20 @@ class Wrapped:
     def __init__(self, text: str | Text, breaks: str = " +", within: str | None = None) -> None:
         self.text = text if isinstance(text, Text) else Text(text)
         self.breaks, self.within = breaks, within  # (regular expressions)
+        # _pieces by width (a table measures each cell several times; never mutated)
+        self._divided: dict[int, list[list[Text]]] = {}
+        self._measured: Measurement | None = None
 
     def _pieces(self, width: int = 0) -> list[list[Text]]:
         """Each line of the text, as the pieces between its break opportunities (a
         piece keeps the character it breaks after); those wider than `width` divided
         at `within`."""
+        key = width if self.within is not None else 0  # (without `within`, one answer)
+        if key not in self._divided:
+            self._divided[key] = self._divide(width)
+        return self._divided[key]
+
+    def _divide(self, width: int) -> list[list[Text]]:
 
         def divide(text: Text, pattern: str) -> list[Text]:
             cuts = [m.end() for m in re.finditer(pattern, text.plain)]
@@ -699,9 +708,11 @@ class Wrapped:
         return max(_cells(p.plain.rstrip(" ")) for line in pieces for p in line)
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        lines = self._pieces()
-        most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
-        return Measurement(self.least(lines), most)
+        if self._measured is None:  # (the same whatever the console: cells of its text)
+            lines = self._pieces()
+            most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
+            self._measured = Measurement(self.least(lines), most)
+        return self._measured
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines: list[Text] = []
