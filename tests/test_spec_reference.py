@@ -8,7 +8,9 @@ any `pe_base`), every score function of `model.score`, `model.temperature`, `nor
 numeric `embed_scale`, numeric source and target matrices, an encoder-only model's
 logits, and pads anywhere in source and target. Where SPEC is silent, the reference
 follows README: RoPE rotates pairs (2i, 2i+1) of q and k by pos * pe_base^(-2i/d_k) in
-self-attention only.
+self-attention only; the relative position bias adds B[i, j] = b[max_len - 1 + j - i]
+to each self-attention head's scaled scores (test_relative_bias_with_...: with every
+score function, model.temperature, drawn and fused tables, and generate's KV cache).
 """
 
 from __future__ import annotations
@@ -178,6 +180,21 @@ class Reference:
         )
         return -0.5 * (((q[:, None, :] - k[None, :, :]) * ws) ** 2).sum(-1)
 
+    def rel_bias(self, keys: list[Any], hp: str, h: int, n_q: int, n_k: int) -> T:
+        """000 section 6.2 as README states it: B[i, j] = b[max_len - 1 + (j - i)], one
+        table of 2 max_len - 1 per self-attention head (fused: row h of the block's)."""
+        fused = self.given([*keys, "rel_bias"])
+        n = 2 * self.max_len - 1
+        table = (
+            tensor(fused)[h]
+            if fused is not None
+            else self.param([*keys, "heads", h, "rel_bias"], (n,))
+        )
+        B = torch.tensor(
+            [[table[self.max_len - 1 + j - i] for j in range(n_k)] for i in range(n_q)]
+        )
+        return self.rec(hp + ".rel_bias", B.to(F64))
+
     def attention(self, keys: list[Any], xq: T, xkv: T, mask: T | None) -> T:
         p = ".".join(map(str, keys))
         contexts = []
@@ -197,6 +214,8 @@ class Reference:
             self.rec(hp + ".v", v)
             s = self.rec(hp + ".scores", self.scores(keys, hp, h, q, k))
             s = self.rec(hp + ".scaled", s / self.scale)
+            if self.positional == "relative" and keys[2] == "self_attn":
+                s = self.rec(hp + ".biased", s + self.rel_bias(keys, hp, h, *s.shape))
             if mask is not None:
                 s = self.rec(hp + ".masked", s + mask)
             a = self.rec(hp + ".softmax", self.softmax(s, self.temperature))
@@ -525,6 +544,11 @@ def test_generation_matches_the_spec_reference(i: int, mode: str, tmp_path: Path
     cfg = CONFIGS[i]
     if isinstance(cfg.get("target", [""])[0], list):
         cfg = {k: v for k, v in cfg.items() if k != "target"}
+    check_generation(cfg, i, mode, tmp_path)
+
+
+def check_generation(cfg: dict[str, Any], i: int, mode: str, tmp_path: Path) -> None:
+    """`generate` (KV cache on) against the reference's `decode` of each whole prefix."""
     options = ["--max-tokens", "3"]
     temperature, top_k, top_p = [0.7, 1.5][i % 2], 2 + i % 4, [0.6, 0.9][i % 2]
     if mode == "sample":
@@ -547,3 +571,52 @@ def test_generation_matches_the_spec_reference(i: int, mode: str, tmp_path: Path
         assert it["next"] == vocab[choice]
         prefix.append(vocab[choice])
     assert got["generated"] == prefix[len(prefix) - len(got["iterations"]) :]
+
+
+# Relative position bias (000 section 6.2) with the options test_engine_reference.py's
+# relative shapes leave at their defaults: every score function, model.temperature, drawn
+# tables (SPEC's rule, per head), fused tables, pads, and generate's KV cache, whose new
+# row must take the last row of B.
+RELATIVE = [
+    {"score": "additive", "d_a": 3, "temperature": 0.5, "norm_position": "pre", "norm": "rms"},
+    {"encoder_layers": 0, "score": "gaussian", "temperature": 2.0, "n_heads": 3, "d_k": 3},
+    {"decoder_layers": 0, "score": "bilinear", "scale": 0.7, "activation": "gelu_tanh"},
+    {"score": "dot", "decoder_layers": 2, "tie_embeddings": True, "embed_scale": "sqrt_d_model"},
+    {"encoder_layers": 0, "decoder_layers": 2, "temperature": 0.5, "seed": 5, "fused": True},
+]
+
+
+@pytest.mark.parametrize(
+    "options", RELATIVE, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+)
+def test_relative_bias_with_scores_temperature_and_the_cache(
+    options: dict[str, Any], tmp_path: Path
+) -> None:
+    options = dict(options)
+    fused = options.pop("fused", False)
+    m = {"d_model": 6, "n_heads": 2, "decoder_layers": 1, "positional": "relative", "max_len": 9}
+    m |= options
+    cfg: dict[str, Any] = {"model": m, "vocab": ["a", "b", "PAD", "SOS", "EOS"]}
+    cfg["tokens"] = {"bos": "SOS", "eos": "EOS", "pad": "PAD"}
+    if m.get("encoder_layers", 1):
+        cfg["source"] = ["a", "PAD", "b", "b"]
+    if m["decoder_layers"]:
+        cfg["target"] = ["SOS", "b", "PAD", "a"]
+    if fused:  # row h of a block's table is head h's; the other block's tables are drawn
+        table = (np.arange(34.0).reshape(2, 17) % 7 - 3).tolist()
+        cfg["weights"] = {"decoder": [{"self_attn": {"rel_bias": table}}]}
+    commands = [
+        c for c, n in [("encode", "encoder_layers"), ("decode", "decoder_layers")] if m.get(n, 1)
+    ]
+    for command in commands:
+        ref = Reference(cfg)
+        if command == "decode":
+            ref.decode()
+        elif not m["decoder_layers"]:  # an encoder-only model's last stack is the encoder
+            ref.head(ref.encode())
+        else:
+            ref.encode()
+        assert any(p.endswith(".rel_bias") for p in ref.steps)
+        assert_steps_equal(run_json(tmp_path, cfg, command)["steps"], ref.steps)
+    if m["decoder_layers"]:
+        check_generation(cfg, 0, "greedy", tmp_path)
