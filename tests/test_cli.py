@@ -714,7 +714,7 @@ def test_check_keeps_every_verdict_and_error_in_view_at_any_width(
 ) -> None:
     from rich.cells import cell_len
 
-    # 11 of hello's 22 entries fail at scale 3. At 60 and 80 columns the config and
+    # 12 of hello's 24 entries fail at scale 3. At 60 and 80 columns the config and
     # tolerance columns had crushed the verdict to nothing; now shared values go in the
     # title, notes get only the room left, and paths too long for their column go over
     # lines after their dots (at 40 columns, cut, h0's and h1's softmax both read
