@@ -193,6 +193,20 @@ def test_weights_shortens_a_long_token_in_its_key_path_to_fit(columns: int) -> N
     assert f"embeddings.{LONG_TOKEN}" in [w["path"] for w in weights]
 
 
+@pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])
+def test_weights_shortens_a_token_shorter_than_a_label_just_enough(letters: int) -> None:
+    """The token was shortened to 32 cells less the table's excess, measured with both
+    wrapping columns at one common width: a 16- to 20-letter token (under 32) was left
+    whole, the table 45-47 cells at 40 columns. It is now shortened by what the table
+    is too wide, from the key paths' own widest piece: the table fits, and fills the
+    terminal where the token is shortened (it keeps as much as fits)."""
+    token = "abcdefghijklmnopqrstuvwxyz"[:letters]
+    args = ["weights", "hello", "--set", LONG_VOCAB[0].replace(LONG_TOKEN, token)]
+    text = shown(args, 40)
+    assert max(map(cell_len, text.splitlines())) == 40
+    assert re.search(rf"│ abcde\w*…\w*{token[-1]} +│", text)
+
+
 @pytest.mark.parametrize("columns", [40, 60])
 def test_cost_vary_deals_its_columns_over_tables_that_fit(columns: int) -> None:
     """`cost --vary`'s table of nine number columns took 78 cells, at 60 columns too;

@@ -800,6 +800,13 @@ class _ColumnWidths:
             extra=table._extra_width,
         )
 
+    def spare(self, width: int) -> int:
+        """The cells left in `width` once every column has its least width (a column
+        never wrapped: its widest cell); negative where even those do not fit."""
+        kept = sum(w for w, f in zip(self.widest, self.wrap, strict=True) if not f)
+        least = sum(x for x, f in zip(self.least, self.wrap, strict=True) if f)
+        return width - self.extra - kept - least
+
 
 def least_width(renderable: RenderableType) -> int:
     """The fewest terminal cells `renderable` can be printed in without cutting a column
@@ -837,11 +844,10 @@ def _shared_out(table: Table, width: int) -> Table:
     m = _ColumnWidths.of(table)
     if least_width(table) <= width or sum(m.widest) + m.extra <= width:
         return table
-    room = width - m.extra - sum(w for w, f in zip(m.widest, m.wrap, strict=True) if not f)
-    chosen = [i for i, f in enumerate(m.wrap) if f]
-    spare = room - sum(m.least[i] for i in chosen)
+    spare = m.spare(width)
     if spare < 0:
         return table
+    chosen = [i for i, f in enumerate(m.wrap) if f]
     gaps = [max(m.widest[i] - m.least[i], 0) for i in chosen]
     shares = [spare * g // (sum(gaps) or 1) for g in gaps]
     for i, share in zip(chosen, shares, strict=True):
@@ -1063,13 +1069,14 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
     embedding's token is shortened to a label's cells (LABEL_CELLS), and further (down
     to the cells of "embeddings.") where the table would not fit `view.width` otherwise."""
     table = _weights_table(rows, view, LABEL_CELLS)
-    if view.width is None:  # (no width to fit: as wide as it is)
+    if view.width is None or least_width(table) <= view.width:
         return table
-    excess = least_width(table) - view.width
-    if excess > 0:  # (the token, where it is the widest piece, narrows the table cell for
-        # cell; never below "embeddings.", which its column holds on a line anyway)
-        table = _weights_table(rows, view, max(LABEL_CELLS - excess, len("embeddings.")))
-    return table
+    # The key paths' column gives up what the table is too wide (each column at its
+    # least, as _shared_out would lay it out) from its widest piece, a token's where
+    # that is the widest: cell for cell; never below "embeddings.", which it holds anyway.
+    m = _ColumnWidths.of(table)
+    widest = m.least[0] - m.pad[0]
+    return _weights_table(rows, view, max(widest + m.spare(view.width), len("embeddings.")))
 
 
 def _weights_table(
