@@ -1174,14 +1174,13 @@ def vary_table(
                 f"{r.measured * 1e3:.3f}",
             ]
         )
-    # Each column's cells, its padding (2) and the border after it (1).
-    room = [max(map(len, [n, *(row[i] for row in cells)])) + 3 for i, n in enumerate(names)]
+    widest = [max(map(len, [n, *(row[i] for row in cells)])) for i, n in enumerate(names)]
     groups: list[list[int]] = [[]]
     for i in range(1, len(names)):
-        if (
+        if (  # (a table's columns, padded and ruled, take what a grid's do)
             width is not None
             and groups[-1]
-            and 1 + room[0] + sum(room[j] for j in [*groups[-1], i]) > width
+            and _grid_width([widest[j] for j in [0, *groups[-1], i]]) > width
         ):
             groups.append([])
         groups[-1].append(i)
