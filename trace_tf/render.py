@@ -139,13 +139,23 @@ def matrix_table(
         choices = _narrowing(m.shape[1], col_idx)
         # Where even the fewest columns do not fit (long tokens on a narrow terminal),
         # the tokens are shortened further, to the longest that lets the grid fit.
-        for label_cells in range(LABEL_CELLS, LABEL_LEAST - 1, -1):
+        longest: int | None = None
+        while True:
             labels = _row_labels(rows, row_idx, value.ndim, label_cells)
             fit = _fitting(
                 m, row_idx, choices, labels, cols, view.precision, view.width, label_cells
             )
             if fit[2] or (rows is None and cols is None):  # (index labels cannot shorten)
                 break
+            if longest is None:  # (no token as long: those cells would shorten none)
+                shown = [
+                    *(rows[i] for i in row_idx if i is not None and rows and value.ndim >= 2),
+                    *(cols[j] for j in choices[0] if j is not None and cols),
+                ]
+                longest = max((_cells(shown_token(t, cells=10**9)) for t in shown), default=0)
+            if min(label_cells, longest) - 1 < LABEL_LEAST:
+                break
+            label_cells = min(label_cells, longest) - 1
         col_idx, cells, _ = fit
     return _layout(
         m, value.ndim, row_idx, col_idx, rows, cols, heatmap, marked, view, cells, label_cells
