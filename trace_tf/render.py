@@ -835,13 +835,17 @@ def least_width(renderable: RenderableType) -> int:
     if isinstance(renderable, Grid):
         return renderable.width
     if isinstance(renderable, Table):
-        if not any(c.min_width is not None or c.width is not None for c in renderable.columns):
-            return 0
-        m = _ColumnWidths.of(renderable)
-        level = max((x for x, w in zip(m.least, m.wrap, strict=True) if w), default=0)
-        cells = sum(min(x, level) if w else x for x, w in zip(m.widest, m.wrap, strict=True))
-        return cells + m.extra
+        return _least_of(renderable, _ColumnWidths.of(renderable))
     return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
+
+
+def _least_of(table: Table, m: _ColumnWidths) -> int:
+    """least_width of `table`, whose columns measure `m`."""
+    if not any(c.min_width is not None or c.width is not None for c in table.columns):
+        return 0
+    level = max((x for x, w in zip(m.least, m.wrap, strict=True) if w), default=0)
+    cells = sum(min(x, level) if w else x for x, w in zip(m.widest, m.wrap, strict=True))
+    return cells + m.extra
 
 
 def _shared_out(table: Table, width: int) -> Table:
@@ -852,7 +856,7 @@ def _shared_out(table: Table, width: int) -> Table:
     the room left is shared out in proportion to how much wider each would be. Where
     even their least widths do not fit, or the table fits as it is, it is left as is."""
     m = _ColumnWidths.of(table)
-    if least_width(table) <= width or sum(m.widest) + m.extra <= width:
+    if _least_of(table, m) <= width or sum(m.widest) + m.extra <= width:
         return table
     spare = m.spare(width)
     if spare < 0:
@@ -1079,12 +1083,14 @@ def weights_table(rows: Sequence[tuple[str, Sequence[int], str]], view: View) ->
     embedding's token is shortened to a label's cells (LABEL_CELLS), and further (down
     to the cells of "embeddings.") where the table would not fit `view.width` otherwise."""
     table = _weights_table(rows, view, LABEL_CELLS)
-    if view.width is None or least_width(table) <= view.width:
+    if view.width is None:
+        return table
+    m = _ColumnWidths.of(table)
+    if _least_of(table, m) <= view.width:
         return table
     # The key paths' column gives up what the table is too wide (each column at its
     # least, as _shared_out would lay it out) from its widest piece, a token's where
     # that is the widest: cell for cell; never below "embeddings.", which it holds anyway.
-    m = _ColumnWidths.of(table)
     widest = m.least[0] - m.pad[0]
     return _weights_table(rows, view, max(widest + m.spare(view.width), len("embeddings.")))
 
