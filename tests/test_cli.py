@@ -752,11 +752,16 @@ def test_check_says_in_full_why_an_entry_failed(tmp_yaml, monkeypatch: pytest.Mo
         "model: {d_model: 2, n_heads: 1}\nvocab: [a, b]\nsource: [a, b]\nexpect:\n"
         "  - {step: encoder.0.self_attn.h0.nope, value: [[1, 2]]}\n"
         "  - {step: encoder.embed, value: [[1, 2, 3]]}\n"
+        "  - {step: encoder.0.self_attn.h0.sofmax, value: [[1, 0], [0, 1]]}\n"
     )
     code, out, _ = invoke("check", path)
     name = Path(path).name
     assert code == 1
-    assert f"FAIL {name}: encoder.0.self_attn.h0.nope: no such step" in out
+    assert f"FAIL {name}: encoder.0.self_attn.h0.nope: no such step\n" in out
+    # a misspelt path names the nearest recorded one, as an unknown key does (a path
+    # merely of the same head, as .nope above, is not "near")
+    misspelt = "encoder.0.self_attn.h0.sofmax: no such step"
+    assert f"FAIL {name}: {misspelt} (did you mean 'encoder.0.self_attn.h0.softmax'?)" in out
     assert f"FAIL {name}: encoder.embed: shape 2 x 2 but expected 1 x 3" in out
     assert out.splitlines()[0].rstrip() == f"trace-tf check  {name}  (atol 1e-06)"
 
