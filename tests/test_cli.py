@@ -766,6 +766,30 @@ def test_check_says_in_full_why_an_entry_failed(tmp_yaml, monkeypatch: pytest.Mo
     assert out.splitlines()[0].rstrip() == f"trace-tf check  {name}  (atol 1e-06)"
 
 
+def test_check_never_shows_an_error_rounded_to_the_other_side_of_its_tolerance(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    # attn.scores is Q K^T = [[1, 0]]; each entry's error is |1 - expected| in cell 0
+    path = tmp_yaml(
+        "attention: {Q: [[1, 0]], K: [[1, 0], [0, 1]], V: [[1, 2], [3, 4]], scale: 1}\n"
+        "expect:\n"
+        "  - {step: attn.scores, value: [1.5, 0], atol: 0.5}\n"
+        "  - {step: attn.scores, value: [1.5000000000000002, 0], atol: 0.5}\n"
+        "  - {step: attn.scores, value: [1.49996, 0], atol: 0.49996}\n"
+    )
+    beyond, below = abs(1 - 1.5000000000000002), abs(1 - 1.49996)
+    assert beyond > 0.5 and f"{beyond:.3g}" == "0.5"  # 3 digits would say "within"
+    assert below <= 0.49996 and float(f"{below:.3g}") > 0.49996  # and here "beyond"
+    code, out, _ = invoke("check", path, "--format", "json")
+    assert code == 1
+    assert [r["ok"] for r in json.loads(out)["results"]] == [True, False, True]
+    code, out, _ = invoke("check", path)
+    rows = [line.split() for line in out.splitlines() if line.startswith("attn.scores")]
+    assert [row[1:3] for row in rows] == [
+        ["ok", "0.5"],
+        ["FAIL", repr(beyond)],
+        ["ok", repr(below)],
+    ]
+
+
 @pytest.mark.parametrize("columns", [44, 50, 60, 80])
 def test_generate_keeps_tokens_and_probabilities_whole_on_a_narrow_terminal(
     monkeypatch: pytest.MonkeyPatch, columns: int

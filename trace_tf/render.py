@@ -981,6 +981,17 @@ def _config_names(results: Sequence[CheckResult]) -> dict[str, str]:
     return {c: printable(c if n in shared else n) for c, n in names.items()}
 
 
+def _error_text(r: CheckResult) -> str:
+    """An entry's largest absolute error to 3 significant digits, or in full where those
+    would tell its verdict wrong: 0.5000000000000002 failing atol 0.5 is not "0.5"."""
+    if r.max_abs_error is None:
+        return "—"
+    text = f"{r.max_abs_error:.3g}"
+    if not r.rtol and not r.problem and (float(text) <= r.atol) != r.ok:
+        return exact(r.max_abs_error)
+    return text
+
+
 def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableType]:
     """One row per `expect` entry, then why each failed one failed, in full, and each
     document error an entry records. A tolerance shared by every row goes in the title
@@ -1003,7 +1014,7 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
         title += f"  (atol {exact(atol)}" + (f", rtol {exact(rtol)})" if rtol else ")")
     rows = [
         [r.step, r.variant or "", "ok" if r.ok else "FAIL"]
-        + ["—" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"]
+        + [_error_text(r)]
         + [_tolerance(r.atol, r.rtol)] * (len(tolerances) > 1)
         for r in results
     ]
