@@ -654,8 +654,15 @@ NON_FINITE = [
             ("inf", ".inf", "inf"),
             ("minus-inf", "-.inf", "-inf"),
             ("NaN-spelling", ".NaN", "nan"),
-            ("1e400", "1e400", "inf"),
         )
+    ),
+    case(  # beyond float64, not .inf: said so, not "found the number inf"
+        "embedding-1e400",
+        BASE + "embeddings:\n  a: [1, 1e400, 3, 4]\n",
+        "embeddings.a.1",
+        7,
+        "number too large",
+        "expected a number of magnitude at most 1.79769e+308 (float64), found 1e400",
     ),
     case(
         "weight-inf",

@@ -891,6 +891,7 @@ def test_check_fails_a_false_document_error(tmp_yaml, monkeypatch: pytest.Monkey
         ("document: [[0, 1]]", "expect.0.document: wrong shape"),
         ("document_atol: 0.1", "expect.0.document_atol: a tolerance for a document value"),
         ("rtol: -1", "expect.0.rtol: must be at least 0"),
+        ("document: [[0, 1e400], [1, 1]]", "expect.0.document.0.1: number too large"),
         ("documents: 1", "expect.0.documents: unknown key 'documents' (did you mean 'document'?)"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -237,6 +238,22 @@ def test_integers_beyond_float64_are_refused_with_their_line(literal: str) -> No
     # 5000 digits would also trip Python's int-to-str limit (ValueError) in a naive loader.
     err = _refused(f"a: 1\nb: [1, {literal}]\n")
     assert err.path == "b.1" and err.line == 2 and "integer too large" in str(err)
+
+
+@pytest.mark.parametrize("literal", ["1e400", "-1e400", "1.8e308", "2E+308"])
+def test_floats_beyond_float64_are_refused_with_their_line(literal: str) -> None:
+    # float("1e400") is inf: where infinities are allowed (an `expect` value) it was read
+    # as .inf, silently; an infinity is written .inf.
+    err = _refused(f"a: 1\nb: [1, {literal}]\n")
+    assert err.path == "b.1" and err.line == 2 and "number too large" in str(err)
+    assert f"found {literal}" in str(err)
+
+
+def test_the_largest_float64_and_infinities_are_read() -> None:
+    data, _ = parse_yaml(
+        "a: [1.7976931348623157e308, -1.7976931348623157e+308, .inf, -.Inf]\n", "t"
+    )
+    assert data == {"a": [sys.float_info.max, -sys.float_info.max, math.inf, -math.inf]}
 
 
 def test_the_largest_float64_integer_is_read() -> None:

@@ -107,6 +107,7 @@ _CLoader12 = _c_loader()
 MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an alias bomb
 MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
 PYTHON_PARSER_CHARS = 100_000  # the longest text whose errors PyYAML's parser words (0.5 s)
+_FLOAT64_MAX = f"a number of magnitude at most {sys.float_info.max:.6g} (float64)"
 MAX_INT_CHARS = 4000  # a longer integer literal is beyond float64 whatever its base
 
 
@@ -434,7 +435,12 @@ class _Builder:
         if tag == _INT:
             return self._int(node, path)
         if tag == _FLOAT and _FLOAT_TEXT.match(text):
-            return read_number(text)
+            value = read_number(text)
+            if value is not None and math.isinf(value) and "inf" not in text.lower():
+                raise self.fail(  # 1e400: not .inf, which a file writes as such
+                    node, path, "number too large", expected=_FLOAT64_MAX, found=text
+                )
+            return value
         if tag in (_NULL, _BOOL, _FLOAT):
             raise self._invalid(node, path)
         raise self._tagged(node, path)
@@ -450,7 +456,7 @@ class _Builder:
                 node,
                 path,
                 "integer too large",
-                expected=f"a number of magnitude at most {sys.float_info.max:.6g} (float64)",
+                expected=_FLOAT64_MAX,
                 found=f"an integer of {len(node.value)} characters",
             )
         return value
