@@ -376,6 +376,16 @@ def test_explain_command_table_and_json() -> None:
     assert data["operands"]["V[:,0]"] == [18, 20, 22, 19]
 
 
+def test_a_misspelt_path_is_suggested_only_when_a_letter_or_two_apart() -> None:
+    # check and explain share one rule: get_close_matches' 0.5 named h0.v for h0.nope
+    # (every path of one head shares most of its letters), a step the user did not mean
+    code, _, err = invoke("explain", "encoder.0.self_attn.h0.nope")
+    assert code == 2 and "no step 'encoder.0.self_attn.h0.nope'" in err
+    assert "did you mean" not in err
+    code, _, err = invoke("explain", "encoder.0.self_attn.h0.sofmax")
+    assert code == 2 and "did you mean 'encoder.0.self_attn.h0.softmax'" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

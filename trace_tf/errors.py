@@ -36,6 +36,20 @@ def suggest(key: str, valid: Sequence[str]) -> str:
     return f" (did you mean {near[0]!r}?)" if near else ""
 
 
+def suggest_path(path: str, valid: Sequence[str]) -> str:
+    """` (did you mean 'p'?)` for a misspelt step path: the valid path it differs from by
+    the fewest letters, when at most two (a letter missing, added or changed). suggest's
+    looser rules, made for short keys, would name any path of the same head
+    (`h0.v` for `h0.nope`)."""
+
+    def apart(other: str) -> int:  # letters in one path and not matched in the other
+        same = sum(b.size for b in difflib.SequenceMatcher(None, path, other).get_matching_blocks())
+        return len(path) + len(other) - 2 * same
+
+    near = min(valid, key=apart, default=None)
+    return f" (did you mean {near!r}?)" if near is not None and apart(near) <= 2 else ""
+
+
 class InputError(Exception):
     """Bad usage or bad input (exit code 2): names the file, key path, expected and found."""
 

@@ -12,7 +12,6 @@ the result as written (`explain`). Pure functions: text and renderables, no prin
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +26,7 @@ from rich.text import Text
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source
-from trace_tf.errors import InputError, quoted
+from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.model import target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
@@ -1363,9 +1362,8 @@ def find_step(trace: Trace, name: str) -> Step:
             expected="a step path of encode or decode, or a stage that selects one step",
             found=quoted(name),
         )
-    near = difflib.get_close_matches(name, list(trace.steps), n=1, cutoff=0.5)
     raise InputError(
-        f"no step {quoted(name)} in this run" + (f" (did you mean {near[0]!r}?)" if near else ""),
+        f"no step {quoted(name)} in this run" + suggest_path(name, list(trace.steps)),
         expected=(
             "a step path (see `trace-tf generate --trace`) or a stage or pattern that selects one"
             if generated

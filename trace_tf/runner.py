@@ -3,7 +3,6 @@ conventions in force, and the `expect` checks. No printing here."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -12,7 +11,7 @@ import numpy as np
 from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
 from trace_tf.config import TIED_OUTPUT, Config, Document, OpConfig, Source, build
-from trace_tf.errors import InputError, quoted
+from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Step, Trace, Tracer
 
@@ -357,19 +356,6 @@ def _unit_axes_apart(given: tuple[int, ...], step: tuple[int, ...]) -> bool:
     return len(given) < len(step) and [n for n in given if n != 1] == [n for n in step if n != 1]
 
 
-def _nearest(path: str, trace: Trace) -> str:
-    """` (did you mean 'p'?)` for a misspelt step path: the recorded path it differs from
-    by the fewest letters, when at most two (a letter missing, added or changed; errors.
-    suggest's looser rules, made for short keys, would name any path of the same head)."""
-
-    def apart(other: str) -> int:  # letters in one path and not matched in the other
-        same = sum(b.size for b in difflib.SequenceMatcher(None, path, other).get_matching_blocks())
-        return len(path) + len(other) - 2 * same
-
-    near = min(trace.steps, key=apart, default=None)
-    return f" (did you mean {near!r}?)" if near is not None and apart(near) <= 2 else ""
-
-
 def check(
     doc: Document, sets: Sequence[tuple[str, object]] = (), max_elements: int = 2**28
 ) -> list[CheckResult]:
@@ -390,7 +376,9 @@ def check(
             doc.file, e.step, e.variant, False, None, e.atol, e.note, "", warned, rtol=e.rtol
         )
         if e.step not in trace:
-            results.append(replace(entry, problem="no such step" + _nearest(e.step, trace)))
+            results.append(
+                replace(entry, problem="no such step" + suggest_path(e.step, list(trace.steps)))
+            )
             continue
         actual = trace.value(e.step)
         expected, printed = e.value, e.document
