@@ -664,6 +664,18 @@ NON_FINITE = [
         "number too large",
         "expected a number of magnitude at most 1.79769e+308 (float64), found 1e400",
     ),
+    *(  # a nonzero number below float64's least: float() reads it as 0, silently
+        case(
+            f"embedding-{lit}",
+            BASE + f"embeddings:\n  a: [1, {lit}, 3, 4]\n",
+            "embeddings.a.1",
+            7,
+            "number too small",
+            "expected 0, or a number of magnitude above 2.47033e-324 (float64 rounds less to "
+            f"0), found {lit}",
+        )
+        for lit in ("1e-400", "-2.47e-324", "0.000001e-320")
+    ),
     case(
         "weight-inf",
         attn("heads:\n  - {W_k: [[1, 2, 3], [1, .inf, 3], [1, 2, 3], [1, 2, 3]]}"),
@@ -2033,6 +2045,26 @@ CALCULATORS = [
         "must be positive (set by --scale)",
         args=att(scale="0"),
         names="command line",
+    ),
+    case(  # 1e-400 is no positive number: float64 reads it as 0
+        "attend-scale-underflow",
+        None,
+        None,
+        None,
+        "--scale: number too small (float64 reads it as 0); expected a positive number, "
+        "found '1e-400'",
+        args=att(scale="1e-400"),
+        names="--scale",
+    ),
+    case(
+        "inline-underflow",
+        None,
+        None,
+        None,
+        "--q: row 0: number too small",
+        "found '1e-400'",
+        args=att(q="1 1e-400"),
+        names="--q",
     ),
     case(
         "attend-unknown-score",

@@ -1148,7 +1148,7 @@ def _inline_value(text: str, option: str) -> Any:
 
 def _scale_value(text: str) -> float | str:
     """--scale read as `attention.scale` is in the file and by --set (YAML 1.2 numbers)."""
-    from trace_tf.loader import read_number
+    from trace_tf.loader import read_number, underflows
 
     if text.strip() == "sqrt_dk":
         return "sqrt_dk"
@@ -1157,6 +1157,10 @@ def _scale_value(text: str) -> float | str:
         _fail(
             f"--scale must be a number or sqrt_dk; expected a positive number or sqrt_dk, "
             f"found {text!r}"
+        )
+    if underflows(text.strip(), value):
+        _fail(
+            f"--scale: number too small (float64 reads it as 0); expected a positive number, found {text!r}"
         )
     return value
 

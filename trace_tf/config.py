@@ -24,6 +24,7 @@ import numpy as np
 
 from trace_tf.errors import InputError, quoted, suggest
 from trace_tf.loader import (
+    FLOAT64_LEAST,
     Lines,
     example_names,
     examples_dir,
@@ -33,6 +34,7 @@ from trace_tf.loader import (
     read_number,
     read_stream,
     read_text,
+    underflows,
 )
 from trace_tf.text import counted, exact, root_text, shape_text, whole_number
 
@@ -579,6 +581,10 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
                     f"{option}: row {r}: not a finite number",
                     expected="a finite number" + (" or -inf" if allow_inf else ""),
                     found=quoted(c),
+                )
+            if underflows(cell, x):
+                raise InputError(
+                    f"{option}: row {r}: number too small", expected=FLOAT64_LEAST, found=quoted(c)
                 )
             row.append(x)
         if rows and len(row) != len(rows[0]):

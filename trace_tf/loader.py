@@ -87,6 +87,11 @@ def read_number(text: str) -> float | None:
     return None
 
 
+def underflows(text: str, value: float) -> bool:
+    """Whether a number written nonzero (1e-400) was read as 0: beyond float64's smallest."""
+    return value == 0 and any(digit in "123456789" for digit in text.lower().split("e")[0])
+
+
 def _c_loader() -> type | None:
     """libyaml's parser and composer, resolving by YAML 1.2 (None without libyaml)."""
     try:
@@ -108,6 +113,8 @@ MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an
 MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
 PYTHON_PARSER_CHARS = 100_000  # the longest text whose errors PyYAML's parser words (0.5 s)
 _FLOAT64_MAX = f"a number of magnitude at most {sys.float_info.max:.6g} (float64)"
+# 2^-1075, half float64's smallest number 5e-324 (not a float64 itself): smaller rounds to 0
+FLOAT64_LEAST = "0, or a number of magnitude above 2.47033e-324 (float64 rounds less to 0)"
 MAX_INT_CHARS = 4000  # a longer integer literal is beyond float64 whatever its base
 
 
@@ -440,6 +447,8 @@ class _Builder:
                 raise self.fail(  # 1e400: not .inf, which a file writes as such
                     node, path, "number too large", expected=_FLOAT64_MAX, found=text
                 )
+            if value is not None and underflows(text, value):
+                raise self.fail(node, path, "number too small", expected=FLOAT64_LEAST, found=text)
             return value
         if tag in (_NULL, _BOOL, _FLOAT):
             raise self._invalid(node, path)
