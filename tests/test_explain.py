@@ -321,6 +321,16 @@ def test_additive_and_gaussian_scores_are_written_as_in_003() -> None:
     assert g.result == -1.125
 
 
+def test_a_calculators_query_and_key_rows_are_named_alike() -> None:
+    """Q is a given array, not a step: its row was written without the scores' label,
+    'q1 = row 1 of Q' beside 'k1 = row 1 ('k1') of K'."""
+    cfg = load(str(FIXTURES / "003_gaussian_kernel.yaml"))
+    assert explained(cfg, "attn.scores", (0, 1)).where[:2] == (
+        "q0 = row 0 ('q0') of Q = [1.5]",
+        "k1 = row 1 ('k1') of K = [1]",
+    )
+
+
 def test_norm_calculator_reduces_along_the_stated_axis() -> None:
     batch = load(str(FIXTURES / "004_layer_batch_norm.yaml"), [], "batch")
     e = explained(batch, "norm.mean", (0, 1))

@@ -627,7 +627,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             total,
             [
                 f"v_a = {v_name}{ctx.source(v_name)} = {f.vec(v_a)}",
-                f"q_a{i} = {ctx.row_of(qa_name, i)} = {f.vec(qa)}",
+                f"q_a{i} = {ctx.row_of(qa_name, i, step.rows)} = {f.vec(qa)}",
                 f"k_a{j} = {ctx.row_of(ka_name, j, step.cols)} = {f.vec(ka)}",
             ],
             {"v_a": v_a.tolist(), f"q_a{i}": qa.tolist(), f"k_a{j}": ka.tolist()},
@@ -654,7 +654,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             chain,
             total,
             [
-                f"q{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
+                f"q{i} = {ctx.row_of(q_name, i, step.rows)} = {f.vec(q)}",
                 f"k{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
                 f"w = {w_name}{ctx.source(w_name)} = {f.vec(np.atleast_1d(ctx.get(w_name)))}",
             ],
@@ -669,7 +669,7 @@ def _scores(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [f"{qs}{i} · {ks}{j}", text],
         total,
         [
-            f"{qs}{i} = {ctx.row_of(q_name, i)} = {f.vec(q)}",
+            f"{qs}{i} = {ctx.row_of(q_name, i, step.rows)} = {f.vec(q)}",
             f"{ks}{j} = {ctx.row_of(k_name, j, step.cols)} = {f.vec(k)}",
         ],
         {f"{qs}{i}": q.tolist(), f"{ks}{j}": k.tolist()},
