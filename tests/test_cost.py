@@ -210,6 +210,14 @@ def test_repeat_is_bounded() -> None:
     assert result.exit_code == 2 and "1<=x<=100" in result.stderr
 
 
+def test_repeat_without_vary_is_refused_rather_than_unused() -> None:
+    # without --vary nothing is timed: `cost --repeat 10` exited 0 and ignored the 10
+    result = runner.invoke(app, ["cost", "--repeat", "10"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "trace-tf: error: --repeat times the runs of --vary: add --vary\n"
+    assert runner.invoke(app, ["cost", "--vary", "L=2", "--repeat", "1"]).exit_code == 0
+
+
 # The audit's c03 (/tmp/numaudit/cfg/c03_rope_deconly.yaml): decoder-only, pre-norm,
 # RoPE; d_model 8, 2 heads of d_k = d_v = 4, d_ff 32, 2 layers, 6 target tokens, V 7.
 ROPE_DECODER_ONLY: dict[str, Any] = {

@@ -129,6 +129,7 @@ def _format_opt(csv: str, npz: str = "every step", offers_csv: bool = True) -> A
 FormatOpt = _format_opt(CSV_BY_STEP)
 NO_CSV = ("table", "json", "npz")  # several steps, and no --stage to choose one
 REPORTS = ("table", "json")  # no traced steps to write
+TIMED_RUNS = 3  # cost's --repeat: the runs timed per --vary value
 SHOWN_ROWS = 10  # generate's --show: the rows of each next-token distribution's table
 ReportFormatOpt = Annotated[str, typer.Option("--format", help="table or json.")]
 DtypeOpt = Annotated[
@@ -1639,11 +1640,15 @@ def cost(
         ),
     ] = None,
     repeat: Annotated[
-        int,
+        Optional[int],  # noqa: UP045 (None: not given, which --vary alone allows)
         typer.Option(
-            "--repeat", min=1, max=100, help="Runs timed per --vary value (fastest kept; 1-100)."
+            "--repeat",
+            min=1,
+            max=100,
+            help=f"Runs timed per --vary value (fastest kept; 1-100; default {TIMED_RUNS}).",
+            show_default=False,
         ),
-    ] = 3,
+    ] = None,
 ) -> None:
     """The multiply-adds of every stage, totals per stage and kind; with --vary, how they grow."""
     from dataclasses import asdict
@@ -1660,6 +1665,8 @@ def cost(
             expected="one --vary, L=N,N,... or D=N,N,...",
             found=", ".join(quoted(v) for v in vary_opt),
         )
+    if repeat is not None and not vary_opt:  # nothing else is timed
+        _fail("--repeat times the runs of --vary: add --vary")
     varied = costs.parse_vary(vary_opt[0]) if vary_opt else None
     doc = read_document(config)  # once: `-` (stdin) can be read only once
     pairs = [parse_set(s) for s in c.sets]
@@ -1669,7 +1676,9 @@ def cost(
     rows: list[costs.VaryRow] = []
     if varied is not None:
         name, values = varied
-        rows = costs.vary(doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat)
+        rows = costs.vary(
+            doc, cfg, name, values, pairs, c.variant, c.max_elements, c.dtype, repeat or TIMED_RUNS
+        )
     data: dict[str, Any] = {
         "trace_tf": _version(),
         "title": cfg.title,
