@@ -198,3 +198,32 @@ def test_the_float32_range_message_states_the_bound_it_enforces() -> None:
     assert beyond > bound  # the refused number visibly above
     assert runner.invoke(app, [*args, f"model.scale={largest!r}"]).exit_code == 0
     assert largest <= bound
+
+
+def test_diff_runs_both_sides_in_the_dtype_it_is_given(tmp_path: Path) -> None:
+    # diff took --dtype and validated it, then built both runs in float64: A float64
+    # against B float32 differed in 79 steps where both were asked for in float32
+    args = ["diff", "--set-b", "model.dtype=float32", "--dtype", "float32", "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["identical"] is True
+    result = runner.invoke(app, ["diff", "--set-b", "model.scale=30", "--dtype", "float32"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(
+        runner.invoke(
+            app, ["diff", "--set-b", "model.scale=30", "--dtype", "float32", "--format", "json"]
+        ).stdout
+    )
+    differing = [s for s in data["steps"] if s["status"] == "differs"]
+    assert differing
+    for s in differing:  # both sides' numbers are float32 numbers
+        for x in (s["a_at"], s["b_at"]):
+            assert float(np.float32(x)) == x, (s["path"], x)
+    # a single operation runs in float64, and says so, as every other command does
+    path = tmp_path / "att.yaml"
+    path.write_text("attention:\n  Q: [[1, 0]]\n  K: [[1, 0], [0, 1]]\n  V: [[1, 2], [3, 4]]\n")
+    args = ["diff", str(path), "--set-b", "attention.temperature=2", "--dtype", "float32"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--dtype float32 applies to a model config" in result.stderr
+    assert result.stderr.count("\n") == 1

@@ -1484,7 +1484,7 @@ def diff(
     built = []
     for name, (doc, variant, own) in zip("AB", runs, strict=True):
         try:
-            built.append(build(doc, both, variant, c.max_elements, options=own))
+            built.append(build(doc, both, variant, c.max_elements, c.dtype, own))
         except InputError as exc:  # which of the two runs the config is bad for
             exc.message += f" (in run {name})"
             raise
