@@ -227,3 +227,24 @@ def test_diff_runs_both_sides_in_the_dtype_it_is_given(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "--dtype float32 applies to a model config" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_float32_json_and_csv_hold_the_npz_numbers_exactly(tmp_path: Path) -> None:
+    # README: JSON and CSV write a float32 number as the float64 it converts to exactly
+    sets = ["--set", "embeddings.hello=[0.1, 2, 3, 4]", "--dtype", "float32"]
+    npz = tmp_path / "s.npz"
+    assert (
+        runner.invoke(app, ["decode", *sets, "--format", "npz", "--output", str(npz)]).exit_code
+        == 0
+    )
+    arrays = np.load(npz)
+    data = json.loads(runner.invoke(app, ["decode", *sets, "--format", "json"]).stdout)
+    for s in data["steps"]:
+        got = np.array(s["value"], dtype=np.float64)  # "-inf" strings read by numpy too
+        want = arrays[s["path"]]
+        assert want.dtype == np.float32
+        assert np.array_equal(got, want.astype(np.float64), equal_nan=True), s["path"]
+    assert data["steps"][0]["value"][0][0] == float(np.float32(0.1)) == 0.10000000149011612
+    args = ["step", *sets, "--stage", "encoder.embed", "--format", "csv"]
+    row = runner.invoke(app, args).stdout.splitlines()[1]
+    assert row.startswith("hello,0.10000000149011612,2.0,")
