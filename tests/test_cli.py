@@ -1722,3 +1722,15 @@ def test_a_typeset_minus_in_the_file_is_named_as_such(tmp_yaml) -> None:  # type
     assert code == 2 and "typeset minus" in err
     code, _, err = invoke("encode", tmp_yaml(text.replace("−2", "'a−b'")))
     assert code == 2 and "typeset minus" not in err  # not a number either way: no hint
+
+
+def test_an_option_given_twice_takes_the_last_as_the_readme_says() -> None:
+    # the stated convention (README, after the options table): the last value wins
+    twice = runner.invoke(app, ["step", "--stage", "q", "--stage", "embed", "--format", "json"])
+    assert twice.exit_code == 0, twice.stderr
+    assert [s["path"] for s in json.loads(twice.stdout)["steps"]] == [
+        "encoder.embed",
+        "decoder.embed",
+    ]
+    shown = runner.invoke(app, ["step", "--stage", "embed", "--precision", "3", "--precision", "6"])
+    assert shown.exit_code == 0 and "1.000000 │ 2.000000" in shown.stdout, shown.stdout
