@@ -885,6 +885,45 @@ def test_check_fails_a_false_document_error(tmp_yaml, monkeypatch: pytest.Monkey
     ) in out
 
 
+_QUERY = (  # 002's database query: softmax([1, 1, 0, 1]) printed as [1/3, 1/3, 0, 1/3]
+    "attention: {Q: [[1, 0, 0]], K: [[1, 2, 0], [1, 2, 0], [0, 0, 2], [1, 4, 0]], "
+    "V: [[18], [20], [22], [19]], scale: 1}\nexpect:\n"
+    "  - step: attn.softmax\n    value: [%s]\n"
+    "    document: [0.3333333333333333, 0.3333333333333333, 0, 0.3333333333333333]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("override", "printed_as_result"),
+    [("attention.scale=2", False), ("attention.temperature=0.001", True)],
+)
+def test_check_judges_a_document_error_only_where_the_entry_reproduces_its_formula(
+    tmp_yaml, monkeypatch: pytest.MonkeyPatch, override: str, printed_as_result: bool
+) -> None:  # type: ignore[no-untyped-def]
+    # Varied with --set, the run no longer computes the document's formula: its result
+    # says nothing of the document. By hand, scale 2 gives weights e^0.5 : e^0.5 : 1 :
+    # e^0.5 (0.168 for the third, not the formula's 1/(3e + 1) = 0.109), and temperature
+    # 0.001 gives the printed [1/3, 1/3, 0, 1/3]; neither is a document error nor its
+    # absence, and the entry fails on its own value alone.
+    monkeypatch.setenv("COLUMNS", "200")
+    e = math.e
+    value = ", ".join(repr(w / (3 * e + 1)) for w in (e, e, 1.0, e))
+    path = tmp_yaml(_QUERY % value, "query.yaml")
+    code, out, _ = invoke("check", path)
+    assert (
+        code == 0
+        and "document error query.yaml: attn.softmax: the document prints 0 at [0, 2]" in out
+    )
+    code, out, _ = invoke("check", path, "--set", override)
+    assert code == 1 and "1 failed" in out
+    assert "document error" not in out and "no document error to record" not in out
+    third = math.exp(-0.5) / (3 + math.exp(-0.5)) if not printed_as_result else 0.0
+    code, out, _ = invoke("check", path, "--set", override, "--format", "json")
+    [r] = json.loads(out)["results"]
+    assert r["ok"] is False and "document" not in r and not r.get("problem")
+    assert r["max_abs_error"] == pytest.approx(abs(third - 1 / (3 * e + 1)), abs=1e-9)
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [

@@ -360,9 +360,10 @@ def check(
     doc: Document, sets: Sequence[tuple[str, object]] = (), max_elements: int = 2**28
 ) -> list[CheckResult]:
     """Evaluate every `expect` entry of a document, each on its own variant. An entry
-    with a `document` value also checks that the document's number is wrong: it must
-    differ from the result by more than `document_atol` in some cell, or the entry
-    fails (a document error claimed where there is none)."""
+    with a `document` value that passes also checks that the document's number is wrong:
+    it must differ from the result by more than `document_atol` in some cell, or the
+    entry fails (a document error claimed where there is none). An entry that fails on
+    its own value (a run varied by --set) judges no document error either way."""
     base = build(doc, sets, None, max_elements)
     results: list[CheckResult] = []
     traces: dict[str | None, Trace] = {}
@@ -395,7 +396,9 @@ def check(
                 continue
         ok = bool(within(actual, expected, e.atol, e.rtol).all())
         entry = replace(entry, ok=ok, max_abs_error=max_abs_error(actual, expected))
-        if printed is not None:
+        # The result is the formula's only where the entry passes: a run varied by --set
+        # (another scale, say) that misses the entry's value says nothing of the document.
+        if printed is not None and ok:
             wrong = document_error(actual, printed, e.document_atol) if printed.size else None
             entry = replace(entry, document=wrong)
             if wrong is None or not wrong.cells_wrong:
