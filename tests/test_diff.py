@@ -568,3 +568,34 @@ def test_a_variant_that_changes_a_weight_names_it_as_the_source() -> None:
     assert (w["source_a"]["kind"], w["source_a"]["line"]) == ("file", 29)
     assert (w["source_b"]["kind"], w["source_b"]["line"]) == ("variant", 31)
     assert "line 29 → variant 'no_bias'," in table_of(path, "--variant-b", "no_bias")
+
+
+@pytest.mark.parametrize(
+    ("args", "first"),
+    [
+        # B pads 'world': B's run computes encoder.mask right after encoder.input, before
+        # any step the two share differs (softmax is the first of those, in layer 0)
+        (("--set-b", "tokens.pad=world"), "encoder.mask"),
+        # A with RoPE has no encoder.pe; B, sinusoidal, computes it where A computes
+        # encoder.input: the step only one side computes is where they part, as the other
+        # way round (A sinusoidal, B RoPE: encoder.pe, only in A)
+        (
+            ("--set", "model.positional=rope", "--set-b", "model.positional=sinusoidal"),
+            "encoder.pe",
+        ),
+        (("--set-b", "model.positional=rope"), "encoder.pe"),
+        # B's bilinear score adds q_b after v, where A computes scores
+        (("--set-b", "model.score=bilinear"), "encoder.0.self_attn.h0.q_b"),
+        (
+            ("--set", "model.score=bilinear", "--set-b", "model.score=scaled_dot"),
+            "encoder.0.self_attn.h0.q_b",
+        ),
+        # no step only in B: the earliest in A's order, as before
+        (("--set-b", "model.scale=30"), "encoder.0.self_attn.h0.scaled"),
+        (("--set-b", "model.norm_position=pre"), "encoder.0.self_attn.h0.q"),
+    ],
+)
+def test_first_difference_is_where_the_runs_part_also_at_a_step_only_b_computes(
+    args: tuple[str, ...], first: str
+) -> None:
+    assert diff_json("hello", *args)["first_difference"] == first

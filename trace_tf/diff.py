@@ -33,6 +33,7 @@ class StepDiff:
     where: tuple[int, ...] | None = None  # the cell of the largest difference
     differing: np.ndarray | None = None  # bool per cell: |B − A| > atol
     delta: np.ndarray | None = None  # B − A
+    b_index: int | None = None  # a step only in B: its place among B's compared steps
 
     @property
     def n_differing(self) -> int:
@@ -123,9 +124,10 @@ def _compare(
                 flush(step.shape)
     for shape in list(batches):
         flush(shape)
-    for path, step in b.items():
-        if path not in a and (keep is None or keep(path)):
-            out.append(StepDiff(path, ONLY_B, None, step))
+    kept_b = (path for path in b if keep is None or keep(path))
+    for j, path in enumerate(kept_b):
+        if path not in a:
+            out.append(StepDiff(path, ONLY_B, None, b[path], b_index=j))
     return [d for d in out if d is not None]
 
 
@@ -179,8 +181,21 @@ def weights_verdict(diffs: list[WeightDiff], atol: float) -> str:
 
 
 def first_difference(diffs: list[StepDiff]) -> StepDiff | None:
-    """The earliest step (in A's order) where the runs part ways."""
-    return next((d for d in diffs if d.status != SAME), None)
+    """The step where the runs part ways: the earliest of A's that differs (A's steps
+    come first in `diffs`, in A's order), unless B computes a step of its own at or
+    before that place in its run (a mask a pad brings, a PE that A's RoPE has not, a
+    score function's extra product): that one, as A's own steps are named where A
+    computes them."""
+    first_a = next(((i, d) for i, d in enumerate(diffs) if d.status not in (SAME, ONLY_B)), None)
+    own_b = next((d for d in diffs if d.status == ONLY_B), None)
+    if own_b is None or own_b.b_index is None:
+        return first_a[1] if first_a else None
+    if first_a is None:
+        return own_b
+    i, d = first_a
+    if own_b.b_index < i or (own_b.b_index == i and d.status != ONLY_A):
+        return own_b
+    return d
 
 
 def verdict(diffs: list[StepDiff], atol: float, listed_same: bool = False) -> str:
