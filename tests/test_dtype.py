@@ -248,3 +248,15 @@ def test_float32_json_and_csv_hold_the_npz_numbers_exactly(tmp_path: Path) -> No
     args = ["step", *sets, "--stage", "encoder.embed", "--format", "csv"]
     row = runner.invoke(app, args).stdout.splitlines()[1]
     assert row.startswith("hello,0.10000000149011612,2.0,")
+
+
+@pytest.mark.parametrize("option, setting", [("float32", "float64"), ("float64", "float32")])
+def test_the_dtype_option_wins_over_the_files_and_a_set(option: str, setting: str) -> None:
+    # README (config keys, model.dtype): the option, where given, wins
+    args = ["encode", "--set", f"model.dtype={setting}", "--dtype", option, "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["conventions"]["numbers"].startswith(option)
+    pe = np.array(next(s["value"] for s in data["steps"] if s["path"] == "encoder.pe"))
+    assert (pe.astype(np.float32).astype(np.float64) == pe).all() == (option == "float32")
