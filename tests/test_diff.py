@@ -599,3 +599,13 @@ def test_first_difference_is_where_the_runs_part_also_at_a_step_only_b_computes(
     args: tuple[str, ...], first: str
 ) -> None:
     assert diff_json("hello", *args)["first_difference"] == first
+
+
+def test_the_table_options_leave_the_json_as_it_is() -> None:
+    # README (diff): --brief, --all, --delta, --full and --precision shape the tables only
+    args = ["diff", "--set-b", "model.scale=30", "--format", "json"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0 and json.loads(plain.stdout)["steps"], plain.stderr
+    for extra in (["--brief"], ["--all"], ["--delta"], ["--full"], ["--precision", "2"]):
+        shaped = runner.invoke(app, [*args, *extra])
+        assert shaped.exit_code == 0 and shaped.stdout == plain.stdout, extra
