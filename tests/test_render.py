@@ -503,3 +503,69 @@ def test_labels_that_fit_keep_their_32_cells() -> None:
         np.ones((2, 2)), rows=[long, "a"], cols=["b", "c"], view=render.View(width=80)
     )
     assert cell_len(_row(grid, 0)[0]) == render.LABEL_CELLS
+
+
+# Wrapped cells are measured off their plain text, and printed without dividing them
+# where they fit (a table over a real vocabulary holds 50,000 of them): each must
+# agree with what rich makes of the same text.
+TRICKY = [
+    "日本語のトークン",  # wide: two cells a character
+    "cafe\u0301 e\u0301te\u0301",  # combining marks: none
+    "-inf  nan",
+    "ｆｕｌｌ 😀 t\u0308\u0308",
+    "الكلمة שלום",
+    "two\nlines 世界",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_a_wrapped_cell_measures_as_rich_measures_its_words(text: str) -> None:
+    # Broken at its spaces, its least width is its widest word and its most its widest
+    # line, as rich measures a Text: cells counted by rich, not characters.
+    console = Console(width=200, file=io.StringIO())
+    wrapped = render.Wrapped(text)
+    assert render.Measurement.get(console, console.options, wrapped) == (
+        render.Measurement.get(console, console.options, render.Text(text))
+    )
+    words = text.split()
+    assert wrapped.least() == max((cell_len(w) for w in words), default=0)
+
+
+@pytest.mark.parametrize(
+    "text, breaks, within, least, most",
+    [
+        ("a.日本語のトークン", render.PATH_BREAKS, None, 16, 18),
+        ("embeddings.cafe\u0301", render.PATH_BREAKS, None, 11, 15),
+        ("x.-inf → y.e\u0301\u0301", " +", render.PATH_BREAKS, 4, 12),
+    ],
+)
+def test_a_wrapped_cell_measures_its_widest_piece_in_cells(
+    text: str, breaks: str, within: str | None, least: int, most: int
+) -> None:
+    console = Console(width=200, file=io.StringIO())
+    got = render.Measurement.get(console, console.options, render.Wrapped(text, breaks, within))
+    assert (got.minimum, got.maximum) == (least, most)
+
+
+@pytest.mark.parametrize("width", [60, 12])
+def test_a_wrapped_cell_that_fits_prints_as_its_text_does(width: int) -> None:
+    # Where a line fits, it is printed as is; where not, broken after its dots: the
+    # same lines, and in a terminal the same escape codes, as rich gives a column of text.
+    def printed(cell: Any) -> str:
+        out = io.StringIO()
+        console = Console(width=80, file=out, force_terminal=True, color_system="truecolor")
+        table = render.Table()
+        table.add_column("weight", style="bold cyan", width=width)
+        table.add_row(cell)
+        console.print(table)
+        return out.getvalue()
+
+    for text in ["embeddings.日本語", "a.cafe\u0301.-inf", "two\nlines.x", "x\n", "a  \nb"]:
+        expected = "\n".join(
+            line.rstrip().replace(".", ".\n") if cell_len(line) > width else line.rstrip()
+            for line in text.split("\n")
+        )
+        if text.endswith("\n"):
+            expected = expected[:-1]
+        assert printed(render.Wrapped(text, render.PATH_BREAKS)) == printed(expected)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from copy import copy
 from dataclasses import dataclass, replace
@@ -20,7 +22,7 @@ from rich.panel import Panel
 from rich.rule import Rule
 from rich.segment import Segment
 from rich.style import Style
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from trace_tf import __version__
@@ -712,21 +714,44 @@ class Wrapped:
             out.append(pieces)
         return out
 
-    def least(self, lines: list[list[Text]] | None = None) -> int:
+    def least(self) -> int:
         """The cells its widest piece takes: the fewest it is printed in unfolded."""
-        pieces = self._pieces() if lines is None else lines
-        return max(_cells(p.plain.rstrip(" ")) for line in pieces for p in line)
+        return self._measure().minimum
+
+    def _measure(self) -> Measurement:
+        """Its widest piece (`_pieces()`'s, every piece divided at `within`) and its
+        widest line, in cells: read off its plain text, as a table measures each of
+        thousands of cells several times (no Text is made to be measured)."""
+        if self._measured is None:  # (the same whatever the console: cells of its text)
+
+            def divide(text: str, pattern: str) -> list[str]:
+                cuts = [0, *(m.end() for m in re.finditer(pattern, text)), len(text)]
+                return [text[a:b] for a, b in itertools.pairwise(cuts) if a < b] or [text]
+
+            least = most = 0
+            for line in self.text.plain.split("\n"):
+                pieces = divide(line, self.breaks)
+                if self.within is not None:
+                    pieces = [q for p in pieces for q in divide(p, self.within)]
+                least = max(least, *(_cells(p.rstrip(" ")) for p in pieces))
+                most = max(most, _cells(line.rstrip(" ")))
+            self._measured = Measurement(least, most)
+        return self._measured
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        if self._measured is None:  # (the same whatever the console: cells of its text)
-            lines = self._pieces()
-            most = max(_cells("".join(p.plain for p in line).rstrip(" ")) for line in lines)
-            self._measured = Measurement(self.least(lines), most)
-        return self._measured
+        return self._measure()
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines: list[Text] = []
-        for pieces in self._pieces(options.max_width):
+        fits = self._measure().maximum <= options.max_width
+        if fits and not self.text.style and not self.text.spans:
+            # Every line fits: each is its pieces joined whole, with no style of its own
+            # (a table's rows of one cell each, thousands of them, go this way).
+            plain = self.text.plain
+            lines = [Text(line.rstrip()) for line in plain.split("\n")]
+            if plain.endswith("\n"):
+                lines.pop()  # (as Text.split: no blank line after the last newline)
+        for pieces in self._pieces(options.max_width) if not lines else []:
             line = Text()
             for piece in pieces:
                 if (
@@ -755,7 +780,10 @@ def keep_whole(table: Table) -> Table:
     for column in table.columns:
         if not column.no_wrap and column.width is None:
             words = max(
-                Measurement.get(console, console.options, c).minimum
+                # (a Wrapped cell's least, as rich would measure it, without its calls)
+                min(c.least(), console.options.max_width)
+                if isinstance(c, Wrapped)
+                else Measurement.get(console, console.options, c).minimum
                 for c in (column.header, *column.cells)
             )
             if words:
@@ -803,7 +831,7 @@ class _ColumnWidths:
         columns = table.columns
         pad = [table._get_padding_width(c._index) for c in columns]
         return _ColumnWidths(
-            widest=[table._measure_column(console, console.options, c).maximum for c in columns],
+            widest=[_widest(table, c, console) for c in columns],
             least=[(c.min_width or 1) + p for c, p in zip(columns, pad, strict=True)],
             pad=pad,
             wrap=[not c.no_wrap and c.width is None for c in columns],
@@ -816,6 +844,37 @@ class _ColumnWidths:
         kept = sum(w for w, f in zip(self.widest, self.wrap, strict=True) if not f)
         least = sum(x for x, f in zip(self.least, self.wrap, strict=True) if f)
         return width - self.extra - kept - least
+
+
+# Each column's widest cell as last measured, and what it was measured under: a table
+# is measured several times (to lay it out, to shorten its tokens, to share out its
+# width, to print it wide enough) and over a real vocabulary holds 50,000 rows.
+_MEASURED: weakref.WeakKeyDictionary[Table, dict[int, tuple[tuple[Any, ...], int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _widest(table: Table, column: Column, console: Console) -> int:
+    """rich's measure of `column`'s widest cell, its padding included; remeasured only
+    where the column's widths, padding, header or number of cells changed since (a
+    cell is never replaced)."""
+    key = (
+        column.width,
+        column.min_width,
+        column.max_width,
+        len(column._cells),
+        table._get_padding_width(column._index),  # (collapse_padding may change it)
+        table.padding,
+        table.show_header,
+        table.show_footer,
+        column.header,
+        column.footer,
+    )
+    known = _MEASURED.setdefault(table, {}).get(column._index)
+    if known is None or known[0] != key:
+        known = key, table._measure_column(console, console.options, column).maximum
+        _MEASURED[table][column._index] = known
+    return known[1]
 
 
 def least_width(renderable: RenderableType) -> int:
@@ -1853,7 +1912,8 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
         return keep_whole(out)
 
     whole = table(spaced=False)
-    if view.width is None or _natural_width(whole) <= view.width:
+    m = _ColumnWidths.of(whole)  # (its natural width: each column at its widest)
+    if view.width is None or sum(m.widest) + m.extra <= view.width:
         return whole
     spaced = _shared_out(table(spaced=True), view.width)
     if least_width(spaced) <= view.width:
