@@ -1161,7 +1161,8 @@ def _scale_value(text: str) -> float | str:
         )
     if underflows(text.strip(), value):
         _fail(
-            f"--scale: number too small (float64 reads it as 0); expected a positive number, found {text!r}"
+            "--scale: number too small (float64 reads it as 0); expected a positive number, "
+            f"found {text!r}"
         )
     return value
 
