@@ -7,6 +7,7 @@ Where each non-finite value first appears is worked out by hand from the config.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,70 @@ def test_checking_tracer_warns_as_the_recording_one_and_stores_nothing(
         model.run_full(cfg, checking)
     assert recording.trace.warnings and checking.trace.warnings == recording.trace.warnings
     assert len(checking.trace) == 0 and not checking.trace.paths()
+
+
+# LayerNorm / RMSNorm of rows whose variance (or mean square) float64 cannot hold while
+# the normalised row is an ordinary number. Worked by hand: x = [1e200, −1e200, 3e200]
+# has mean 1e200 and var 8e400/3 (beyond 1.8e308), so (x − mean)/√var = [0, −√1.5, √1.5];
+# rms = √(11e400/3) = 1.9149e200, x/rms = [1, −1, 3]/√(11/3). x = [1e-300, −1e-300,
+# 3e-300] with eps 0: var 8e-600/3 underflows to 0, yet the quotient is again [0, ∓√1.5].
+HUGE_PRE = """\
+model: {d_model: 3, positional: none, norm_position: pre, norm: NORM, norm_eps: EPS}
+vocab: [a]
+embeddings: {a: ROW}
+source: [a]
+"""
+R = math.sqrt(1.5)
+HUGE_NORM_CASES = [
+    ("layer", "1.0e-5", "[1.0e200, -1.0e200, 3.0e200]", [0.0, -R, R], "var"),
+    ("layer", "0", "[1.0e-300, -1.0e-300, 3.0e-300]", [0.0, -R, R], None),
+    (
+        "rms",
+        "1.0e-5",
+        "[1.0e200, -1.0e200, 3.0e200]",
+        [v / math.sqrt(11 / 3) for v in (1, -1, 3)],
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("norm, eps, row, want, overflow", HUGE_NORM_CASES)
+def test_norm_of_huge_or_tiny_rows_is_right_and_explained(
+    norm: str, eps: str, row: str, want: list[float], overflow: str | None, tmp_path: Path
+) -> None:
+    text = HUGE_PRE.replace("NORM", norm).replace("EPS", eps).replace("ROW", row)
+    path = _write(tmp_path, text)
+    result = runner.invoke(app, ["encode", path, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    step = "encoder.0.self_attn.norm"
+    got = next(s["value"] for s in data["steps"] if s["path"] == step)
+    assert got[0] == pytest.approx(want, rel=1e-14, abs=1e-15)
+    # The variance itself is beyond float64 (an honest inf, reported); the rms is not.
+    assert data["warnings"] == (
+        [f"overflow: an infinity first appears in step {step}.var"] if overflow else []
+    )
+    for j in range(3):
+        ex = runner.invoke(app, ["explain", step, path, "--cell", f"0,{j}", "--format", "json"])
+        assert ex.exit_code == 0, ex.stderr
+        e = json.loads(ex.stdout)
+        assert e["agrees"] and e["result"] == pytest.approx(want[j], rel=1e-14, abs=1e-15)
+    if norm == "rms":
+        ex = runner.invoke(app, ["explain", f"{step}.rms", path, "--format", "json"])
+        e = json.loads(ex.stdout)
+        assert e["agrees"] and e["result"] == pytest.approx(math.sqrt(11 / 3) * 1e200, rel=1e-14)
+        assert "beyond float64" in e["lines"][-1]
+
+
+def test_norm_calculator_on_a_row_near_the_largest_float(tmp_path: Path) -> None:
+    # x = [a, a, −a], a = 1.7e308: mean a/3 (though the sum overflows), x − mean =
+    # [2a/3, 2a/3, −4a/3], var 8a²/9; the normalised row is [1, 1, −2]/√2.
+    path = _write(tmp_path, "norm: {kind: layer, x: [[1.7e308, 1.7e308, -1.7e308]]}\n")
+    result = runner.invoke(app, ["norm", path, "--format", "json"])
+    steps = {s["path"]: s["value"] for s in json.loads(result.stdout)["steps"]}
+    assert steps["norm.mean"][0][0] == pytest.approx(1.7e308 / 3, rel=1e-15)
+    assert steps["norm.var"] == [["inf"]]
+    assert steps["norm.out"][0] == pytest.approx([2**-0.5, 2**-0.5, -(2**0.5)], rel=1e-15)
+    for what, cell in [("norm.mean", "0,0"), ("norm.out", "0,2")]:
+        ex = runner.invoke(app, ["explain", what, path, "--cell", cell, "--format", "json"])
+        assert json.loads(ex.stdout)["agrees"], ex.stdout

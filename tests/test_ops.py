@@ -162,3 +162,68 @@ def test_erf_and_gelu_keep_shape_and_dtype() -> None:
     assert ops.gelu(x).dtype == np.float32
     want = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel().tolist()]
     np.testing.assert_allclose(ops.gelu(x).ravel(), want, rtol=1e-4, atol=1e-6)  # float32
+
+
+# Norms at float64's edges: the true values by decimal arithmetic at 60 digits, where
+# squares of 1e200 (1e400) and of 1e-300 (1e-600) are still numbers.
+def _exact_layer_norm(row: list[float], eps: float) -> list[float]:
+    from decimal import Decimal, localcontext
+
+    with localcontext() as c:
+        c.prec, c.Emax, c.Emin = 60, 10**6, -(10**6)
+        xs = [Decimal(v) for v in row]
+        mean = sum(xs) / len(xs)
+        var = sum((v - mean) ** 2 for v in xs) / len(xs)
+        return [float((v - mean) / (var + Decimal(eps)).sqrt()) for v in xs]
+
+
+def _exact_rms(row: list[float], eps: float) -> float:
+    from decimal import Decimal, localcontext
+
+    with localcontext() as c:
+        c.prec, c.Emax, c.Emin = 60, 10**6, -(10**6)
+        xs = [Decimal(v) for v in row]
+        return float((sum(v * v for v in xs) / len(xs) + Decimal(eps)).sqrt())
+
+
+EDGE_ROWS = [
+    ([1e200, -1e200, 3e200], 1e-5),  # var 6.7e400 overflows; the output is finite
+    ([1.7e308, 1.7e308, -1.7e308], 1e-5),  # the sum overflows too, and x − mean
+    ([1e-300, -1e-300, 3e-300], 0.0),  # var 2.7e-600 underflows to 0: 0/0 with eps 0
+    ([1e-160, 3e-160, -2e-160], 0.0),  # var 4.7e-320 is subnormal: a few bits
+    ([1e200, -1e200, 3e200], 1e300),  # eps counts
+]
+
+
+@pytest.mark.parametrize(("row", "eps"), EDGE_ROWS)
+def test_layer_norm_is_right_where_the_variance_leaves_float64(
+    row: list[float], eps: float
+) -> None:
+    x = np.array([row, [1.0, 2.0, 4.0]])
+    got = ops.layer_norm(x, np.ones(3), np.zeros(3), eps)
+    np.testing.assert_allclose(got[0], _exact_layer_norm(row, eps), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(got[1], _exact_layer_norm([1.0, 2.0, 4.0], eps), rtol=1e-14)
+    mean, _ = ops.row_mean_var(x)
+    assert mean[0, 0] == pytest.approx(sum(row) / 3 if math.isfinite(sum(row)) else 1.7e308 / 3)
+
+
+def test_layer_norm_of_a_constant_row_with_eps_0_is_still_0_over_0() -> None:
+    with np.errstate(invalid="ignore"):
+        got = ops.layer_norm(np.array([[1e-300, 1e-300]]), np.ones(2), np.zeros(2), 0.0)
+    assert np.isnan(got).all()
+
+
+@pytest.mark.parametrize(("row", "eps"), EDGE_ROWS)
+def test_rms_is_right_where_the_mean_square_leaves_float64(row: list[float], eps: float) -> None:
+    got = ops.rms(np.array([row]), eps)
+    assert got[0, 0] == pytest.approx(_exact_rms(row, eps), rel=1e-14)
+
+
+def test_batch_norm_moments_over_columns_of_huge_values() -> None:
+    x = np.array([[1e200, 1.0], [-1e200, 2.0], [3e200, 4.0]])
+    mean, var = ops.moments(x, 0)
+    out = ops.standardize(x, mean, var, np.ones(2), np.zeros(2), 1e-5)
+    np.testing.assert_allclose(
+        out[:, 0], _exact_layer_norm([1e200, -1e200, 3e200], 1e-5), atol=1e-15
+    )
+    assert np.isinf(var[0, 0]) and mean[0, 0] == pytest.approx(1e200)

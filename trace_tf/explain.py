@@ -993,7 +993,11 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         )
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
-    total = _div(x - mean, _sqrt(var + eps)) * g + b
+    total, note = _div(x - mean, _sqrt(var + eps)) * g + b, ""
+    row = ctx.get(x_name)[i, :]
+    if _beyond(var + eps) and np.isfinite(row).all() and np.any(row != row[0]):
+        unit, note = _norm_scaled(row, j, eps)
+        total = unit * g + b
     where.insert(
         1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {exact(eps)})"
     )
@@ -1005,6 +1009,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total,
         where,
         {"x": [x], "mean": [mean], "var": [var], "γ": [g], "β": [b]},
+        note=note,
     )
 
 
@@ -1022,6 +1027,26 @@ def _reduced(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> tuple[np.ndarray, 
     return x[tuple(index)], f"x[{sel}]", x_name
 
 
+def _beyond(denominator: float) -> bool:
+    """A √(var + ε) or mean square + ε that float64 cannot hold: an infinity, or below its
+    least normal number (0, or a few bits), so that the engine computes it scaled."""
+    return not denominator >= np.finfo(np.float64).tiny or math.isinf(denominator)
+
+
+def _norm_scaled(group: np.ndarray, k: int, eps: float) -> tuple[float, str]:
+    """(x_k − mean) / √(var + ε) of a group of finite x whose var + ε float64 cannot hold,
+    computed as the engine does, scaled by a power of two s, and the note saying so."""
+    s, y, mean_y, var_y = ops.scaled_moments(group.astype(np.float64), 0)
+    sv = float(s[0])
+    value = float((y[k] - mean_y[0]) / np.hypot(np.sqrt(var_y[0]), math.sqrt(eps) / sv))
+    note = (
+        f"var + ε is beyond float64; with x and mean divided by s = 2^{math.frexp(sv)[1] - 1}, "
+        f"which changes no quotient: ({exact(float(y[k]))} − {exact(float(mean_y[0]))}) "
+        f"/ √({exact(float(var_y[0]))} + ε/s²)"
+    )
+    return value, note
+
+
 def _eps(ctx: _Ctx) -> float:
     if isinstance(ctx.cfg, Config):
         return ctx.cfg.model.norm_eps
@@ -1032,6 +1057,8 @@ def _mean(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n = len(xs)
     total = _fsum(float(v) for v in xs) / n
+    if math.isinf(total) and np.isfinite(xs).all():  # the sum overflows, not the mean
+        total = float(ops.moments(xs.astype(np.float64), 0)[0][0])
     return _Parts(
         [
             f"Σ {sel} / {n}",
@@ -1061,12 +1088,22 @@ def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     xs, sel, x_name = _reduced(ctx, step, cell)
     n, eps = len(xs), _eps(ctx)
     terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
-    total = _sqrt(_fsum(float(v) * float(v) for v in xs) / n + eps)
+    square = _fsum(float(v) * float(v) for v in xs) / n + eps
+    total, note = _sqrt(square), ""
+    if _beyond(square) and np.isfinite(xs).all() and np.any(xs != 0):
+        sv = float(ops.scaled_moments(xs.astype(np.float64), 0)[0][0])
+        ys = [float(v) / sv for v in xs]
+        total = sv * math.hypot(math.sqrt(_fsum(y * y for y in ys) / n), math.sqrt(eps) / sv)
+        note = (
+            f"mean(x²) + ε is beyond float64; with x divided by s = 2^{math.frexp(sv)[1] - 1}: "
+            f"s · √(Σ (x/s)² / {n} + ε/s²)"
+        )
     return _Parts(
         [f"√(Σ {sel}² / {n} + ε)", f"√(({_elide(terms)}) / {n} + {exact(eps)})"],
         total,
         [f"{sel} = {ctx.f.vec(xs)} of {x_name}"],
         {sel: xs.tolist(), "ε": [eps]},
+        note=note,
     )
 
 
@@ -1119,7 +1156,13 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             {"x": [a], "rms": [s], "γ": [g], "β": [b]},
         )
     eps = _eps(ctx)
-    total = _div(a, _sqrt(s + eps)) * g + b
+    total, note = _div(a, _sqrt(s + eps)) * g + b, ""
+    x = np.asarray(ctx.param("x"))
+    axis = NORM_AXES[str(ctx.param("kind"))][0] % x.ndim
+    group = x[tuple(slice(None) if k == axis else c for k, c in enumerate(cell))]
+    if _beyond(s + eps) and np.isfinite(group).all() and np.any(group != group.flat[0]):
+        unit, note = _norm_scaled(group, cell[axis], eps)
+        total = unit * g + b
     return _Parts(
         [
             f"centered{_idx(cell)} / √(var{_idx(si)} + ε) × γ[{c}] + β[{c}]",
@@ -1128,6 +1171,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total,
         [f"centered = {a_name}", f"var = {s_name}", *where],
         {"centered": [a], "var": [s], "γ": [g], "β": [b]},
+        note=note,
     )
 
 

@@ -133,8 +133,23 @@ def row_mean_var(x: Array) -> tuple[Array, Array]:
 
 
 def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, eps: float) -> Array:
-    """(x - mean) / sqrt(var + eps) * gamma + beta, with the statistics given."""
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+    """(x - mean) / sqrt(var + eps) * gamma + beta, with the statistics given.
+
+    Where var + eps is beyond float64 (an infinity, or below its least normal number,
+    so 0 or a few bits: 0/0 where the true quotient is finite) but x is finite, those
+    groups are computed scaled (see `scaled_moments`): (y − mean_y) / hypot(sd_y, √ε / s).
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        denominator = var + eps
+        out = (x - mean) / np.sqrt(denominator)
+        redo = _finite_groups(x, var) & ~(
+            (denominator >= np.finfo(denominator.dtype).tiny) & np.isfinite(denominator)
+        )
+        if redo.any():
+            s, y, mean_y, var_y = scaled_moments(x, _reduced_axes(x, var))
+            scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), np.sqrt(eps) / s)
+            out = np.where(redo, scaled, out)
+    return out * gamma + beta
 
 
 def layer_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
@@ -144,8 +159,22 @@ def layer_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
 
 
 def rms(x: Array, eps: float) -> Array:
-    """sqrt(mean(x^2) + eps) of each row, kept as a column. [L, d] -> [L, 1]"""
-    return np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    """sqrt(mean(x^2) + eps) of each row, kept as a column. [L, d] -> [L, 1]
+
+    A row of finite x whose squares overflow (|x| > 1e154), or whose mean square and ε
+    fall below float64's least normal number, is computed scaled by a power of two s
+    near its largest |x|: s · hypot(√mean((x/s)²), √ε / s), finite and exact to rounding.
+    """
+    with np.errstate(over="ignore", under="ignore"):
+        square = np.mean(x * x, axis=-1, keepdims=True) + eps
+    out = np.sqrt(square)
+    redo = _finite_groups(x, out) & ~((square >= np.finfo(square.dtype).tiny) & np.isfinite(square))
+    if redo.any():
+        s = _power_of_two_scale(x, (x.ndim - 1,))
+        y = x / s
+        scaled = s * np.hypot(np.sqrt(np.mean(y * y, axis=-1, keepdims=True)), np.sqrt(eps) / s)
+        out = np.where(redo, scaled, out)
+    return out
 
 
 def rms_scale(x: Array, r: Array, gamma: Array, beta: Array) -> Array:
@@ -207,10 +236,53 @@ def rope(x: Array, positions: NDArray[np.integer], base: float = 10000.0) -> Arr
 
 
 def moments(x: Array, axis: int | tuple[int, ...]) -> tuple[Array, Array]:
-    """Mean and biased variance over `axis`, the reduced axes kept. -> broadcastable to x"""
-    mean = np.mean(x, axis=axis, keepdims=True)
-    var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
+    """Mean and biased variance over `axis`, the reduced axes kept. -> broadcastable to x
+
+    A group of finite x whose sum or squares overflow is computed scaled (see
+    `scaled_moments`): its mean is then right, and its variance an infinity only when
+    the true variance is beyond float64 (above 1.8e308).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = np.mean(x, axis=axis, keepdims=True)
+        var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
+        redo = _finite_groups(x, var) & ~(np.isfinite(mean) & np.isfinite(var))
+        if redo.any():
+            s, _, mean_y, var_y = scaled_moments(x, axis)
+            mean = np.where(redo, mean_y * s, mean)
+            var = np.where(redo, var_y * s * s, var)
     return mean, var
+
+
+def scaled_moments(x: Array, axis: int | tuple[int, ...]) -> tuple[Array, Array, Array, Array]:
+    """s, y = x / s, and y's mean and biased variance over `axis`, s a power of two near
+    each group's largest |x|: so |y| <= 2 and nothing overflows, and dividing by s is
+    exact (but for values 2^1000 times smaller than the largest, which do not count).
+    The true mean is s · mean_y and the variance s² · var_y, even where those overflow."""
+    s = _power_of_two_scale(x, axis)
+    y = x / s
+    mean_y = np.mean(y, axis=axis, keepdims=True)
+    var_y = np.mean((y - mean_y) ** 2, axis=axis, keepdims=True)
+    return s, y, mean_y, var_y
+
+
+def _power_of_two_scale(x: Array, axis: int | tuple[int, ...]) -> Array:
+    """2^(e−1) for each group's largest |x| = m · 2^e (0.5 <= m < 1); 1 for a group of
+    zeros or non-finite values. A power of two the dtype holds (2^127 in float32)."""
+    with np.errstate(invalid="ignore"):
+        largest = np.max(np.abs(x), axis=axis, keepdims=True)
+    ok = np.isfinite(largest) & (largest > 0)
+    _, e = np.frexp(np.where(ok, largest, 1.0))
+    return np.where(ok, np.ldexp(np.ones_like(largest), e - 1), 1.0).astype(x.dtype)
+
+
+def _reduced_axes(x: Array, stat: Array) -> tuple[int, ...]:
+    """The axes a kept-dims statistic of x was reduced over (its size-1 axes)."""
+    return tuple(i for i, n in enumerate(stat.shape) if n == 1 and x.ndim == stat.ndim)
+
+
+def _finite_groups(x: Array, stat: Array) -> Array:
+    """For each entry of a kept-dims statistic of x, whether its group of x is all finite."""
+    return np.asarray(np.all(np.isfinite(x), axis=_reduced_axes(x, stat), keepdims=True))
 
 
 def rope_angles(positions: NDArray[np.integer], d: int, base: float = 10000.0) -> Array:
