@@ -287,3 +287,20 @@ def test_norm_calculator_on_a_row_near_the_largest_float(tmp_path: Path) -> None
     for what, cell in [("norm.mean", "0,0"), ("norm.out", "0,2")]:
         ex = runner.invoke(app, ["explain", what, path, "--cell", cell, "--format", "json"])
         assert json.loads(ex.stdout)["agrees"], ex.stdout
+
+
+def test_attend_with_a_huge_temperature_over_a_row_spanning_float64(tmp_path: Path) -> None:
+    # softmax([1e308, −1e308] / 1e308) = softmax([1, −1]): [1, e^−2] / (1 + e^−2); it was
+    # [1, 0], (−1e308 − 1e308) overflowing to −inf before the division by T, silently.
+    path = _write(
+        tmp_path,
+        "attention: {Q: [[1]], K: [[1.0e308], [-1.0e308]], V: [[1], [0]], scale: 1,"
+        " temperature: 1.0e308}\n",
+    )
+    want = [1 / (1 + math.exp(-2)), math.exp(-2) / (1 + math.exp(-2))]
+    result = runner.invoke(app, ["attend", path, "--format", "json"])
+    steps = {s["path"]: s["value"] for s in json.loads(result.stdout)["steps"]}
+    assert steps["attn.softmax"][0] == pytest.approx(want, rel=1e-15)
+    ex = runner.invoke(app, ["explain", "attn.softmax", path, "--cell", "0,1", "--format", "json"])
+    e = json.loads(ex.stdout)
+    assert e["agrees"] and e["result"] == pytest.approx(want[1], rel=1e-15)

@@ -227,3 +227,20 @@ def test_batch_norm_moments_over_columns_of_huge_values() -> None:
         out[:, 0], _exact_layer_norm([1e200, -1e200, 3e200], 1e-5), atol=1e-15
     )
     assert np.isinf(var[0, 0]) and mean[0, 0] == pytest.approx(1e200)
+
+
+@pytest.mark.parametrize(
+    ("T", "want"),
+    [
+        # (x − m)/T = [0, −2e308/1e308] = [0, −2], though −2e308 itself overflows
+        (1e308, [1 / (1 + math.exp(-2)), math.exp(-2) / (1 + math.exp(-2))]),
+        (4e307, [1 / (1 + math.exp(-5)), math.exp(-5) / (1 + math.exp(-5))]),
+        (1e300, [1.0, 0.0]),  # e^(−2e8) is 0
+        (1e-300, [1.0, 0.0]),
+    ],
+)
+def test_softmax_with_a_temperature_where_the_row_spans_more_than_float64(
+    T: float, want: list[float]
+) -> None:
+    got = ops.softmax(np.array([[1e308, -1e308]]), T)
+    np.testing.assert_allclose(got[0], want, rtol=1e-15, atol=0)

@@ -805,7 +805,7 @@ def _softmax_row(ctx: _Ctx, src: str, cell: tuple[int, ...], T: float) -> _Parts
         terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in shown]
         formula = f"e^({s}[{i},{j}] − m) / Σ_k e^({s}[{i},k] − m)"
     else:
-        z = [f.shown(_div(x - m, T)) for x in shown]
+        z = [f.shown(float(v)) for v in ops.tempered_shift(np.array(shown), T)]
         terms = [f"e^({f.num(x)})" for x in z]
         formula = f"e^(({s}[{i},{j}] − m)/T) / Σ_k e^(({s}[{i},k] − m)/T)"
         where.append(f"T = {exact(T)}: z = ({s} − m) / T = {f.vec(z)}")

@@ -27,12 +27,26 @@ def softmax(x: Array, temperature: float = 1.0) -> Array:
     out as NaN, deliberately: the tracer reports where it first appears.
     """
     with np.errstate(invalid="ignore"):
-        shifted = x - np.max(x, axis=-1, keepdims=True)
-        if temperature != 1.0:
-            with np.errstate(over="ignore"):  # (x − m) / T: 0 or less, -inf at worst
-                shifted = shifted / temperature
-        e = np.exp(shifted)
+        e = np.exp(tempered_shift(x, temperature))
         return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def tempered_shift(x: Array, temperature: float = 1.0) -> Array:
+    """(x − m) / T, m the row max: what softmax exponentiates. [..., n] -> [..., n]
+
+    Where x − m itself overflows (x = −1e308 below m = 1e308) but x is finite, it is
+    x/T − m/T instead: with T = 1e308 that is −2, not the −inf of (−inf)/T, which took
+    e^−2 = 0.135 for 0. (A fully masked row stays −inf − (−inf) = NaN.)
+    """
+    with np.errstate(invalid="ignore", over="ignore"):  # (x − m) / T: 0 or less
+        m = np.max(x, axis=-1, keepdims=True)
+        shifted = x - m
+        if temperature != 1.0:
+            lost = np.isneginf(shifted) & np.isfinite(x)
+            shifted = shifted / temperature
+            if lost.any():
+                shifted = np.where(lost, x / temperature - m / temperature, shifted)
+    return shifted
 
 
 def linear(x: Array, W: Array, b: Array | None = None) -> Array:
