@@ -304,3 +304,34 @@ def test_attend_with_a_huge_temperature_over_a_row_spanning_float64(tmp_path: Pa
     ex = runner.invoke(app, ["explain", "attn.softmax", path, "--cell", "0,1", "--format", "json"])
     e = json.loads(ex.stdout)
     assert e["agrees"] and e["result"] == pytest.approx(want[1], rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    "mask, k",
+    [
+        # 1e308 + 1e308 = inf in the masked row, then inf − inf = NaN in its softmax:
+        # the row is not masked at all, and the overflow was said nowhere
+        ("[[1.0e308, 0]]", "[[1.0e308], [0]]"),
+        # −1e308 + −1e308 = −inf at both keys: the softmax of [−2e308, −2e308] is
+        # [½, ½], no masked row, though every entry became −inf
+        ("[[-1.0e308, -1.0e308]]", "[[-1.0e308], [-1.0e308]]"),
+    ],
+)
+def test_an_overflow_in_the_masked_scores_is_no_mask(mask: str, k: str, tmp_path: Path) -> None:
+    path = _write(
+        tmp_path, f"attention: {{Q: [[1]], K: {k}, V: [[1], [0]], scale: 1, mask: {mask}}}\n"
+    )
+    result = runner.invoke(app, ["attend", path, "--format", "json"])
+    warning = "overflow: an infinity first appears in step attn.masked"
+    assert result.stderr == f"trace-tf: warning: {path}: {warning}\n"
+    strict = runner.invoke(app, ["attend", path, "--strict"])
+    assert strict.exit_code == 2
+    assert strict.stderr == f"trace-tf: error: {path}: {warning} (--strict)\n"
+
+
+def test_a_given_mask_of_minus_inf_is_still_no_overflow(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path, "attention: {Q: [[1]], K: [[1], [2]], V: [[1], [0]], mask: [[-.inf, 0]]}\n"
+    )
+    result = runner.invoke(app, ["attend", path, "--strict", "--format", "json"])
+    assert result.exit_code == 0 and result.stderr == ""

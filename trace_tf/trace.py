@@ -396,7 +396,7 @@ class Tracer:
         """
         path = self._prefix[-1] + name
         if not self._nonfinite_seen and value.dtype.kind == "f" and not _all_finite(value):
-            self._check_nonfinite(name, path, value)
+            self._check_nonfinite(name, path, value, inputs)
         shape = value.shape
         if rows is None or isinstance(rows, str):
             row_labels = (self._keys if rows == "keys" else self._rows)[-1]
@@ -442,19 +442,33 @@ class Tracer:
         if path in self.trace.steps:
             self.trace.computed_in[path] = tuple(scopes)
 
-    def _check_nonfinite(self, name: str, path: str, value: np.ndarray) -> None:
-        """Report the first step where a NaN, or an infinity that is not a mask, appears."""
+    def _check_nonfinite(
+        self, name: str, path: str, value: np.ndarray, inputs: Sequence[Any] = ()
+    ) -> None:
+        """Report the first step where a NaN, or an infinity that is not a mask, appears.
+
+        A mask's −inf is none; nor is the −inf of `masked` (S / scale + M) where M is
+        −inf, but one where M is finite (a given mask of −1e308 over a score of −1e308)
+        or a +inf is an overflow, and a NaN of the softmax after it is not a masked row's.
+        """
         if np.isnan(value).any():
             rows = sorted({int(i) for i in np.argwhere(np.isnan(value))[:, 0]})
             why = " (a fully masked row has no softmax)" if name == "softmax" else ""
             self._nonfinite_seen = True
             self.warn(f"NaN first appears in step {path}, row(s) {rows}{why}")
-        elif name not in {"mask", "cross_mask", "masked"}:
+        elif name not in {"mask", "cross_mask"} and (
+            name != "masked" or _overflows_beside(value, inputs[-1])
+        ):
             self._nonfinite_seen = True
             self.warn(f"overflow: an infinity first appears in step {path}")
 
     def warn(self, message: str) -> None:
         self.trace.warnings.append(message)
+
+
+def _overflows_beside(masked: np.ndarray, mask: Any) -> bool:
+    """Whether S / scale + M holds an infinity that is not a −inf of the mask M."""
+    return bool((np.isinf(masked) & ~(np.isneginf(masked) & np.isneginf(mask))).any())
 
 
 def _all_finite(value: np.ndarray) -> bool:
@@ -485,7 +499,7 @@ class CheckingTracer(Tracer):
         rows: Labels | str = None,
     ) -> np.ndarray:
         if not self._nonfinite_seen and value.dtype.kind == "f" and not _all_finite(value):
-            self._check_nonfinite(name, self._prefix[-1] + name, value)
+            self._check_nonfinite(name, self._prefix[-1] + name, value, inputs)
         return value
 
 
