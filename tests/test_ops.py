@@ -244,3 +244,14 @@ def test_softmax_with_a_temperature_where_the_row_spans_more_than_float64(
 ) -> None:
     got = ops.softmax(np.array([[1e308, -1e308]]), T)
     np.testing.assert_allclose(got[0], want, rtol=1e-15, atol=0)
+
+
+def test_norms_computed_scaled_keep_float32() -> None:
+    # float32 squares of 1e30 overflow (3.4e38 at most); the scaled path must stay float32
+    x = np.array([[1e30, -1e30, 3e30], [1.0, 2.0, 4.0]], dtype=np.float32)
+    r = ops.rms(x, 1e-5)
+    mean, var = ops.moments(x, -1)
+    out = ops.standardize(x, mean, var, np.ones(3, np.float32), np.zeros(3, np.float32), 1e-5)
+    assert r.dtype == mean.dtype == var.dtype == out.dtype == np.float32
+    assert r[0, 0] == pytest.approx(_exact_rms([1e30, -1e30, 3e30], 1e-5), rel=1e-6)
+    np.testing.assert_allclose(out[0], _exact_layer_norm([1e30, -1e30, 3e30], 1e-5), atol=1e-6)

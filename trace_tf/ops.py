@@ -161,7 +161,7 @@ def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, ep
         )
         if redo.any():
             s, y, mean_y, var_y = scaled_moments(x, _reduced_axes(x, var))
-            scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), np.sqrt(eps) / s)
+            scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
             out = np.where(redo, scaled, out)
     return out * gamma + beta
 
@@ -186,7 +186,7 @@ def rms(x: Array, eps: float) -> Array:
     if redo.any():
         s = _power_of_two_scale(x, (x.ndim - 1,))
         y = x / s
-        scaled = s * np.hypot(np.sqrt(np.mean(y * y, axis=-1, keepdims=True)), np.sqrt(eps) / s)
+        scaled = s * np.hypot(np.sqrt(np.mean(y * y, axis=-1, keepdims=True)), math.sqrt(eps) / s)
         out = np.where(redo, scaled, out)
     return out
 
