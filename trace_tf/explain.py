@@ -1028,9 +1028,9 @@ def _reduced(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> tuple[np.ndarray, 
 
 
 def _beyond(denominator: float) -> bool:
-    """A √(var + ε) or mean square + ε that float64 cannot hold: an infinity, or below its
-    least normal number (0, or a few bits), so that the engine computes it scaled."""
-    return not denominator >= np.finfo(np.float64).tiny or math.isinf(denominator)
+    """A var + ε or mean square + ε that float64 cannot hold (ops.beyond_normal), which
+    the engine therefore computes scaled."""
+    return bool(ops.beyond_normal(np.float64(denominator)))
 
 
 def _norm_scaled(group: np.ndarray, k: int, eps: float) -> tuple[float, str]:

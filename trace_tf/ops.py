@@ -156,9 +156,7 @@ def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, ep
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         denominator = var + eps
         out = (x - mean) / np.sqrt(denominator)
-        redo = _finite_groups(x, var) & ~(
-            (denominator >= np.finfo(denominator.dtype).tiny) & np.isfinite(denominator)
-        )
+        redo = _redone(x, beyond_normal(denominator))
         if redo.any():
             s, y, mean_y, var_y = scaled_moments(x, _reduced_axes(x, var))
             scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
@@ -182,7 +180,7 @@ def rms(x: Array, eps: float) -> Array:
     with np.errstate(over="ignore", under="ignore"):
         square = np.mean(x * x, axis=-1, keepdims=True) + eps
     out = np.sqrt(square)
-    redo = _finite_groups(x, out) & ~((square >= np.finfo(square.dtype).tiny) & np.isfinite(square))
+    redo = _redone(x, beyond_normal(square))
     if redo.any():
         s = _power_of_two_scale(x, (x.ndim - 1,))
         y = x / s
@@ -259,7 +257,7 @@ def moments(x: Array, axis: int | tuple[int, ...]) -> tuple[Array, Array]:
     with np.errstate(over="ignore", invalid="ignore"):
         mean = np.mean(x, axis=axis, keepdims=True)
         var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
-        redo = _finite_groups(x, var) & ~(np.isfinite(mean) & np.isfinite(var))
+        redo = _redone(x, ~(np.isfinite(mean) & np.isfinite(var)))
         if redo.any():
             s, _, mean_y, var_y = scaled_moments(x, axis)
             mean = np.where(redo, mean_y * s, mean)
@@ -294,9 +292,18 @@ def _reduced_axes(x: Array, stat: Array) -> tuple[int, ...]:
     return tuple(i for i, n in enumerate(stat.shape) if n == 1 and x.ndim == stat.ndim)
 
 
-def _finite_groups(x: Array, stat: Array) -> Array:
-    """For each entry of a kept-dims statistic of x, whether its group of x is all finite."""
-    return np.asarray(np.all(np.isfinite(x), axis=_reduced_axes(x, stat), keepdims=True))
+def beyond_normal(a: Array) -> Array:
+    """Where a (a variance or mean square, plus ε) is no normal number of its dtype: an
+    infinity, or below the least normal (0, or a subnormal of a few bits)."""
+    return ~((a >= np.finfo(a.dtype).tiny) & np.isfinite(a))
+
+
+def _redone(x: Array, failed: Array) -> Array:
+    """Of the groups of x whose kept-dims statistic `failed`, those to compute scaled:
+    the ones whose x are all finite (read only where some group failed, seldom)."""
+    if not failed.any():
+        return failed
+    return failed & np.all(np.isfinite(x), axis=_reduced_axes(x, failed), keepdims=True)
 
 
 def rope_angles(positions: NDArray[np.integer], d: int, base: float = 10000.0) -> Array:
