@@ -2124,8 +2124,69 @@ CALCULATORS = [
         None,
         "norm.eps",
         None,
-        "expected a number >= 0, found the number -1.0",
+        "expected a number >= 0, found the number -1\n",  # as typed, and as the file says
         args=("norm", "--x", "1 2", "--eps", "-1"),
+        names="command line",
+    ),
+    # A number option is shown as typed: float64 reads 1e-400 as 0 and 1e400 as inf,
+    # and each is refused as the file refuses it, not as a 0 or inf the user never wrote.
+    *(
+        case(
+            f"option-{option[2:]}-{text}",
+            None,
+            None,
+            None,
+            f"{option}: number {size}",
+            f"found {text}",
+            args=(*args, option, text),
+            names=option,
+        )
+        for args, option in (
+            (("generate", "--sample"), "--temperature"),
+            (("generate", "--sample"), "--top-p"),
+            (("generate", "--beam", "2"), "--length-penalty"),
+            (("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0"), "--temperature"),
+            (("norm", "--x", "1 2"), "--eps"),
+            (("pe", "--length", "2", "--d-model", "2"), "--base"),
+            (("diff", "hello", "hello"), "--atol"),
+        )
+        for text, size in (("1e-400", "too small"), ("1e400", "too large"))
+    ),
+    case(
+        "option-top-p-as-typed",
+        None,
+        None,
+        None,
+        "--top-p must lie in (0, 1]; expected 0 < p <= 1, found 1.50",
+        args=("generate", "--sample", "--top-p", "1.50"),
+        names="--top-p",
+    ),
+    case(
+        "option-temperature-as-typed",
+        None,
+        None,
+        None,
+        "--temperature must be positive; expected a finite number > 0, found -0.0",
+        args=("generate", "--sample", "--temperature", "-0.0"),
+        names="--temperature",
+    ),
+    case(
+        "option-length-penalty-as-typed",
+        None,
+        None,
+        None,
+        "--length-penalty 1e300 overflows",
+        "found 1e300\n",
+        args=("generate", "--beam", "2", "--length-penalty", "1e300"),
+        names="--length-penalty",
+    ),
+    case(
+        "attend-zero-temperature-as-typed",
+        None,
+        "attention.temperature",
+        None,
+        "expected a number > 0, found the number 0\n",  # not 0.0
+        args=("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0", "--temperature", "0"),
         names="command line",
     ),
     case(

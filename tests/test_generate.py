@@ -708,8 +708,8 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--sample", "--seed", "-1"], "--seed must be at least 0"),  # was exit 3
         # 1 + 10 + 100 + ... live beams: --beam 100000 ran for many minutes before
         (["--beam", "20000"], "may need more than 100,000 decoder passes"),
-        (["--beam", "2", "--length-penalty", "1e308"], "--length-penalty 1e+308 overflows"),
-        (["--beam", "2", "--length-penalty", "-1e308"], "--length-penalty -1e+308 overflows"),
+        (["--beam", "2", "--length-penalty", "1e308"], "--length-penalty 1e308 overflows"),
+        (["--beam", "2", "--length-penalty", "-1e308"], "--length-penalty -1e308 overflows"),
         (["--beam", "0"], "--beam width must be at least 1"),
         (["--greedy", "--sample"], "conflicting strategies --greedy and --sample"),
         (["--sample", "--beam", "2"], "conflicting strategies --sample and --beam"),

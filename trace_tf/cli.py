@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 import typer
 from typer.core import TyperGroup
 
+from trace_tf.text import Typed
+
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
@@ -69,6 +71,23 @@ class _Group(TyperGroup):
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
 
+
+try:  # (as _Group: typer 0.2x carries its own click, whose types its options take)
+    from typer._click.types import FloatParamType
+except ImportError:
+    from click.types import FloatParamType  # type: ignore[assignment,unused-ignore]
+
+
+class _FloatText(FloatParamType):
+    """FLOAT as click reads it, kept with the text the user typed (text.Typed), so that
+    a message says `found 1e-400`, not the 0 that float64 made of it."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = super().convert(value, param, ctx)
+        return Typed(number, value) if isinstance(value, str) else number
+
+
+FLOAT_TEXT = _FloatText()
 
 _APP_SETTINGS: dict[str, Any] = dict(
     cls=_Group,
@@ -950,7 +969,12 @@ def generate(
     ] = 20,
     temperature: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--temperature", help="--sample: divide the logits by T.", show_default="1"),
+        typer.Option(
+            "--temperature",
+            click_type=FLOAT_TEXT,
+            help="--sample: divide the logits by T.",
+            show_default="1",
+        ),
     ] = None,
     top_k: Annotated[
         Optional[int],  # noqa: UP045
@@ -964,6 +988,7 @@ def generate(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--top-p",
+            click_type=FLOAT_TEXT,
             help="--sample: keep the smallest most-probable set whose total reaches p (default 1: "
             "every token of non-zero probability).",
             show_default=False,
@@ -979,6 +1004,7 @@ def generate(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--length-penalty",
+            click_type=FLOAT_TEXT,
             help="--beam: alpha in score = logP / ((5 + n) / 6)^alpha.",
             show_default="0",
         ),
@@ -1199,10 +1225,25 @@ def _op_config(
                 found=", ".join(f"'{k}:'" for k in found) or "neither",
             )
     sets = [parse_set(s) for s in c.sets]
-    own = [(f"{kind}.{key}", value, option) for key, option, value in options]
+    own = [(f"{kind}.{key}", _as_in_file(value, option), option) for key, option, value in options]
     cfg = build(doc, sets, c.variant, c.max_elements, c.dtype, own)  # --dtype: refused there
     assert isinstance(cfg, OpConfig)
     return cfg
+
+
+def _as_in_file(value: Any, option: str) -> Any:
+    """An option's value as the file would hold it: a number typed whole (`0`, `-1`) an
+    int, so that a message says `found the number 0`, not 0.0; a number float64 cannot
+    hold (1e-400, 1e400) refused, as in the file."""
+    from trace_tf.config import within_float64
+    from trace_tf.text import whole_number
+
+    if not isinstance(value, Typed):
+        return value
+    within_float64(value, option)
+    return (
+        int(value.text.strip()) if whole_number(value.text.strip(), signed=True) else float(value)
+    )
 
 
 def _run_op(cfg: "OpConfig", c: Common) -> None:
@@ -1264,6 +1305,7 @@ def attend(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--temperature",
+            click_type=FLOAT_TEXT,
             help="Softmax temperature T, dividing inside the softmax (default 1).",
         ),
     ] = None,
@@ -1325,6 +1367,7 @@ def norm(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--eps",
+            click_type=FLOAT_TEXT,
             help="Added inside the root: to the variance, or for rms to mean(x²) (default 1e-5).",
         ),
     ] = None,
@@ -1385,7 +1428,9 @@ def pe(
     ] = None,
     base: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--base", help="The base of the frequencies (default 10000)."),
+        typer.Option(
+            "--base", click_type=FLOAT_TEXT, help="The base of the frequencies (default 10000)."
+        ),
     ] = None,
 ) -> None:
     """The positional encoding matrix (sinusoidal), or RoPE's rotation angles."""
@@ -1431,7 +1476,10 @@ def diff(
         typer.Option("--variant-b", help="Run B on this variant (instead of --variant)."),
     ] = None,
     atol: Annotated[
-        float, typer.Option("--atol", help="Cells closer than this count as equal (>= 0).")
+        float,
+        typer.Option(
+            "--atol", click_type=FLOAT_TEXT, help="Cells closer than this count as equal (>= 0)."
+        ),
     ] = 1e-12,
     stage: Annotated[
         Optional[str],  # noqa: UP045

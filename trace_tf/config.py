@@ -25,6 +25,7 @@ import numpy as np
 from trace_tf.errors import InputError, quoted, suggest
 from trace_tf.loader import (
     FLOAT64_LEAST,
+    FLOAT64_MOST,
     Lines,
     example_names,
     examples_dir,
@@ -36,7 +37,7 @@ from trace_tf.loader import (
     read_text,
     underflows,
 )
-from trace_tf.text import counted, exact, root_text, shape_text, whole_number
+from trace_tf.text import counted, exact, root_text, shape_text, typed, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -535,16 +536,26 @@ def option_number(
     '1e400' as floats, and a NaN passes every range check (`nan < 0` is false)."""
     bound = " > 0" if positive else f" >= {exact(minimum)}" if minimum is not None else ""
     expected = "a finite number" + bound
+    found = typed(within_float64(value, option))
     if not math.isfinite(value):
-        raise InputError(f"{option} must be a finite number", expected=expected, found=exact(value))
+        raise InputError(f"{option} must be a finite number", expected=expected, found=found)
     if positive and value <= 0:
-        raise InputError(f"{option} must be positive", expected=expected, found=exact(value))
+        raise InputError(f"{option} must be positive", expected=expected, found=found)
     if minimum is not None and value < minimum:
         raise InputError(
-            f"{option} must be at least {exact(minimum)}",
-            expected=expected,
-            found=exact(value),
+            f"{option} must be at least {exact(minimum)}", expected=expected, found=found
         )
+    return value
+
+
+def within_float64(value: float, option: str) -> float:
+    """A number given to an option, refused where the user typed one float64 cannot hold
+    (1e-400, read as 0; 1e400, read as inf), as the loader refuses it in a file."""
+    text = typed(value)
+    if underflows(text, value):
+        raise InputError(f"{option}: number too small", expected=FLOAT64_LEAST, found=text)
+    if math.isinf(value) and "inf" not in text.lower():
+        raise InputError(f"{option}: number too large", expected=FLOAT64_MOST, found=text)
     return value
 
 

@@ -42,10 +42,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trace_tf import model, ops
-from trace_tf.config import BOUNDED_POSITIONAL, Config, Sequence_, option_number, trace_size
+from trace_tf.config import (
+    BOUNDED_POSITIONAL,
+    Config,
+    Sequence_,
+    option_number,
+    trace_size,
+    within_float64,
+)
 from trace_tf.errors import InputError, quoted
 from trace_tf.model import KVCache
-from trace_tf.text import exact
+from trace_tf.text import exact, typed
 from trace_tf.trace import NULL_TRACER, Tracer
 
 Array = np.ndarray
@@ -121,8 +128,8 @@ def settings(
         raise InputError("--seed must be at least 0", expected="an integer >= 0", found=str(seed))
     if top_k is not None and top_k < 1:
         raise InputError("--top-k must be at least 1", expected="an integer >= 1", found=str(top_k))
-    if top_p is not None and not 0 < top_p <= 1:
-        raise InputError("--top-p must lie in (0, 1]", expected="0 < p <= 1", found=exact(top_p))
+    if top_p is not None and not 0 < within_float64(top_p, "--top-p") <= 1:
+        raise InputError("--top-p must lie in (0, 1]", expected="0 < p <= 1", found=typed(top_p))
     if beam is not None and beam < 1:
         raise InputError(
             "--beam width must be at least 1", expected="an integer >= 1", found=str(beam)
@@ -134,10 +141,10 @@ def settings(
             ends = np.float64((5 + max_tokens) / 6) ** np.array([length_penalty, -length_penalty])
         if not (np.isfinite(ends).all() and (ends > 0).all()):
             raise InputError(
-                f"--length-penalty {exact(length_penalty)} overflows the length penalty "
+                f"--length-penalty {typed(length_penalty)} overflows the length penalty "
                 f"((5 + n) / 6)^alpha for {max_tokens} token(s)",
                 expected="a length penalty alpha of moderate size (GNMT uses 0.6 to 0.7)",
-                found=exact(length_penalty),
+                found=typed(length_penalty),
             )
     return Settings(
         strategy=strategy,

@@ -112,7 +112,7 @@ _CLoader12 = _c_loader()
 MAX_NODES = 5_000_000  # expanded nodes; far above any honest file, far below an alias bomb
 MAX_DEPTH = 64  # nesting levels; an honest file needs about 10 (weights.encoder.0...W_q.row)
 PYTHON_PARSER_CHARS = 100_000  # the longest text whose errors PyYAML's parser words (0.5 s)
-_FLOAT64_MAX = f"a number of magnitude at most {sys.float_info.max:.6g} (float64)"
+FLOAT64_MOST = f"a number of magnitude at most {sys.float_info.max:.6g} (float64)"
 # 2^-1075, half float64's smallest number 5e-324 (not a float64 itself): smaller rounds to 0
 FLOAT64_LEAST = "0, or a number of magnitude above 2.47033e-324 (float64 rounds less to 0)"
 MAX_INT_CHARS = 4000  # a longer integer literal is beyond float64 whatever its base
@@ -445,7 +445,7 @@ class _Builder:
             value = read_number(text)
             if value is not None and math.isinf(value) and "inf" not in text.lower():
                 raise self.fail(  # 1e400: not .inf, which a file writes as such
-                    node, path, "number too large", expected=_FLOAT64_MAX, found=text
+                    node, path, "number too large", expected=FLOAT64_MOST, found=text
                 )
             if value is not None and underflows(text, value):
                 raise self.fail(node, path, "number too small", expected=FLOAT64_LEAST, found=text)
@@ -465,7 +465,7 @@ class _Builder:
                 node,
                 path,
                 "integer too large",
-                expected=_FLOAT64_MAX,
+                expected=FLOAT64_MOST,
                 found=f"an integer of {len(node.value)} characters",
             )
         return value

@@ -14,6 +14,23 @@ def exact(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
+class Typed(float):
+    """A number read from a command-line option, holding the text the user typed: a
+    message shows that (`1e-400`, `1e400`, `-0.0`), not the float it became (0, inf)."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> Typed:
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+
+def typed(x: float) -> str:
+    """A number as the user typed it, when it came from an option; else `exact(x)`."""
+    return x.text.strip() if isinstance(x, Typed) else exact(x)
+
+
 def root_text(name: str, n: int) -> str:
     """A square root the program takes, named and valued: `sqrt(d_model) = 2`, or
     `sqrt(d_k) ≈ 1.73205` (6 significant digits) when the root is not whole, so that
