@@ -2226,6 +2226,16 @@ CALCULATORS = [
         "did you mean 'encoder.0.self_attn.h0.softmax'?",
         args=("explain", "encoder.0.self_attn.h0.sofmax", "{file}"),
     ),
+    case(  # (it said "see `trace-tf encode` or `decode`", which refuse this file)
+        "explain-unknown-step-of-an-operation",
+        "norm:\n  x: [[1, 2]]\n",
+        None,
+        None,
+        "no step 'norm.x' in this run",
+        "expected one of its steps: norm.mean, norm.var, norm.centered, norm.out",
+        "found 'norm.x'",
+        args=("explain", "norm.x", "{file}"),
+    ),
     case(
         "explain-cell-outside",
         BASE,

@@ -1406,13 +1406,18 @@ def find_step(trace: Trace, name: str) -> Step:
             expected="a step path of encode or decode, or a stage that selects one step",
             found=quoted(name),
         )
+    operation = not any(p.startswith(("encoder.", "decoder.")) for p in trace.steps)
     raise InputError(
         f"no step {quoted(name)} in this run" + suggest_path(name, list(trace.steps)),
         expected=(
             "a step path (see `trace-tf generate --trace`) or a stage or pattern that selects one"
             if generated
+            # a single operation's few steps (norm.mean, ...): encode and decode refuse its file
+            else "one of its steps: " + ", ".join(trace.steps)
+            if operation
             else "a step path (see `trace-tf encode` or `decode`) or a stage that selects one step"
         ),
+        found=quoted(name),
     )
 
 
