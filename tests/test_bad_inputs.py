@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from trace_tf.cli import app
 from trace_tf.config import load
 from trace_tf.errors import InputError
+from trace_tf.loader import FLOAT64_MOST
 from trace_tf.runner import run
 
 runner = CliRunner()
@@ -2179,6 +2180,27 @@ CALCULATORS = [
         "found 1e300\n",
         args=("generate", "--beam", "2", "--length-penalty", "1e300"),
         names="--length-penalty",
+    ),
+    case(  # --scale is read as the file reads it: its 0 an int, as `scale: 0` is
+        "attend-zero-scale-as-typed",
+        None,
+        "attention.scale",
+        None,
+        "expected a number > 0, found the number 0\n",  # not 0.0
+        args=("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0", "--scale", "0"),
+        names="command line",
+    ),
+    *(
+        case(
+            f"attend-scale-{text}",
+            None,
+            None,
+            None,
+            f"--scale: number too large; expected {FLOAT64_MOST}, found {text}\n",
+            args=("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0", "--scale", text),
+            names="--scale",
+        )
+        for text in ("1e400", "-1e400")
     ),
     case(
         "attend-zero-temperature-as-typed",

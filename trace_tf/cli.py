@@ -1190,7 +1190,7 @@ def _scale_value(text: str) -> float | str:
             "--scale: number too small (float64 reads it as 0); expected a positive number, "
             f"found {text!r}"
         )
-    return value
+    return _as_in_file(Typed(value, text), "--scale")
 
 
 def _set_into(c: Common, kind: str) -> bool:
