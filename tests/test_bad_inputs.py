@@ -2052,8 +2052,8 @@ CALCULATORS = [
         None,
         None,
         None,
-        "--scale: number too small (float64 reads it as 0); expected a positive number, "
-        "found '1e-400'",
+        "--scale: number too small; expected 0, or a number of magnitude above 2.47033e-324 "
+        "(float64 rounds less to 0), found 1e-400",
         args=att(scale="1e-400"),
         names="--scale",
     ),
