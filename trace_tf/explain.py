@@ -1467,7 +1467,9 @@ def explain(
     if stage is None and re.match(rf"{_ITERATION.pattern}sample\.", step.path):
         key, explainer = step.stage, SAMPLING_EXPLAINERS.get(step.stage)
     if explainer is None:
-        raise InputError(f"no explanation is known for step {step.path}")
+        raise LookupError(  # a bug (tests/test_stages.py: every stage has one), not bad input
+            f"explain: no explainer for step {step.path} (stage {key or '?'}) in EXPLAINERS"
+        )
     arrays = named_arrays(cfg)
     named: dict[str, Source] = {}  # (each writing names the same weights)
 
