@@ -102,7 +102,7 @@ def test_diff_summary_keeps_every_path_whole_over_lines(columns: int) -> None:
     out = shown(DIFF, columns)
     steps = [s for s in data(DIFF)["steps"] if s["status"] != "same"]
     lines = out.splitlines()
-    start = next(i for i, x in enumerate(lines) if x.startswith("steps, in A's order")) + 2
+    start = next(i for i, x in enumerate(lines) if x.startswith("step ")) + 1  # (its header)
     rows: list[list[str]] = []  # each row's cells, its path as the lines it is shown on
     pieces: list[list[str]] = []
     for line in lines[start:]:
@@ -122,8 +122,43 @@ def test_diff_summary_keeps_every_path_whole_over_lines(columns: int) -> None:
         assert r[2] == f"{s['max_abs_diff']:.3g}"  # numbers whole
         assert r[3] == "[" + ",".join(map(str, s["at"])) + "]"
         assert r[4].startswith(f"{s['cells_differing']}/")
-    if columns >= 50:
-        assert max(len(x) for x in lines) <= columns  # and it fits the terminal
+    assert max(map(cell_len, lines)) <= columns  # and it fits the terminal
+
+
+@pytest.mark.parametrize("extra", [["--set-b", "model.scale=30"], ["--brief", "--all"]])
+def test_diff_summary_fits_40_columns_its_header_over_two_lines(extra: list[str]) -> None:
+    # It was 45 cells wide at 40 columns: "max |B−A|" took 9 cells over numbers of 5.
+    args = ["diff", "hello", "--set-b", "model.scale=30", *extra]
+    lines = shown(args, 40).splitlines()
+    assert max(map(cell_len, lines)) <= 40
+    at = next(i for i, x in enumerate(lines) if x.startswith("step "))
+    assert lines[at - 1].split() == ["max"] and lines[at].split()[2] == "|B−A|"
+    assert lines[at - 1].index("max") + 3 == lines[at].index("|B−A|") + 5  # right-aligned
+    # wider, where it fits as it is, the header is one line
+    assert "max |B−A|" in shown(args, 60)
+
+
+def test_check_fits_40_columns_numbers_and_verdicts_whole() -> None:
+    # It was 48 cells wide: step / variant / ok / "max |error|" / tolerance, two
+    # spaces apart. Now its header goes over two lines, one space between columns, and
+    # the variant names (already cut to 8 cells, "…scale30") to 7.
+    args = ["check", "fixtures/hello.yaml"]
+    results = data(args)["results"]
+    lines = shown(args, 40).splitlines()
+    assert max(map(cell_len, lines)) <= 40
+    at = next(i for i, x in enumerate(lines) if x.startswith("step "))
+    assert lines[at - 1].split() == ["max"]
+    assert lines[at].split() == ["step", "variant", "ok", "|error|", "tolerance"]
+    rows = [x.split() for x in lines[at + 1 :] if re.search(r"\s(ok|FAIL)\s", x)]
+    assert len(rows) == len(results)
+    for row, r in zip(rows, results, strict=True):
+        assert row[-3] == ("ok" if r["ok"] else "FAIL")
+        assert float(row[-2]) == pytest.approx(r["max_abs_error"], rel=5e-3, abs=0)  # 3 digits
+        tolerance = row[-1].removesuffix("·|v|")
+        assert float(tolerance) == (r["rtol"] or r["atol"])
+        if r["variant"]:  # a name cut in its middle keeps its end
+            assert r["variant"].endswith(row[1].lstrip("…")[-4:])
+    assert "max |error|" in shown(args, 60)  # where it fits, as before
 
 
 def test_diff_header_breaks_its_first_differing_path_after_a_dot() -> None:

@@ -955,8 +955,8 @@ def _fitted(
 ) -> tuple[Table, int]:
     """A plain table (no borders, two spaces between columns) of `rows` fitted to
     `width` (see _fit), and the room left of `width` for one more column."""
-    widths, room = _fit(names, rows, width, give_way, wrap)
-    return _plain_table(names, widths, **table), room
+    widths, room, gap = _fit(names, rows, width, give_way, wrap)
+    return _plain_table(names, widths, gap, **table), room
 
 
 def _fit(
@@ -965,7 +965,7 @@ def _fit(
     width: int,
     give_way: Sequence[tuple[str, int]],
     wrap: str | None = None,
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """The widths of the columns of `rows`, as wide as their texts, and the room left
     of `width` for one more column. When they do not fit, the `wrap` column (of step
     paths) narrows first, to its widest part, its paths going onto lines after their
@@ -997,17 +997,42 @@ def _fit(
             room += cut
             for row, text in zip(rows, whole, strict=True):
                 row[i] = _cut(text[i], widths[i])
-    return widths, room
+    # Still wider than `width` (a 40-column terminal; `room` keeps a gap for one more
+    # column): the headers go over lines at their spaces ("max" / "|error|", see
+    # _plain_table), one space between columns instead of two, and the `give_way`
+    # columns down to their header's width ("variant").
+    gap = 2
+    for i, name in enumerate(names):
+        if room + gap < 0 and name != wrap:
+            least = max(cell_len(x) for x in [*name.split(), *(row[i] for row in rows)])
+            cut = min(-room - gap, max(0, widths[i] - least))
+            widths[i] -= cut
+            room += cut
+    if room + gap < 0:
+        gap = 1
+        room += len(widths)
+    for name, _ in give_way:
+        if room + gap < 0 and name in names:
+            i = names.index(name)
+            cut = min(-room - gap, max(0, widths[i] - cell_len(name)))
+            widths[i] -= cut
+            room += cut
+            for row, text in zip(rows, whole, strict=True):
+                row[i] = _cut(text[i], widths[i])
+    return widths, room, gap
 
 
-def _plain_table(names: list[str], widths: list[int], **table: Any) -> Table:
-    """An empty plain table of the columns `names`, each as wide as `widths` says;
-    columns of numbers (a name with `|`, `atol`, `tolerance`, `cells`) right-aligned."""
-    out = Table(title_justify="left", box=None, pad_edge=False, **table)
+def _plain_table(names: list[str], widths: list[int], gap: int = 2, **table: Any) -> Table:
+    """An empty plain table of the columns `names`, each as wide as `widths` says, `gap`
+    spaces apart; a name wider than its column goes over lines at its spaces; columns
+    of numbers (a name with `|`, `atol`, `tolerance`, `cells`) right-aligned."""
+    pad = (0, 1) if gap == 2 else (0, gap, 0, 0)  # (between columns only: no pad_edge)
+    out = Table(title_justify="left", box=None, pad_edge=False, padding=pad, **table)
     for name, w in zip(names, widths, strict=True):
         right = "|" in name or name in ("atol", "tolerance", "cells")
+        header = name if cell_len(name) <= w else re.sub(" +", "\n", name)
         out.add_column(
-            name, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
+            header, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
         )
     return out
 
@@ -1080,13 +1105,13 @@ def check_view(results: Sequence[CheckResult], width: int) -> list[RenderableTyp
     names = ["step", "variant", "ok", "max |error|"]
     names += ["tolerance" if relative else "atol"] * (len(tolerances) > 1)
     # One fit to all the rows for every group's table, so that their columns line up.
-    widths, room = _fit(names, rows, width, (("variant", 8),), wrap="step")
+    widths, room, gap = _fit(names, rows, width, (("variant", 8),), wrap="step")
     out: list[RenderableType] = []
     if len(groups) > 1:
         out.append(Text(title, style="table.title"))
     for k, (config, group) in enumerate(groups.items()):
         table = _plain_table(
-            names, widths, title=title if len(groups) == 1 else None, show_header=k == 0
+            names, widths, gap, title=title if len(groups) == 1 else None, show_header=k == 0
         )
         if room >= 12:
             table.add_column("note", max_width=min(room, 60), no_wrap=True, overflow="ellipsis")
