@@ -272,3 +272,18 @@ def test_generate_beam_extensions_fit_60_columns(columns: int) -> None:
     panel = text.split("iteration 0 ")[1].split("iteration 1 ")[0]
     for token, p in first.items():
         assert re.search(rf"│ +\d+ +0 {re.escape(token)} +{p:.4f} ", panel), token
+
+
+@pytest.mark.parametrize("columns", [40, 45])
+def test_examples_wraps_a_title_at_its_spaces_under_itself(columns: int) -> None:
+    # "hello        Hello World (The Random Transformer)" was 49 cells at 40 columns.
+    import yaml
+
+    from trace_tf.loader import examples_dir
+
+    title = yaml.safe_load((examples_dir() / "hello.yaml").read_text())["title"]
+    lines = shown(["examples"], columns).splitlines()
+    assert max(map(cell_len, lines)) <= columns
+    assert lines[0].startswith("hello ") and lines[1].startswith(" " * 13)
+    assert " ".join(x.strip() for x in lines).removeprefix("hello ").strip() == title
+    assert shown(["examples"], 60).splitlines()[0] == f"{'hello':12s} {title}"  # as before

@@ -206,6 +206,14 @@ MIN_WIDTH = 40  # a narrower terminal ($COLUMNS=1, say) is laid out 40 wide: it 
 MAX_WIDTH = 1000  # panels fill the width: $COLUMNS=999999999 padded them out of memory
 
 
+def screen_width() -> int:
+    """The terminal's width (or $COLUMNS), 120 when stdout is not a terminal, between
+    MIN_WIDTH and MAX_WIDTH."""
+    import shutil
+
+    return min(MAX_WIDTH, max(MIN_WIDTH, shutil.get_terminal_size((120, 40)).columns))
+
+
 @dataclass
 class Common:
     sets: list[str]
@@ -231,11 +239,7 @@ class Common:
         $COLUMNS), 120 when stdout is not a terminal, 160 in an --output file; never
         under MIN_WIDTH, where a panel would have no room left for its text, nor over
         MAX_WIDTH."""
-        import shutil
-
-        if not self.to_stdout:
-            return 160
-        return min(MAX_WIDTH, max(MIN_WIDTH, shutil.get_terminal_size((120, 40)).columns))
+        return screen_width() if self.to_stdout else 160
 
     def view(self) -> "View":
         """Elide matrices to what fits the terminal. `max_cols` is the most columns that
@@ -924,9 +928,13 @@ def weights(c: Common, config: ConfigArg = None) -> None:
 def examples(debug: DebugOpt = False) -> None:
     """List the packaged examples."""
     with guarded(debug):
+        import textwrap
+
+        from rich.cells import cell_len
+
         from trace_tf.loader import example_names, examples_dir  # no numpy: starts quickly
 
-        lines = []
+        width, lines = screen_width(), []
         for name in example_names():
             title = ""
             text = (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")
@@ -934,7 +942,17 @@ def examples(debug: DebugOpt = False) -> None:
                 if line.startswith("title:"):
                     title = line.partition(":")[2].strip()
                     break
-            lines.append(f"{name:12s} {title}")
+            line = f"{name:12s} {title}"
+            if cell_len(line) > width:  # its title over lines at its spaces, indented
+                indent = " " * (cell_len(line) - cell_len(title))
+                line = textwrap.fill(
+                    line,
+                    max(width, len(indent) + 1),
+                    subsequent_indent=indent,
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            lines.append(line)
         with _write_errors("standard output"):  # a full disk: one line, exit 2
             sys.stdout.write("".join(f"{x}\n" for x in lines))
             sys.stdout.flush()
