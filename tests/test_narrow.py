@@ -287,3 +287,28 @@ def test_examples_wraps_a_title_at_its_spaces_under_itself(columns: int) -> None
     assert lines[0].startswith("hello ") and lines[1].startswith(" " * 13)
     assert " ".join(x.strip() for x in lines).removeprefix("hello ").strip() == title
     assert shown(["examples"], 60).splitlines()[0] == f"{'hello':12s} {title}"  # as before
+
+
+def test_cost_fits_40_columns_its_cells_unpadded() -> None:
+    # It was 53 cells wide at 40 columns (the ledger 50: its rules and a space either
+    # side of every cell; the totals' "O(L·D·d_ff)" kept on one line). Where a boxed
+    # table would not fit otherwise, its cells lose that space, and a growth formula
+    # goes over lines after its "·".
+    out = shown(["cost"], 40)
+    assert max(map(cell_len, out.splitlines())) <= 40
+    ledger = data(["cost"])["ledger"]
+    assert box_cells(out, 0, 1)[: len(ledger)] == [c["path"] for c in ledger]
+    counts = box_cells(out, 3, 1)[: len(ledger)]
+    assert counts == [f"{c['macs']:,}" if c["macs"] else "—" for c in ledger]
+    totals = out[out.index("totals") :]
+    grows = [g for g in box_cells(totals, 3, 0) if g]
+    assert grows == ["O(L·D²)", "O(L²·D)", "O(L·D·d_ff)", "O(L·D·V)"]
+    assert "│ encoder.embed " in shown(["cost"], 80)  # where it fits, padded as before
+
+
+def test_stages_at_40_columns_is_as_wide_as_its_longest_words() -> None:
+    # 47 cells at 40 columns; now its cells unpadded: "final_norm" (10), the formula
+    # "sublayer(Norm(x)))" (18), the shape's "instance:" (9) and 4 rules: 41, no less.
+    out = shown(["stages"], 40)
+    assert max(map(cell_len, out.splitlines())) == 41
+    assert "│ embed " in shown(["stages"], 80)  # padded where it fits

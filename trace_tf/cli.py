@@ -633,11 +633,12 @@ def emit(
 
             fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
         else:
-            from trace_tf.render import least_width
+            from trace_tf.render import least_width, unpadded
 
             con = console(fh, c.width)
             # A table whose numbers cannot all fit is printed wider than the terminal
             # rather than cut one; with --full, every column of a matrix, however wide.
+            renderables = [unpadded(r, con.width) for r in renderables]
             widths = [least_width(r) for r in renderables]
             screen, con.width = con.width, max(con.width, *widths)
             for r, need in zip(renderables, widths, strict=True):

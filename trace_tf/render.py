@@ -898,6 +898,21 @@ def least_width(renderable: RenderableType) -> int:
     return _through_panels(renderable, least_width) if isinstance(renderable, Group | Panel) else 0
 
 
+def unpadded(renderable: RenderableType, width: int) -> RenderableType:
+    """`renderable`, or, where it is a boxed table whose least_width is more than `width`
+    (`cost`, `stages` at 40 columns), the table without the space either side of each
+    cell: its rules set the cells apart, and it then fits where its words and numbers do."""
+    if (
+        isinstance(renderable, Table)
+        and renderable.box is not None
+        and renderable.padding != (0, 0, 0, 0)
+        and least_width(renderable) > width
+    ):
+        renderable.padding = (0, 0, 0, 0)
+        return _shared_out(renderable, width)  # (rich would narrow them all alike)
+    return renderable
+
+
 def _least_of(table: Table, m: _ColumnWidths) -> int:
     """least_width of `table`, whose columns measure `m`."""
     if not any(c.min_width is not None or c.width is not None for c in table.columns):
@@ -1256,7 +1271,8 @@ def cost_totals(totals: Totals, growth: Mapping[str, str]) -> Table:
     table.add_section()
     for kind, n in totals.by_kind.items():
         if n:
-            table.add_row(Text(kind, style="bold"), f"{n:,}", f"{n / total:.1%}", growth[kind])
+            grows = Wrapped(growth[kind], FORMULA_BREAKS)  # ("O(L·" / "D·" / "d_ff)")
+            table.add_row(Text(kind, style="bold"), f"{n:,}", f"{n / total:.1%}", grows)
     table.add_section()
     table.add_row(Text("total", style="bold"), f"{totals.total:,}", "100%", "")
     return keep_whole(table)
