@@ -312,3 +312,11 @@ def test_stages_at_40_columns_is_as_wide_as_its_longest_words() -> None:
     out = shown(["stages"], 40)
     assert max(map(cell_len, out.splitlines())) == 41
     assert "│ embed " in shown(["stages"], 80)  # padded where it fits
+
+
+def test_check_cuts_no_variant_name_where_that_would_not_make_it_fit() -> None:
+    # At scale 3 errors are shown in full (0.0006250596046), and the table cannot fit
+    # 40 columns: the variant names stay as they were ("document"), not cut to 7 cells.
+    args = ["check", "fixtures/hello.yaml", "--set", "model.scale=3"]
+    out = runner.invoke(app, args, env={"COLUMNS": "40"}).stdout  # (exit 1: some fail)
+    assert " document " in out and "…cument" not in out

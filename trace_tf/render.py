@@ -1026,10 +1026,10 @@ def _fit(
     if room + gap < 0:
         gap = 1
         room += len(widths)
-    for name, _ in give_way:
-        if room + gap < 0 and name in names:
-            i = names.index(name)
-            cut = min(-room - gap, max(0, widths[i] - cell_len(name)))
+    for name, _ in give_way:  # (only where that lets it fit: never cut for nothing)
+        i = names.index(name) if name in names else -1
+        if room + gap < 0 and i >= 0 and widths[i] - cell_len(name) >= -room - gap:
+            cut = -room - gap
             widths[i] -= cut
             room += cut
             for row, text in zip(rows, whole, strict=True):
