@@ -161,7 +161,9 @@ def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, ep
             s, y, mean_y, var_y = scaled_moments(x, _reduced_axes(x, var))
             scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
             out = np.where(redo, scaled, out)
-    return out * gamma + beta
+    out *= gamma  # (in place: `out * gamma` would take fresh memory for L x d once more)
+    out += beta
+    return out
 
 
 def layer_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
