@@ -2067,6 +2067,16 @@ CALCULATORS = [
         args=att(q="1 1e-400"),
         names="--q",
     ),
+    case(  # -1e400 is no -inf, which the matrix writes as such (as the file refuses it)
+        "inline-mask-overflow",
+        None,
+        None,
+        None,
+        "--mask: row 0: number too large; expected a number of magnitude at most "
+        "1.79769e+308 (float64), found '-1e400'",
+        args=att(mask="0 -1e400; 0 0"),
+        names="--mask",
+    ),
     case(
         "attend-unknown-score",
         None,

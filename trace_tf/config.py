@@ -24,9 +24,8 @@ import numpy as np
 
 from trace_tf.errors import InputError, quoted, suggest
 from trace_tf.loader import (
-    FLOAT64_LEAST,
-    FLOAT64_MOST,
     Lines,
+    beyond_float64,
     example_names,
     examples_dir,
     join,
@@ -35,7 +34,6 @@ from trace_tf.loader import (
     read_number,
     read_stream,
     read_text,
-    underflows,
 )
 from trace_tf.text import counted, exact, root_text, shape_text, typed, whole_number
 
@@ -552,10 +550,9 @@ def within_float64(value: float, option: str) -> float:
     """A number given to an option, refused where the user typed one float64 cannot hold
     (1e-400, read as 0; 1e400, read as inf), as the loader refuses it in a file."""
     text = typed(value)
-    if underflows(text, value):
-        raise InputError(f"{option}: number too small", expected=FLOAT64_LEAST, found=text)
-    if math.isinf(value) and "inf" not in text.lower():
-        raise InputError(f"{option}: number too large", expected=FLOAT64_MOST, found=text)
+    beyond = beyond_float64(text, value)
+    if beyond is not None:
+        raise InputError(f"{option}: {beyond[0]}", expected=beyond[1], found=text)
     return value
 
 
@@ -593,9 +590,10 @@ def _parse_rows(text: str, option: str, allow_inf: bool) -> list[list[float]]:
                     expected="a finite number" + (" or -inf" if allow_inf else ""),
                     found=quoted(c),
                 )
-            if underflows(cell, x):
+            beyond = beyond_float64(cell, x)  # (-1e400 and 1e-400: as the file refuses them)
+            if beyond is not None:
                 raise InputError(
-                    f"{option}: row {r}: number too small", expected=FLOAT64_LEAST, found=quoted(c)
+                    f"{option}: row {r}: {beyond[0]}", expected=beyond[1], found=quoted(c)
                 )
             row.append(x)
         if rows and len(row) != len(rows[0]):

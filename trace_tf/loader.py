@@ -87,9 +87,16 @@ def read_number(text: str) -> float | None:
     return None
 
 
-def underflows(text: str, value: float) -> bool:
-    """Whether a number written nonzero (1e-400) was read as 0: beyond float64's smallest."""
-    return value == 0 and any(digit in "123456789" for digit in text.lower().split("e")[0])
+def beyond_float64(text: str, value: float) -> tuple[str, str] | None:
+    """Why a number written `text`, read as `value`, is refused, as (problem, expected):
+    1e400 read as inf (not .inf, which writes an infinity as such), or a number written
+    nonzero (1e-400) read as 0; None where float64 holds it. The one rule of the file,
+    an option (`--scale 1e-400`) and an inline matrix (`--mask "0 -1e400"`)."""
+    if math.isinf(value) and "inf" not in text.lower():
+        return "number too large", FLOAT64_MOST
+    if value == 0 and any(digit in "123456789" for digit in text.lower().split("e")[0]):
+        return "number too small", FLOAT64_LEAST
+    return None
 
 
 def _c_loader() -> type | None:
@@ -443,12 +450,9 @@ class _Builder:
             return self._int(node, path)
         if tag == _FLOAT and _FLOAT_TEXT.match(text):
             value = read_number(text)
-            if value is not None and math.isinf(value) and "inf" not in text.lower():
-                raise self.fail(  # 1e400: not .inf, which a file writes as such
-                    node, path, "number too large", expected=FLOAT64_MOST, found=text
-                )
-            if value is not None and underflows(text, value):
-                raise self.fail(node, path, "number too small", expected=FLOAT64_LEAST, found=text)
+            beyond = None if value is None else beyond_float64(text, value)
+            if beyond is not None:
+                raise self.fail(node, path, beyond[0], expected=beyond[1], found=text)
             return value
         if tag in (_NULL, _BOOL, _FLOAT):
             raise self._invalid(node, path)
