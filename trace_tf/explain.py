@@ -994,9 +994,9 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
     total, note = _div(x - mean, _sqrt(var + eps)) * g + b, ""
-    row = ctx.get(x_name)[i, :]
-    if _beyond(var + eps) and np.isfinite(row).all() and np.any(row != row[0]):
-        unit, note = _norm_scaled(row, j, eps)
+    scaled = _norm_scaled(ctx.get(x_name)[i, :], j, var + eps, eps)
+    if scaled is not None:
+        unit, note = scaled
         total = unit * g + b
     where.insert(
         1, f"mean{i}, var{i} = {step.path}.mean, .var row {i} (biased var, ε = {exact(eps)})"
@@ -1033,12 +1033,18 @@ def _beyond(denominator: float) -> bool:
     return bool(ops.beyond_normal(np.float64(denominator)))
 
 
-def _norm_scaled(group: np.ndarray, k: int, eps: float) -> tuple[float, str]:
-    """(x_k − mean) / √(var + ε) of a group of finite x whose var + ε float64 cannot hold,
-    computed as the engine does, scaled by a power of two s, and the note saying so."""
-    s, y, mean_y, var_y = ops.scaled_moments(group.astype(np.float64), 0)
+def _norm_scaled(
+    group: np.ndarray, k: int, denominator: float, eps: float
+) -> tuple[float, str] | None:
+    """(x_k − mean) / √(var + ε) of a group of finite x, not all one value, whose
+    var + ε (`denominator`) float64 cannot hold, computed as the engine does, scaled by
+    a power of two s, and the note saying so; None for any other group."""
+    if not (_beyond(denominator) and np.isfinite(group).all() and np.any(group != group[0])):
+        return None
+    x = group.astype(np.float64)
+    s, y, mean_y, var_y = ops.scaled_moments(x, 0)
     sv = float(s[0])
-    value = float((y[k] - mean_y[0]) / np.hypot(np.sqrt(var_y[0]), math.sqrt(eps) / sv))
+    value = float(ops.standardized_scaled(x, 0, eps)[k])
     note = (
         f"var + ε is beyond float64; with x and mean divided by s = 2^{math.frexp(sv)[1] - 1}, "
         f"which changes no quotient: ({exact(float(y[k]))} − {exact(float(mean_y[0]))}) "
@@ -1160,8 +1166,9 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x = np.asarray(ctx.param("x"))
     axis = NORM_AXES[str(ctx.param("kind"))][0] % x.ndim
     group = x[tuple(slice(None) if k == axis else c for k, c in enumerate(cell))]
-    if _beyond(s + eps) and np.isfinite(group).all() and np.any(group != group.flat[0]):
-        unit, note = _norm_scaled(group, cell[axis], eps)
+    scaled = _norm_scaled(group, cell[axis], s + eps, eps)
+    if scaled is not None:
+        unit, note = scaled
         total = unit * g + b
     return _Parts(
         [

@@ -158,9 +158,7 @@ def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, ep
         out = (x - mean) / np.sqrt(denominator)
         redo = _redone(x, beyond_normal(denominator))
         if redo.any():
-            s, y, mean_y, var_y = scaled_moments(x, _reduced_axes(x, var))
-            scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
-            out = np.where(redo, scaled, out)
+            out = np.where(redo, standardized_scaled(x, _reduced_axes(x, var), eps), out)
     out *= gamma  # (in place: `out * gamma` would take fresh memory for L x d once more)
     out += beta
     return out
@@ -277,6 +275,13 @@ def scaled_moments(x: Array, axis: int | tuple[int, ...]) -> tuple[Array, Array,
     mean_y = np.mean(y, axis=axis, keepdims=True)
     var_y = np.mean((y - mean_y) ** 2, axis=axis, keepdims=True)
     return s, y, mean_y, var_y
+
+
+def standardized_scaled(x: Array, axis: int | tuple[int, ...], eps: float) -> Array:
+    """(x − mean) / √(var + ε) over `axis`, computed scaled (`scaled_moments`) for groups
+    whose var + ε float64 cannot hold: (y − mean_y) / hypot(sd_y, √ε / s)."""
+    s, y, mean_y, var_y = scaled_moments(x, axis)
+    return (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
 
 
 def _power_of_two_scale(x: Array, axis: int | tuple[int, ...]) -> Array:
