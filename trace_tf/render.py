@@ -997,21 +997,24 @@ def _fit(
     )
     room = width - sum(widths) - 2 * len(widths)
     whole = [list(row) for row in rows]  # each cut is made from the whole text
+
+    def narrow(i: int, least: int, need: int, cut_texts: bool = True) -> None:
+        """Column i narrower by up to `need` cells, not below `least`; its texts cut."""
+        nonlocal room
+        cut = min(need, max(0, widths[i] - least))
+        widths[i] -= cut
+        room += cut
+        for row, text in zip(rows, whole, strict=True) if cut_texts else ():
+            row[i] = _cut(text[i], widths[i])
+
     if wrap is not None and room < 0:
         i = names.index(wrap)
         least = max([cell_len(wrap), *(Wrapped(r[i], PATH_BREAKS).least() for r in rows)])
-        cut = min(-room, max(0, widths[i] - least))
-        widths[i] -= cut
-        room += cut
+        narrow(i, least, -room, cut_texts=False)  # (its paths go over lines instead)
     # Each in turn to its least; when that is not enough, each further, to _LEAST_TEXT.
     for name, least in [*give_way, *((name, _LEAST_TEXT) for name, _ in give_way)]:
         if room < 0 and name in names:
-            i = names.index(name)
-            cut = min(-room, max(0, widths[i] - least))
-            widths[i] -= cut
-            room += cut
-            for row, text in zip(rows, whole, strict=True):
-                row[i] = _cut(text[i], widths[i])
+            narrow(names.index(name), least, -room)
     # Still wider than `width` (a 40-column terminal; `room` keeps a gap for one more
     # column): the headers go over lines at their spaces ("max" / "|error|", see
     # _plain_table), one space between columns instead of two, and the `give_way`
@@ -1020,20 +1023,14 @@ def _fit(
     for i, name in enumerate(names):
         if room + gap < 0 and name != wrap:
             least = max(cell_len(x) for x in [*name.split(), *(row[i] for row in rows)])
-            cut = min(-room - gap, max(0, widths[i] - least))
-            widths[i] -= cut
-            room += cut
+            narrow(i, least, -room - gap, cut_texts=False)  # (no text is wider than least)
     if room + gap < 0:
         gap = 1
         room += len(widths)
     for name, _ in give_way:  # (only where that lets it fit: never cut for nothing)
         i = names.index(name) if name in names else -1
         if room + gap < 0 and i >= 0 and widths[i] - cell_len(name) >= -room - gap:
-            cut = -room - gap
-            widths[i] -= cut
-            room += cut
-            for row, text in zip(rows, whole, strict=True):
-                row[i] = _cut(text[i], widths[i])
+            narrow(i, cell_len(name), -room - gap)
     return widths, room, gap
 
 
