@@ -335,3 +335,23 @@ def test_a_given_mask_of_minus_inf_is_still_no_overflow(tmp_path: Path) -> None:
     )
     result = runner.invoke(app, ["attend", path, "--strict", "--format", "json"])
     assert result.exit_code == 0 and result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "kind, x", [("layer", "[[1.0e200, 1.0e200], [3, 3]]"), ("batch", "[[1.0e200], [1.0e200]]")]
+)
+def test_norm_of_an_equal_group_with_a_subnormal_eps_is_zero(
+    kind: str, x: str, tmp_path: Path
+) -> None:
+    # Every x of a group equal: x − mean = 0 and var = 0, so with ε = 1e-320 > 0 each
+    # entry is 0 / √1e-320 = 0. var + ε (subnormal) sends the group down the scaled path,
+    # where √ε / s (s = 2^664) rounded to 0 and gave 0/0 = NaN, reported as a NaN.
+    path = _write(tmp_path, f"norm: {{kind: {kind}, eps: 1.0e-320, x: {x}}}\n")
+    result = runner.invoke(app, ["norm", path, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    out = next(s["value"] for s in data["steps"] if s["path"] == "norm.out")
+    assert all(v == 0.0 for row in out for v in row)
+    assert data["warnings"] == []
+    ex = runner.invoke(app, ["explain", "norm.out", path, "--format", "json"])
+    assert ex.exit_code == 0 and json.loads(ex.stdout)["agrees"], ex.stdout

@@ -151,7 +151,8 @@ def standardize(x: Array, mean: Array, var: Array, gamma: Array, beta: Array, ep
 
     Where var + eps is beyond float64 (an infinity, or below its least normal number,
     so 0 or a few bits: 0/0 where the true quotient is finite) but x is finite, those
-    groups are computed scaled (see `scaled_moments`): (y − mean_y) / hypot(sd_y, √ε / s).
+    groups are computed scaled (see `scaled_moments`): (y − mean_y) / hypot(sd_y, √ε / s),
+    and 0 where y is its mean and ε > 0 (x − mean = 0 over √ε, though √ε / s may round to 0).
     """
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         denominator = var + eps
@@ -281,7 +282,9 @@ def standardized_scaled(x: Array, axis: int | tuple[int, ...], eps: float) -> Ar
     """(x − mean) / √(var + ε) over `axis`, computed scaled (`scaled_moments`) for groups
     whose var + ε float64 cannot hold: (y − mean_y) / hypot(sd_y, √ε / s)."""
     s, y, mean_y, var_y = scaled_moments(x, axis)
-    return (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
+    scaled = (y - mean_y) / np.hypot(np.sqrt(var_y), math.sqrt(eps) / s)
+    # √ε / s rounds to 0 under a large s only where var_y = 0: there it is 0 / √ε = 0
+    return np.where(y == mean_y, 0.0, scaled) if eps > 0 else scaled
 
 
 def _power_of_two_scale(x: Array, axis: int | tuple[int, ...]) -> Array:
