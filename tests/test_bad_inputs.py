@@ -2221,6 +2221,30 @@ CALCULATORS = [
         args=("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0", "--temperature", "0"),
         names="command line",
     ),
+    # Not only a whole number: a calculator's option is shown as typed in the file's
+    # message too (the README's `found 1.50`), not as the float it became (-1.5, -1e-05).
+    *(
+        case(
+            f"calculator-{option[2:]}-{text}-as-typed",
+            None,
+            key,
+            None,
+            f"found the number {text}\n",
+            args=(*args, option, text),
+            names="command line",
+        )
+        for args, option, key in (
+            (("norm", "--x", "1 2"), "--eps", "norm.eps"),
+            (("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0"), "--scale", "attention.scale"),
+            (
+                ("attend", "--q", "1 0", "--k", "1 0", "--v", "1 0"),
+                "--temperature",
+                "attention.temperature",
+            ),
+            (("pe", "--length", "2", "--d-model", "2"), "--base", "pe.base"),
+        )
+        for text in ("-1.50", "-1e-5")
+    ),
     case(
         "norm-instance-of-a-matrix",
         None,

@@ -1247,17 +1247,16 @@ def _op_config(
 
 def _as_in_file(value: Any, option: str) -> Any:
     """An option's value as the file would hold it: a number typed whole (`0`, `-1`) an
-    int, so that a message says `found the number 0`, not 0.0; a number float64 cannot
-    hold (1e-400, 1e400) refused, as in the file."""
+    int, so that a message says `found the number 0`, not 0.0, any other kept with its
+    text (`found the number -1.50`, not -1.5); a number float64 cannot hold (1e-400,
+    1e400) refused, as in the file."""
     from trace_tf.config import within_float64
     from trace_tf.text import whole_number
 
     if not isinstance(value, Typed):
         return value
     within_float64(value, option)
-    return (
-        int(value.text.strip()) if whole_number(value.text.strip(), signed=True) else float(value)
-    )
+    return int(value.text.strip()) if whole_number(value.text.strip(), signed=True) else value
 
 
 def _run_op(cfg: "OpConfig", c: Common) -> None:

@@ -35,7 +35,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
-from trace_tf.text import counted, exact, root_text, shape_text, typed, whole_number
+from trace_tf.text import Typed, counted, exact, root_text, shape_text, typed, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
 
@@ -1092,7 +1092,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean ({str(value).lower()})"
     if isinstance(value, int | float):
-        return f"the number {value!r}"
+        return f"the number {typed(value) if isinstance(value, Typed) else repr(value)}"
     if isinstance(value, str):
         typeset = value.strip().replace("−", "-")  # (a minus sign as typeset, U+2212)
         minus = " (its '−' is a typeset minus sign: write '-')"
