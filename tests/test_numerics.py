@@ -355,3 +355,32 @@ def test_norm_of_an_equal_group_with_a_subnormal_eps_is_zero(
     assert data["warnings"] == []
     ex = runner.invoke(app, ["explain", "norm.out", path, "--format", "json"])
     assert ex.exit_code == 0 and json.loads(ex.stdout)["agrees"], ex.stdout
+
+
+@pytest.mark.parametrize(
+    "eps, row", [("0", "[1.0e-22, -1.0e-22, 3.0e-22]"), ("1.0e-5", "[1.0e30, -1.0e30, 3.0e30]")]
+)
+def test_float32_norm_beyond_float32_is_explained_as_float32(
+    eps: str, row: str, tmp_path: Path
+) -> None:
+    # Under --dtype float32, var = 8/3 · 1e-44 is a float32 subnormal of a few bits (and
+    # 8/3 · 1e60 a float32 infinity), though float64 holds both: the engine computes the
+    # row scaled, [0, −√1.5, √1.5]. explain judged var + ε by float64's range, so for the
+    # subnormal it divided by the few-bit var (1.2257, 'recorded 1.2247 but the
+    # arithmetic gives 1.2257'), and for the infinity it said 'beyond float64'.
+    text = HUGE_PRE.replace("NORM", "layer").replace("EPS", eps).replace("ROW", row)
+    path = _write(tmp_path, text)
+    step = "encoder.0.self_attn.norm"
+    result = runner.invoke(app, ["encode", path, "--dtype", "float32", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    got = next(s["value"] for s in json.loads(result.stdout)["steps"] if s["path"] == step)
+    assert got[0] == pytest.approx([0.0, -R, R], rel=1e-6, abs=1e-6)
+    for j in (1, 2):
+        ex = runner.invoke(
+            app,
+            ["explain", step, path, "--dtype", "float32", "--cell", f"0,{j}", "--format", "json"],
+        )
+        assert ex.exit_code == 0, ex.stderr
+        e = json.loads(ex.stdout)
+        assert e["agrees"] and e["result"] == pytest.approx(got[0][j], rel=1e-6)
+        assert "var + ε is beyond float32" in " ".join(e["lines"])

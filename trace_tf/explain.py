@@ -994,7 +994,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
     total, note = _div(x - mean, _sqrt(var + eps)) * g + b, ""
-    scaled = _norm_scaled(ctx.get(x_name)[i, :], j, var + eps, eps)
+    scaled = _norm_scaled(ctx.get(x_name)[i, :], j, var + eps, eps, step)
     if scaled is not None:
         unit, note = scaled
         total = unit * g + b
@@ -1027,26 +1027,26 @@ def _reduced(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> tuple[np.ndarray, 
     return x[tuple(index)], f"x[{sel}]", x_name
 
 
-def _beyond(denominator: float) -> bool:
-    """A var + ε or mean square + ε that float64 cannot hold (ops.beyond_normal), which
-    the engine therefore computes scaled."""
-    return bool(ops.beyond_normal(np.float64(denominator)))
+def _beyond(denominator: float, step: Step) -> bool:
+    """A var + ε or mean square + ε that the step's dtype (float64, or float32 under
+    --dtype float32) cannot hold (ops.beyond_normal): the engine computes it scaled."""
+    return bool(ops.beyond_normal(np.asarray(denominator, dtype=step.value.dtype)))
 
 
 def _norm_scaled(
-    group: np.ndarray, k: int, denominator: float, eps: float
+    group: np.ndarray, k: int, denominator: float, eps: float, step: Step
 ) -> tuple[float, str] | None:
     """(x_k − mean) / √(var + ε) of a group of finite x, not all one value, whose
-    var + ε (`denominator`) float64 cannot hold, computed as the engine does, scaled by
-    a power of two s, and the note saying so; None for any other group."""
-    if not (_beyond(denominator) and np.isfinite(group).all() and np.any(group != group[0])):
+    var + ε (`denominator`) the step's dtype cannot hold, computed as the engine does,
+    scaled by a power of two s, and the note saying so; None for any other group."""
+    if not (_beyond(denominator, step) and np.isfinite(group).all() and np.any(group != group[0])):
         return None
     x = group.astype(np.float64)
     s, y, mean_y, var_y = ops.scaled_moments(x, 0)
     sv = float(s[0])
     value = float(ops.standardized_scaled(x, 0, eps)[k])
     note = (
-        f"var + ε is beyond float64; with x and mean divided by s = 2^{math.frexp(sv)[1] - 1}, "
+        f"var + ε is beyond {step.value.dtype}; with x and mean divided by s = 2^{math.frexp(sv)[1] - 1}, "
         f"which changes no quotient: ({exact(float(y[k]))} − {exact(float(mean_y[0]))}) "
         f"/ √({exact(float(var_y[0]))} + ε/s²)"
     )
@@ -1096,12 +1096,12 @@ def _rms(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     terms = [f"{ctx.f.fac(float(v))}²" for v in xs]
     square = _fsum(float(v) * float(v) for v in xs) / n + eps
     total, note = _sqrt(square), ""
-    if _beyond(square) and np.isfinite(xs).all() and np.any(xs != 0):
+    if _beyond(square, step) and np.isfinite(xs).all() and np.any(xs != 0):
         sv = float(ops.scaled_moments(xs.astype(np.float64), 0)[0][0])
         ys = [float(v) / sv for v in xs]
         total = sv * math.hypot(math.sqrt(_fsum(y * y for y in ys) / n), math.sqrt(eps) / sv)
         note = (
-            f"mean(x²) + ε is beyond float64; with x divided by s = 2^{math.frexp(sv)[1] - 1}: "
+            f"mean(x²) + ε is beyond {step.value.dtype}; with x divided by s = 2^{math.frexp(sv)[1] - 1}: "
             f"s · √(Σ (x/s)² / {n} + ε/s²)"
         )
     return _Parts(
@@ -1166,7 +1166,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x = np.asarray(ctx.param("x"))
     axis = NORM_AXES[str(ctx.param("kind"))][0] % x.ndim
     group = x[tuple(slice(None) if k == axis else c for k, c in enumerate(cell))]
-    scaled = _norm_scaled(group, cell[axis], s + eps, eps)
+    scaled = _norm_scaled(group, cell[axis], s + eps, eps, step)
     if scaled is not None:
         unit, note = scaled
         total = unit * g + b
