@@ -384,3 +384,27 @@ def test_float32_norm_beyond_float32_is_explained_as_float32(
         e = json.loads(ex.stdout)
         assert e["agrees"] and e["result"] == pytest.approx(got[0][j], rel=1e-6)
         assert "var + ε is beyond float32" in " ".join(e["lines"])
+
+
+def test_rms_norm_of_a_row_whose_rms_is_subnormal(tmp_path: Path) -> None:
+    # x = [5e-324, 0], ε = 0: rms = 5e-324 / √2 = 3.5e-324, which float64 holds only as
+    # 5e-324 (a subnormal of one bit), so x / rms gave 1, silently, for x / rms = √2.
+    # By hand: x / rms = √2 · x / |x_0| = [√2, 0], and the same for the calculator.
+    path = _write(tmp_path, "norm: {kind: rms, eps: 0, x: [[5.0e-324, 0]]}\n")
+    result = runner.invoke(app, ["norm", path, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    out = next(s["value"] for s in data["steps"] if s["path"] == "norm.out")
+    assert out[0] == pytest.approx([math.sqrt(2), 0.0], rel=1e-15)
+    ex = runner.invoke(app, ["explain", "norm.out", path, "--format", "json"])
+    e = json.loads(ex.stdout)
+    assert e["agrees"] and e["result"] == pytest.approx(math.sqrt(2), rel=1e-15), ex.stdout
+    assert "rms is below float64's normal numbers" in " ".join(e["lines"])
+    model = HUGE_PRE.replace("NORM", "rms").replace("EPS", "0").replace("d_model: 3", "d_model: 2")
+    path = _write(tmp_path, model.replace("ROW", "[5.0e-324, 0]"))
+    result = runner.invoke(app, ["encode", path, "--format", "json"])
+    step = "encoder.0.self_attn.norm"
+    got = next(s["value"] for s in json.loads(result.stdout)["steps"] if s["path"] == step)
+    assert got[0] == pytest.approx([math.sqrt(2), 0.0], rel=1e-15)
+    ex = runner.invoke(app, ["explain", step, path, "--format", "json"])
+    assert json.loads(ex.stdout)["agrees"], ex.stdout

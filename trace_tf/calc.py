@@ -95,7 +95,7 @@ def norm_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
         tr.name_all(op_arrays("norm", p))
         if kind == "rms":
             r = tr.rec("rms", ops.rms(x, eps), f"√(mean(x²) + ε) of {where}, ε = {exact(eps)}", x)
-            return tr.rec("out", ops.rms_scale(x, r, gamma, beta), "x / rms · γ + β", x, r)
+            return tr.rec("out", ops.rms_scale(x, r, gamma, beta, eps), "x / rms · γ + β", x, r)
         mean, var = ops.moments(x, axis)
         mean = tr.rec("mean", mean, f"mean of {where}", x)
         var = tr.rec("var", var, f"biased variance of {where} (÷ n)", x)

@@ -980,7 +980,11 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     where = [f"x = {x_name}", f"γ = {g_name}{ctx.source(g_name)}, β = {b_name}{ctx.source(b_name)}"]
     if ctx.cfg.model.norm == "rms":
         r = float(ctx.get(f"{step.path}.rms")[i, 0])
-        total = _div(x, r) * g + b
+        total, note = _div(x, r) * g + b, ""
+        row = ctx.get(x_name)[i, :]
+        if _beyond(r, step) and np.isfinite(row).all() and np.any(row != 0):
+            unit, note = _rms_scaled(row, j, eps, step)
+            total = unit * g + b
         where.insert(1, f"rms{i} = {step.path}.rms[{i},0] (√(mean(x²) + ε), ε = {exact(eps)})")
         return _Parts(
             [
@@ -990,6 +994,7 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             total,
             where,
             {"x": [x], "rms": [r], "γ": [g], "β": [b]},
+            note=note,
         )
     mean = float(ctx.get(f"{step.path}.mean")[i, 0])
     var = float(ctx.get(f"{step.path}.var")[i, 0])
@@ -1051,6 +1056,20 @@ def _norm_scaled(
         f"/ √({exact(float(var_y[0]))} + ε/s²)"
     )
     return value, note
+
+
+def _rms_scaled(row: np.ndarray, k: int, eps: float, step: Step) -> tuple[float, str]:
+    """x_k / rms of a row of finite x whose rms the step's dtype holds in a few bits only
+    (below its least normal number), computed as the engine does (ops.rms_scale), scaled
+    by a power of two s, and the note saying so."""
+    s, y, root = ops.scaled_rms(row.astype(np.float64)[None, :], eps)
+    sv = float(s[0, 0])
+    note = (
+        f"rms is below {step.value.dtype}'s normal numbers; with x divided by "
+        f"s = 2^{math.frexp(sv)[1] - 1}: {exact(float(y[0, k]))} / "
+        f"√(Σ (x/s)² / {len(row)} + ε/s²)"
+    )
+    return float(y[0, k] / root[0, 0]), note
 
 
 def _eps(ctx: _Ctx) -> float:
@@ -1151,7 +1170,11 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         + (" (defaults)" if gamma is None and beta is None else "")
     ]
     if ctx.param("kind") == "rms":
-        total = _div(a, s) * g + b
+        total, note = _div(a, s) * g + b, ""
+        row = np.asarray(ctx.param("x"))[cell[0], :]
+        if _beyond(s, step) and np.isfinite(row).all() and np.any(row != 0):
+            unit, note = _rms_scaled(row, cell[1], _eps(ctx), step)
+            total = unit * g + b
         return _Parts(
             [
                 f"x{_idx(cell)} / rms{_idx(si)} × γ[{c}] + β[{c}]",
@@ -1160,6 +1183,7 @@ def _norm_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             total,
             [f"x = {a_name}", f"rms = {s_name}", *where],
             {"x": [a], "rms": [s], "γ": [g], "β": [b]},
+            note=note,
         )
     eps = _eps(ctx)
     total, note = _div(a, _sqrt(s + eps)) * g + b, ""

@@ -429,7 +429,7 @@ def normalize(
             r = tr.rec(
                 "rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {exact(m.norm_eps)}", x
             )
-            out = ops.rms_scale(x, r, nw.gamma, nw.beta)
+            out = ops.rms_scale(x, r, nw.gamma, nw.beta, m.norm_eps)
         else:
             mean, var = ops.row_mean_var(x)
             mean = tr.rec("mean", mean, "mean of each row", x)

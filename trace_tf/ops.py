@@ -183,21 +183,38 @@ def rms(x: Array, eps: float) -> Array:
     out = np.sqrt(square)
     redo = _redone(x, beyond_normal(square))
     if redo.any():
-        s = _power_of_two_scale(x, (x.ndim - 1,))
-        y = x / s
-        scaled = s * np.hypot(np.sqrt(np.mean(y * y, axis=-1, keepdims=True)), math.sqrt(eps) / s)
-        out = np.where(redo, scaled, out)
+        s, _, root_y = scaled_rms(x, eps)
+        out = np.where(redo, s * root_y, out)
     return out
 
 
-def rms_scale(x: Array, r: Array, gamma: Array, beta: Array) -> Array:
-    """x / rms * gamma + beta, with the rms given."""
-    return x / r * gamma + beta
+def scaled_rms(x: Array, eps: float) -> tuple[Array, Array, Array]:
+    """s, y = x / s and hypot(√mean(y²), √ε / s) of each row, s a power of two near its
+    largest |x| (see `scaled_moments`): the rms is s times the last, even where that
+    overflows or falls below float64's least normal number."""
+    s = _power_of_two_scale(x, (x.ndim - 1,))
+    y = x / s
+    return s, y, np.hypot(np.sqrt(np.mean(y * y, axis=-1, keepdims=True)), math.sqrt(eps) / s)
+
+
+def rms_scale(x: Array, r: Array, gamma: Array, beta: Array, eps: float) -> Array:
+    """x / rms * gamma + beta, with the rms given.
+
+    Where the rms is no normal number (a row so tiny that its rms keeps a few bits:
+    [5e-324, 0] has rms 3.5e-324, held as 5e-324, and x / rms was 1 for √2) but x is
+    finite, the row is computed scaled, as `rms` is: y / hypot(√mean(y²), √ε / s)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = x / r
+        redo = _redone(x, beyond_normal(r))
+        if redo.any():
+            _, y, root_y = scaled_rms(x, eps)
+            out = np.where(redo, y / root_y, out)
+    return out * gamma + beta
 
 
 def rms_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
     """x / sqrt(mean(x^2) + eps) * gamma + beta over each row (Zhang & Sennrich 2019)."""
-    return rms_scale(x, rms(x, eps), gamma, beta)
+    return rms_scale(x, rms(x, eps), gamma, beta, eps)
 
 
 def sinusoidal_pe(
