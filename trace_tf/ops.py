@@ -209,7 +209,9 @@ def rms_scale(x: Array, r: Array, gamma: Array, beta: Array, eps: float) -> Arra
         if redo.any():
             _, y, root_y = scaled_rms(x, eps)
             out = np.where(redo, y / root_y, out)
-    return out * gamma + beta
+    out *= gamma  # (in place, as in standardize: no second L x d array)
+    out += beta
+    return out
 
 
 def rms_norm(x: Array, gamma: Array, beta: Array, eps: float) -> Array:
