@@ -668,6 +668,14 @@ _LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("…
 PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
 
 
+def _runs(text: str, pattern: str) -> list[tuple[int, int]]:
+    """The runs of `text` between its break opportunities, after each match of `pattern`
+    (a run keeps the character it breaks after), as (start, end); the whole text, one
+    run, where it has none. Wrapped divides by them both to print and to measure."""
+    cuts = [0, *(m.end() for m in re.finditer(pattern, text)), len(text)]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if a < b] or [(0, len(text))]
+
+
 class Wrapped:
     """A cell's text that goes onto more lines only where it may break: at its newlines,
     and after each match of `breaks` (PATH_BREAKS: a path after its dots, "encoder.0." /
@@ -698,8 +706,7 @@ class Wrapped:
     def _divide(self, width: int) -> list[list[Text]]:
 
         def divide(text: Text, pattern: str) -> list[Text]:
-            cuts = [m.end() for m in re.finditer(pattern, text.plain)]
-            return [p for p in text.divide(cuts) if p.plain] or [text]
+            return list(text.divide([a for a, _ in _runs(text.plain, pattern)[1:]]))
 
         out: list[list[Text]] = []
         for line in self.text.split("\n"):
@@ -725,8 +732,7 @@ class Wrapped:
         if self._measured is None:  # (the same whatever the console: cells of its text)
 
             def divide(text: str, pattern: str) -> list[str]:
-                cuts = [0, *(m.end() for m in re.finditer(pattern, text)), len(text)]
-                return [text[a:b] for a, b in itertools.pairwise(cuts) if a < b] or [text]
+                return [text[a:b] for a, b in _runs(text, pattern)]
 
             least = most = 0
             for line in self.text.plain.split("\n"):
