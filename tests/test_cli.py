@@ -456,9 +456,12 @@ def test_a_newline_or_tab_token_stays_on_its_line(tmp_yaml, command: tuple[str, 
     assert not any(line.startswith("b ") or line.startswith("│ b ") for line in out.splitlines())
 
 
-def test_examples_lists_hello() -> None:
+def test_examples_lists_every_packaged_example_in_name_order() -> None:
     code, out, _ = invoke("examples")
-    assert code == 0 and out.startswith("hello") and "Hello World" in out
+    names = [line.split()[0] for line in out.splitlines() if not line.startswith(" ")]
+    assert code == 0 and names[0] == "000_relative_bias" and names[-1] == "hello"
+    assert names == sorted(names) and len(names) == 14
+    assert "002_database_query   " in out and "Hello World" in out
 
 
 # Every command: an unexpected exception is one line, exit 3, and --debug re-raises it.

@@ -34,6 +34,23 @@ def test_hello_fixture_is_the_packaged_example() -> None:
     assert (FIXTURES / "hello.yaml").read_bytes() == packaged
 
 
+def test_every_fixture_is_a_packaged_example_and_every_example_a_fixture() -> None:
+    """The worked examples were only in a clone's fixtures/: `pip install` shipped hello
+    alone. Each lives in the package now, fixtures/ linking it (a relative link, so
+    that a clone anywhere keeps it), and the two sets are one."""
+    import os
+
+    from trace_tf.loader import example_names, examples_dir
+
+    for path in FILES:
+        assert path.is_symlink(), f"{path.name} is not a link into the package"
+        target = os.readlink(path)
+        assert target == f"../trace_tf/examples/{path.name}", target
+        assert path.resolve() == (examples_dir() / path.name).resolve()
+    assert [p.stem for p in FILES] == example_names()
+    assert len(FILES) == 14
+
+
 def test_001_decoder_add_norm_is_replayed_from_its_two_printed_inputs() -> None:
     """001's decoder section 5 prints layer_norm(Z_self_attention + E) and both inputs.
     The fixture's x is their sum and its expected row is the printed one, which the

@@ -274,19 +274,45 @@ def test_generate_beam_extensions_fit_60_columns(columns: int) -> None:
         assert re.search(rf"│ +\d+ +0 {re.escape(token)} +{p:.4f} ", panel), token
 
 
-@pytest.mark.parametrize("columns", [40, 45])
-def test_examples_wraps_a_title_at_its_spaces_under_itself(columns: int) -> None:
-    # "hello        Hello World (The Random Transformer)" was 49 cells at 40 columns.
+@pytest.mark.parametrize("columns", [40, 45, 61, 62, 80, 120])
+def test_examples_lists_every_title_whole_and_unquoted_at_its_spaces(columns: int) -> None:
+    # "hello        Hello World (The Random Transformer)" was 49 cells at 40 columns; with
+    # the 14 worked examples packaged, the titles (quoted YAML scalars) printed with
+    # their quotes, and after names of up to 31 characters padded to 12, out of line.
+    # Now each title as YAML reads it: beside its name, in one column after the
+    # longest name, where that leaves it 30 cells; else under its name, indented 4.
     import yaml
 
-    from trace_tf.loader import examples_dir
+    from trace_tf.loader import example_names, examples_dir
 
-    title = yaml.safe_load((examples_dir() / "hello.yaml").read_text())["title"]
+    names = example_names()
+    titles = {
+        n: yaml.safe_load((examples_dir() / f"{n}.yaml").read_text(encoding="utf-8"))["title"]
+        for n in names
+    }
+    column = max(map(len, names)) + 1  # 32: beside from 62 columns
+    beside = columns - column >= 30
     lines = shown(["examples"], columns).splitlines()
     assert max(map(cell_len, lines)) <= columns
-    assert lines[0].startswith("hello ") and lines[1].startswith(" " * 13)
-    assert " ".join(x.strip() for x in lines).removeprefix("hello ").strip() == title
-    assert shown(["examples"], 60).splitlines()[0] == f"{'hello':12s} {title}"  # as before
+    at = column if beside else 4  # where each line of a title starts
+    shown_titles: dict[str, list[str]] = {}
+    name = ""
+    for line in lines:
+        if line.startswith(" "):  # a title's next line
+            assert name and line[:at].isspace() and line[at] != " ", line
+            shown_titles[name].append(line[at:])
+        elif beside:  # its name, padded, and its title's first line
+            name = line[:column].rstrip()
+            assert line[len(name) : at].isspace() and line[at] != " ", line
+            shown_titles[name] = [line[at:]]
+        else:  # its name alone
+            name = line
+            shown_titles[name] = []
+    assert list(shown_titles) == names
+    assert {n: " ".join(t) for n, t in shown_titles.items()} == titles
+    assert all('"' not in t for t in titles.values())  # (the old listing showed their quotes)
+    if beside and column + len(titles["hello"]) <= columns:  # a title that fits: one line
+        assert f"{'hello':{column}s}{titles['hello']}" in lines
 
 
 def test_cost_fits_40_columns_its_cells_unpadded() -> None:

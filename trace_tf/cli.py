@@ -925,35 +925,33 @@ def weights(c: Common, config: ConfigArg = None) -> None:
     )
 
 
+_TITLE_LEAST = 30  # the fewest cells `examples` gives its titles beside the names
+
+
 @app.command()
 def examples(debug: DebugOpt = False) -> None:
     """List the packaged examples."""
     with guarded(debug):
-        import textwrap
-
         from rich.cells import cell_len
 
-        from trace_tf.loader import example_names, examples_dir  # no numpy: starts quickly
+        from trace_tf.loader import example_names, example_title  # no numpy: starts quickly
+        from trace_tf.text import wrapped
 
-        width, lines = screen_width(), []
-        for name in example_names():
-            title = ""
-            text = (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")
-            for line in text.splitlines():
-                if line.startswith("title:"):
-                    title = line.partition(":")[2].strip()
-                    break
-            line = f"{name:12s} {title}"
-            if cell_len(line) > width:  # its title over lines at its spaces, indented
-                indent = " " * (cell_len(line) - cell_len(title))
-                line = textwrap.fill(
-                    line,
-                    max(width, len(indent) + 1),
-                    subsequent_indent=indent,
-                    break_long_words=False,
-                    break_on_hyphens=False,
-                )
-            lines.append(line)
+        width, names = screen_width(), example_names()
+        # Each title beside its name, the titles in one column after the longest name,
+        # over lines at its spaces; where that column would be too narrow, under its
+        # name, indented.
+        column = max(map(cell_len, names), default=0) + 1
+        beside = width - column >= _TITLE_LEAST
+        indent = column if beside else 4
+        lines = []
+        for name in names:
+            title = wrapped(example_title(name), width - indent)
+            if beside and title:
+                lines.append(name + " " * (column - cell_len(name)) + title.pop(0))
+            else:
+                lines.append(name)
+            lines.extend(" " * indent + line for line in title)
         with _write_errors("standard output"):  # a full disk: one line, exit 2
             sys.stdout.write("".join(f"{x}\n" for x in lines))
             sys.stdout.flush()

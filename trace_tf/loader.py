@@ -698,6 +698,27 @@ def example_names() -> list[str]:
     return sorted(p.stem for p in examples_dir().glob("*.yaml"))
 
 
+def example_title(name: str) -> str:
+    """A packaged example's `title:` as YAML reads it (a quoted title unquoted, its
+    escapes read), "" where it has none. Only the YAML events up to it are parsed, not
+    the whole file: `trace-tf examples` reads every example and must start quickly."""
+    text = (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")
+    loader = yaml.CSafeLoader if _CLoader12 is not None else yaml.SafeLoader
+    depth, items, key = 0, 0, None  # items: the keys and values of the top mapping so far
+    for event in yaml.parse(text, Loader=loader):
+        if depth == 1 and not isinstance(event, yaml.CollectionEndEvent):
+            if items % 2 == 1 and key == "title":  # the title's value
+                return event.value if isinstance(event, yaml.ScalarEvent) else ""
+            if items % 2 == 0:
+                key = event.value if isinstance(event, yaml.ScalarEvent) else None
+            items += 1
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return ""
+
+
 # The files the running command has read, as (device, inode), its config given by
 # name or as stdin: its --output may not replace one (the CLI empties this as each
 # command starts).

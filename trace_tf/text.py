@@ -51,6 +51,20 @@ def printable(text: str) -> str:
     return "".join(escapes.get(c, c) for c in text)
 
 
+def wrapped(text: str, width: int) -> list[str]:
+    """`text` over lines of at most `width` cells (a CJK character takes two), broken
+    at its spaces only: a word wider than that is a line of its own, whole."""
+    from rich.cells import cell_len
+
+    lines: list[str] = []
+    for word in text.split():
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
 def counted(n: int, noun: str) -> str:
     """`1 number`, `2 numbers`: a count in a message, with its noun in the right number."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
