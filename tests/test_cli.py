@@ -1777,3 +1777,108 @@ def test_an_option_given_twice_takes_the_last_as_the_readme_says() -> None:
     ]
     shown = runner.invoke(app, ["step", "--stage", "embed", "--precision", "3", "--precision", "6"])
     assert shown.exit_code == 0 and "1.000000 │ 2.000000" in shown.stdout, shown.stdout
+
+
+# The documents' worked examples, packaged: each runs by name where there is no clone.
+
+A_FAILING_HELLO = """title: mine
+norm:
+  kind: layer
+  x: [[1, 3]]
+expect:
+  - step: norm.out
+    value: [[5, 5]]
+"""
+
+
+def test_a_worked_example_runs_by_name_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only hello was packaged: "002_database_query: no such file or packaged example".
+    monkeypatch.chdir(tmp_path)
+    code, out, err = invoke("check", "002_database_query", "--format", "json")
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    assert {r["config"] for r in results} == {"002_database_query (packaged example)"}
+    # the document's printed answer 19 against softmax's 19.3277 (fixtures/README.md)
+    [context] = [r for r in results if r["step"] == "attn.context" and r["variant"] is None]
+    assert context["document"]["printed"] == 19
+    assert context["document"]["computed"] == pytest.approx((57 * math.e + 22) / (3 * math.e + 1))
+
+
+def test_check_examples_replays_every_packaged_example_whatever_the_directory_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trace_tf.loader import example_names
+
+    names = example_names()
+    fixtures = list(map(str, sorted(FIXTURES.glob("*.yaml"))))
+    in_clone = json.loads(invoke("check", *fixtures, "--format", "json")[1])["results"]
+    monkeypatch.chdir(tmp_path)
+    by_name = runner.invoke(app, ["check", *names])
+    (tmp_path / "hello").write_text(A_FAILING_HELLO)  # a file `hello` wins over the example
+    assert invoke("check", "hello")[0] == 1
+    # still the packaged hello, and the table and exit code of `check NAME ...`
+    code, out, err = invoke("check", "--examples")
+    assert (code, out, err) == (0, by_name.stdout, "")
+    assert out.splitlines()[-1] == "98 passed, 0 failed"
+    # the clone's fixtures' results, in name order, each config named as an example
+    code, out, _ = invoke("check", "--examples", "--format", "json")
+    results = json.loads(out)["results"]
+    configs = list(dict.fromkeys(r["config"] for r in results))
+    assert configs == [f"{n} (packaged example)" for n in names] and len(names) == 14
+    for r in [*results, *in_clone]:
+        r["config"] = Path(r["config"].removesuffix(" (packaged example)")).stem
+    assert results == in_clone
+
+
+def test_check_examples_exits_1_where_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trace_tf.config
+    import trace_tf.loader
+
+    (tmp_path / "a.yaml").write_text(A_FAILING_HELLO)
+    (tmp_path / "b.yaml").write_text(
+        A_FAILING_HELLO.replace("[[5, 5]]", "[[-1, 1]]\n    atol: 1e-4")
+    )
+    for module in (trace_tf.config, trace_tf.loader):
+        monkeypatch.setattr(module, "examples_dir", lambda: tmp_path)
+    code, out, _ = invoke("check", "--examples", "--format", "json")
+    assert code == 1
+    assert [(r["config"], r["ok"]) for r in json.loads(out)["results"]] == [
+        ("a (packaged example)", False),
+        ("b (packaged example)", True),
+    ]
+
+
+def test_check_examples_with_a_config_is_refused() -> None:
+    code, out, err = invoke("check", "--examples", "hello")
+    assert code == 2 and out == ""
+    assert err == "trace-tf: error: --examples checks every packaged example; give it no CONFIG\n"
+
+
+def test_an_unknown_config_name_is_one_short_line_naming_where_the_examples_are() -> None:
+    # It listed every packaged example's name: with 14, a line of 400 characters.
+    code, _, err = invoke("encode", "002_databse_query")
+    assert code == 2
+    assert err == (
+        "trace-tf: error: 002_databse_query: no such file or packaged example (did you mean "
+        "'002_database_query'?); expected a config file path or a packaged example's name "
+        "(trace-tf examples lists them), found '002_databse_query'\n"
+    )
+
+
+@pytest.mark.parametrize("given", ["fixtures/002_database_query.yaml", "hello.yml"])
+def test_a_missing_fixture_path_names_its_packaged_example(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside a clone, `check fixtures/002_database_query.yaml` said only "no such file".
+    monkeypatch.chdir(tmp_path)
+    stem = Path(given).stem
+    code, _, err = invoke("check", given)
+    assert code == 2
+    assert err == (
+        f"trace-tf: error: {given}: no such file (the packaged example of that name is "
+        f"'{stem}', given without a directory or .yaml)\n"
+    )

@@ -827,6 +827,13 @@ def check(
             show_default=False,
         ),
     ] = None,
+    every_example: Annotated[
+        bool,
+        typer.Option(
+            "--examples",
+            help="Check every packaged example, in name order (no CONFIG).",
+        ),
+    ] = False,
     sets: SetOpt = None,
     fmt: ReportFormatOpt = "table",
     output: OutputOpt = None,
@@ -856,9 +863,16 @@ def check(
             max_elements=max_elements,
         )
         pairs = [parse_set(s) for s in c.sets]
+        if every_example:
+            from trace_tf.loader import example_names
+
+            if configs:
+                _fail("--examples checks every packaged example; give it no CONFIG")
+            docs = (read_document(name, example=True) for name in example_names())
+        else:
+            docs = (read_document(name) for name in configs or [None])  # type: ignore[list-item]
         results = []
-        for name in configs or [None]:  # type: ignore[list-item]
-            doc = read_document(name)
+        for doc in docs:
             results.extend(run_check(doc, pairs, c.max_elements))
         _check_warnings(c, results)
         failed = sum(not r.ok for r in results)

@@ -436,9 +436,19 @@ def resolve(name: str | None) -> Path:
             found=quoted(name),
         )
     path = Path(name)
-    # (os.path.lexists: False, not an OSError, for a name too long to be a file's; True
-    # for a broken or looping link, which reading then reports)
-    if os.path.lexists(path) or any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
+    # A file (or link) of that name wins over the example: `hello` in the current
+    # directory is that file. (os.path.lexists: False, not an OSError, for a name too
+    # long to be a file's; True for a broken or looping link, which reading then reports)
+    if os.path.lexists(path):
+        return path
+    if any(c in name for c in "/\\") or name.endswith((".yaml", ".yml")):
+        if path.suffix in (".yaml", ".yml") and path.stem in example_names():
+            # `fixtures/002_database_query.yaml` where there is no clone
+            raise InputError(
+                f"no such file (the packaged example of that name is {path.stem!r}, "
+                "given without a directory or .yaml)",
+                file=name,
+            )
         return path
     packaged = examples_dir() / f"{name}.yaml"
     if os.path.exists(packaged):
@@ -446,7 +456,7 @@ def resolve(name: str | None) -> Path:
     raise InputError(
         "no such file or packaged example" + suggest(name, example_names()),
         file=name,
-        expected="a config file path or one of: " + ", ".join(example_names()),
+        expected="a config file path or a packaged example's name (trace-tf examples lists them)",
         found=quoted(name),
     )
 
@@ -454,7 +464,9 @@ def resolve(name: str | None) -> Path:
 STDIN = "-"  # the config name that reads the config from standard input
 
 
-def read_document(name: str | None) -> Document:
+def read_document(name: str | None, *, example: bool = False) -> Document:
+    """The config `name` names (see resolve), or with `example` the packaged example of
+    that name, whatever the current directory holds (`check --examples`)."""
     if name == STDIN:
         file, base = "<stdin>", None
         if sys.stdin is None:  # `trace-tf encode - <&-`: Python leaves it None
@@ -469,9 +481,9 @@ def read_document(name: str | None) -> Document:
         text = read_stream(sys.stdin.buffer, file)
         sys.stdin.close()
     else:
-        path = resolve(name)
+        path = examples_dir() / f"{name}.yaml" if example else resolve(name)
         # a packaged example is named by its name, not by where the package is installed
-        packaged = name is None or path != Path(name)
+        packaged = example or name is None or path != Path(name)
         file = f"{path.stem} (packaged example)" if packaged else str(path)
         text = read_text(path)
         base = None if packaged else path.parent
