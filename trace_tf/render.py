@@ -666,6 +666,9 @@ _LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("…
 
 
 PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
+# A formula's call, in a piece wider than its column: after its "(" ("sublayer(" /
+# "Norm(x)))"), as after a product's "·": never inside a name.
+CALL_BREAKS = r"(?<=\w)\("
 
 
 def _runs(text: str, pattern: str) -> list[tuple[int, int]]:
@@ -1372,10 +1375,11 @@ def stages_view(stages: Sequence[Stage], groups: Mapping[str, str]) -> list[Rend
     word = max(cell_len(w) for s in stages for w in s.shape.split())
     table.add_column("shape", overflow="fold", ratio=1, width=word)
     for s in stages:
-        # Text wraps between its words, a path (too long for its line) after its
-        # dots: never inside a word (keep_whole: the column's least width).
+        # Text wraps between its words, a formula (too long for its line) after a
+        # call's "(", a path after its dots: never inside a word (keep_whole: the
+        # column's least width).
         about = Group(
-            Wrapped(Text(s.formula, style="bold")),
+            Wrapped(Text(s.formula, style="bold"), within=CALL_BREAKS),
             Wrapped(s.meaning),
             Wrapped(Text("   ".join(s.paths), style="dim"), within=PATH_BREAKS),
         )
