@@ -138,6 +138,34 @@ def test_diff_summary_fits_40_columns_its_header_over_two_lines(extra: list[str]
     assert "max |B−A|" in shown(args, 60)
 
 
+@pytest.mark.parametrize(
+    "change", [["model.positional=rope", "--brief"], ["model.d_ff=6", "--brief"]]
+)
+def test_diff_summary_fits_40_columns_its_status_over_lines(change: list[str]) -> None:
+    # 41 and 51 cells at 40 columns: the status "only in A" (9 cells) and "shape 2 × 8
+    # → 2 × 6" (19) were kept on one line. Now a status goes over lines at its spaces,
+    # a shape's kept whole ("shape" / "2 × 8 →" / "2 × 6"), as a path after its dots.
+    args = ["diff", "hello", "--set-b", *change]
+    steps = [s for s in data(args)["steps"] if s["status"] != "same"]
+    lines = shown(args, 40).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("step "))
+    assert max(map(cell_len, lines[at - 2 :])) <= 40
+    start = lines[at].index("status")
+    statuses: list[str] = []  # each row's status, its lines joined (rows: blank-separated)
+    blocks = re.split(r"\n *\n", "\n".join(lines[at + 1 :]))
+    for block in blocks:
+        statuses.append(" ".join(x[start : start + 7].strip() for x in block.splitlines()))
+    statuses = statuses[: len(steps)]
+    expected = []
+    for s in steps:
+        if s["status"] == "shape":
+            a, b = ("{} × {}".format(*s[k]) for k in ("shape_a", "shape_b"))
+            expected.append(f"shape {a} → {b}")
+        else:
+            expected.append(s["status"])
+    assert [x.strip() for x in statuses] == expected
+
+
 def test_check_fits_40_columns_numbers_and_verdicts_whole() -> None:
     # It was 48 cells wide: step / variant / ok / "max |error|" / tolerance, two
     # spaces apart. Now its header goes over two lines, one space between columns, and

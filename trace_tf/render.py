@@ -669,6 +669,8 @@ PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
 # A formula's call, in a piece wider than its column: after its "(" ("sublayer(" /
 # "Norm(x)))"), as after a product's "·": never inside a name.
 CALL_BREAKS = r"(?<=\w)\("
+# A status, a few words: at its spaces, a shape's kept whole ("shape" / "2 × 8 →" / "2 × 6").
+WORD_BREAKS = r"(?<!×) (?!×)"
 
 
 def _runs(text: str, pattern: str) -> list[tuple[int, int]]:
@@ -975,11 +977,12 @@ def _fitted(
     width: int,
     give_way: Sequence[tuple[str, int]],
     wrap: str | None = None,
+    words: str | None = None,
     **table: Any,
 ) -> tuple[Table, int]:
     """A plain table (no borders, two spaces between columns) of `rows` fitted to
     `width` (see _fit), and the room left of `width` for one more column."""
-    widths, room, gap = _fit(names, rows, width, give_way, wrap)
+    widths, room, gap = _fit(names, rows, width, give_way, wrap, words)
     return _plain_table(names, widths, gap, **table), room
 
 
@@ -989,13 +992,16 @@ def _fit(
     width: int,
     give_way: Sequence[tuple[str, int]],
     wrap: str | None = None,
+    words: str | None = None,
 ) -> tuple[list[int], int, int]:
     """The widths of the columns of `rows`, as wide as their texts, and the room left
     of `width` for one more column. When they do not fit, the `wrap` column (of step
     paths) narrows first, to its widest part, its paths going onto lines after their
     dots (the caller adds the rows with `_add_rows`); then the `give_way` columns
     (names) in turn, each to its least, their texts cut in the middle in `rows` (see
-    _cut); the others (verdicts, numbers) keep their width."""
+    _cut); the others (verdicts, numbers) keep their width. Last, the `words` column
+    (a status) goes over lines at its spaces (the caller adds its cells as `Wrapped`,
+    WORD_BREAKS, see `_add_rows`)."""
     widths = (
         [
             max(cell_len(x) for x in (name, *column))
@@ -1040,6 +1046,10 @@ def _fit(
         i = names.index(name) if name in names else -1
         if room + gap < 0 and i >= 0 and widths[i] - cell_len(name) >= -room - gap:
             narrow(i, cell_len(name), -room - gap)
+    if words in names and room + gap < 0:
+        i = names.index(words)
+        least = max([cell_len(words), *(Wrapped(r[i], WORD_BREAKS).least() for r in rows)])
+        narrow(i, least, -room - gap, cut_texts=False)  # (its texts go over lines instead)
     return widths, room, gap
 
 
@@ -1058,16 +1068,29 @@ def _plain_table(names: list[str], widths: list[int], gap: int = 2, **table: Any
     return out
 
 
-def _add_rows(table: Table, rows: Sequence[Sequence[RenderableType]], paths: int) -> None:
+def _add_rows(
+    table: Table, rows: Sequence[Sequence[RenderableType]], paths: int, words: int = -1
+) -> None:
     """Add `rows` to a `_fitted` table, column `paths` (its `wrap`) going over lines
-    after the dots of its paths where the column is narrower than they are; a path
-    over lines would read as several rows, so blank lines then set the rows apart."""
-    width = table.columns[paths].max_width or 0
-    spaced = any(cell_len(str(row[paths])) > width for row in rows)
+    after the dots of its paths where the column is narrower than they are, and so
+    column `words` (its `words`, if any) at its spaces; a cell over lines would read
+    as several rows, so blank lines then set the rows apart."""
+
+    def over(row: Sequence[RenderableType], i: int) -> bool:
+        cell = row[i]
+        text = cell.plain if isinstance(cell, Text) else str(cell)
+        return cell_len(text) > (table.columns[i].max_width or 0)
+
+    spaced = any(over(row, paths) or (words >= 0 and over(row, words)) for row in rows)
     for k, row in enumerate(rows):
         if spaced and k:
             table.add_row()
-        table.add_row(*row[:paths], Wrapped(str(row[paths]), PATH_BREAKS), *row[paths + 1 :])
+        cells = list(row)
+        cells[paths] = Wrapped(str(row[paths]), PATH_BREAKS)
+        if words >= 0 and over(row, words):
+            cell = row[words]
+            cells[words] = Wrapped(cell if isinstance(cell, Text | str) else str(cell), WORD_BREAKS)
+        table.add_row(*cells)
 
 
 def _tolerance(atol: float, rtol: float) -> str:
@@ -1841,7 +1864,7 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     names = ["step", "status", "max |B−A|", "at", "cells"]
     width = view.width if view.width is not None else 10**6
     table, room = _fitted(
-        names, rows, width, (), wrap="step", title="steps, in A's order (then B's own)"
+        names, rows, width, (), "step", "status", title="steps, in A's order (then B's own)"
     )
     there = max((cell_len(c) for c in ["A → B there", *changes]), default=0)
     if room >= there:
@@ -1851,7 +1874,7 @@ def diff_summary(diffs: Sequence[StepDiff], view: View = View()) -> Table:
     for d, row, change in zip(diffs, rows, changes, strict=True):
         styled.append([*row, *([change] if room >= there else [])])
         styled[-1][1] = Text(row[1], style=style.get(d.status, "magenta"))
-    _add_rows(table, styled, 0)
+    _add_rows(table, styled, 0, 1)
     return table
 
 
