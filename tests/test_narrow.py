@@ -256,6 +256,23 @@ def test_weights_shortens_a_long_token_in_its_key_path_to_fit(columns: int) -> N
     assert f"embeddings.{LONG_TOKEN}" in [w["path"] for w in weights]
 
 
+@pytest.mark.parametrize("columns", [60, 80])
+def test_diff_weights_shortens_a_long_token_where_it_would_not_fit(columns: int) -> None:
+    """`diff`'s table of the weights that differ held the whole 60-letter token in its
+    key path, and so every key path on one line: 106 cells at 60 and 80 columns. Where
+    it would not fit otherwise the token is now shortened as `weights` shortens it; the
+    numbers stay whole, and JSON keeps the whole path."""
+    args = ["diff", "hello", "--set", *LONG_VOCAB, "--set-b", "model.seed=1", "--brief"]
+    text = shown(args, columns).split("weights that differ")[1]  # (the panel: overrides)
+    assert max(map(cell_len, text.splitlines())) <= columns
+    assert LONG_TOKEN not in text and "super" in text and "…" in text
+    weights = data(args)["weights"]
+    assert f"embeddings.{LONG_TOKEN}" in [w["path"] for w in weights]
+    maxima = {f"{w['max_abs_diff']:.3g}" for w in weights if w["status"] == "differs"}
+    assert maxima <= set(text.split())  # every largest difference whole
+    assert LONG_TOKEN in shown(args, 200).split("weights that differ")[1]  # fits: as before
+
+
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])
 def test_weights_shortens_a_token_shorter_than_a_label_just_enough(letters: int) -> None:
     """The token was shortened to 32 cells less the table's excess, measured with both

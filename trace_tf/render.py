@@ -1938,30 +1938,40 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
     count, diff.weights_verdict): key path, shape (A's → B's where it changed), cells
     differing of all (or: shape, only in A, only in B), the largest |B − A|, where, the
     two values there, and where the numbers came from (`weights`' text; A's → B's where
-    they differ). Embeddings elided as in `weights_table`, unless `view.full`."""
+    they differ). Embeddings elided as in `weights_table`, unless `view.full`; where the
+    table would not fit `view.width` otherwise, an embedding's token shortened as there."""
     from trace_tf.diff import DIFFERS, SHAPE
 
     style = {DIFFERS: "bold yellow", SHAPE: "bold red"}
-    rows: list[list[RenderableType]] = []
-    for i in _embeddings_elided([d.path for d in diffs], view):
-        if isinstance(i, Text):
-            rows.append([Wrapped(i), *[""] * 6])
-            continue
-        d, c = diffs[i], diffs[i].cells
-        shapes = [shape_text(s.shape) for s in (c.a, c.b) if s is not None]
-        sources = [s.text for s in (d.source_a, d.source_b) if s is not None]
-        cells = f"{c.n_differing}/{c.size}" if d.status == DIFFERS else d.status
-        rows.append(
-            [
-                Wrapped(printable(d.path), PATH_BREAKS, within=" +"),  # (TIED_OUTPUT's spaces)
-                " → ".join(dict.fromkeys(shapes)),
-                Text(cells, style=style.get(d.status, "magenta")),
-                "" if c.max_abs is None else f"{c.max_abs:.3g}",
-                _cell(c.where),
-                Wrapped(_change_there(c, view.precision)),
-                Wrapped(printable(" → ".join(dict.fromkeys(sources))), within=PATH_BREAKS),
-            ]
-        )
+
+    def weight(path: str, token_cells: int | None) -> str:
+        return printable(path) if token_cells is None else _weight_path(path, token_cells)
+
+    def rows_of(token_cells: int | None) -> list[list[RenderableType]]:
+        rows: list[list[RenderableType]] = []
+        for i in _embeddings_elided([d.path for d in diffs], view):
+            if isinstance(i, Text):
+                rows.append([Wrapped(i), *[""] * 6])
+                continue
+            d, c = diffs[i], diffs[i].cells
+            shapes = [shape_text(s.shape) for s in (c.a, c.b) if s is not None]
+            sources = [s.text for s in (d.source_a, d.source_b) if s is not None]
+            cells = f"{c.n_differing}/{c.size}" if d.status == DIFFERS else d.status
+            rows.append(
+                [
+                    # (within: TIED_OUTPUT's spaces)
+                    Wrapped(weight(d.path, token_cells), PATH_BREAKS, within=" +"),
+                    " → ".join(dict.fromkeys(shapes)),
+                    Text(cells, style=style.get(d.status, "magenta")),
+                    "" if c.max_abs is None else f"{c.max_abs:.3g}",
+                    _cell(c.where),
+                    Wrapped(_change_there(c, view.precision)),
+                    Wrapped(printable(" → ".join(dict.fromkeys(sources))), within=PATH_BREAKS),
+                ]
+            )
+        return rows
+
+    rows = rows_of(None)
 
     def table(spaced: bool, there: bool = True) -> Table:
         # Paths go over lines after their dots, sources at their spaces (and a long path
@@ -1989,6 +1999,14 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
     spaced = _shared_out(table(spaced=True), view.width)
     if least_width(spaced) <= view.width:
         return spaced
+    narrowed = _shared_out(table(spaced=True, there=False), view.width)
+    if least_width(narrowed) <= view.width:
+        return narrowed
+    # A token's path gives up what the table is too wide, as in weights_table.
+    m = _ColumnWidths.of(narrowed)
+    widest = m.least[0] - m.pad[0]
+    cells = min(LABEL_CELLS, widest + m.spare(view.width))
+    rows = rows_of(max(cells, len("embeddings.")))
     return _shared_out(table(spaced=True, there=False), view.width)
 
 
