@@ -273,6 +273,29 @@ def test_diff_weights_shortens_a_long_token_where_it_would_not_fit(columns: int)
     assert LONG_TOKEN in shown(args, 200).split("weights that differ")[1]  # fits: as before
 
 
+@pytest.mark.parametrize(("change", "widest"), [("model.d_ff=6", 40), ("model.seed=1", 43)])
+def test_diff_weights_at_40_columns_as_narrow_as_its_words_and_numbers(
+    change: str, widest: int
+) -> None:
+    """At 40 columns `diff`'s table of the weights that differ was 55 cells wide (the
+    shapes "4 × 8 → 4 × 6" on one line) and 57 (every column that wraps as wide as
+    the widest, "embeddings."). Its columns now go one space apart, "max" / "|B−A|"
+    over two lines, a shape or a status at its spaces (a shape kept whole), and each
+    column that wraps at its least: it fits, and 43 (the key path's "embeddings.", a
+    shape, the cells, a number, where, and the source's "drawn:", no fewer)."""
+    args = ["diff", "hello", "--set-b", change, "--brief"]
+    text = shown(args, 40).split("weights that differ")[1].split("\nsteps, ")[0]
+    assert max(map(cell_len, text.splitlines())) <= widest
+    weights = [w for w in data(args)["weights"] if w["status"] != "same"]
+    words = set(text.split())
+    for w in weights:  # every number and shape whole
+        if w["status"] == "differs":
+            assert f"{w['max_abs_diff']:.3g}" in words
+            assert "[" + ",".join(map(str, w["at"])) + "]" in words
+        for shape in (w["shape_a"], w["shape_b"]):
+            assert " × ".join(map(str, shape)) in text
+
+
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])
 def test_weights_shortens_a_token_shorter_than_a_label_just_enough(letters: int) -> None:
     """The token was shortened to 32 cells less the table's excess, measured with both

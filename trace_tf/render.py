@@ -1973,23 +1973,34 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
 
     rows = rows_of(None)
 
-    def table(spaced: bool, there: bool = True) -> Table:
+    def table(spaced: bool, there: bool = True, tight: bool = False) -> Table:
         # Paths go over lines after their dots, sources at their spaces (and a long path
         # in one after its dots), the values at " → ": never inside a word (see
         # Wrapped); rows that go over lines would run together, so blank lines then
         # set them apart. Where even so the table cannot fit, the values there are
-        # left out, as in diff_summary.
-        out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        # left out, as in diff_summary; then (`tight`) its columns go one space apart,
+        # as _fit's, the header "max" / "|B−A|" and a shape or a status over lines at
+        # their spaces, a shape's kept whole ("4 × 8 →" / "4 × 6", "only in" / "A").
+        pad = (0, 1, 0, 0) if tight else (0, 1)
+        out = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=pad)
         out.add_column("weight", style="bold cyan")
-        for name in ("shape", "cells", "max |B−A|", "at"):
-            out.add_column(name, justify="right", no_wrap=True, min_width=0)
+        for k, name in enumerate(("shape", "cells", "max |B−A|", "at")):
+            words = tight and k < 2  # (shape, cells)
+            out.add_column(name, justify="right", no_wrap=not words, min_width=0)
+        if tight:  # (as wide as its numbers, its header over two lines: "max" / "|B−A|")
+            numbers = max(cell_len(str(row[3])) for row in rows)
+            out.columns[3].width = max(numbers, cell_len("|B−A|"))
+            out.columns[3].header = Wrapped("max |B−A|")
         if there:
             out.add_column("A → B there")
         out.add_column("source (A → B)")
         for k, row in enumerate(rows):
             if spaced and k:
                 out.add_row()
-            out.add_row(*(row if there else [*row[:5], row[6]]))
+            cells = row if there else [*row[:5], row[6]]
+            if tight:
+                cells = [cells[0], *(_words(c) for c in cells[1:3]), *cells[3:]]
+            out.add_row(*cells)
         return keep_whole(out)
 
     whole = table(spaced=False)
@@ -2002,12 +2013,28 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
     narrowed = _shared_out(table(spaced=True, there=False), view.width)
     if least_width(narrowed) <= view.width:
         return narrowed
-    # A token's path gives up what the table is too wide, as in weights_table.
+    # A token's path gives up what the table is too wide, as in weights_table; where
+    # even so it does not fit, the table `tight`, its tokens so shortened to fit it.
+    for tight in (False, True):
+        rows = rows_of(None)
+        m = _ColumnWidths.of(table(spaced=True, there=False, tight=tight))
+        widest = m.least[0] - m.pad[0]
+        cells = min(LABEL_CELLS, widest + m.spare(view.width))
+        rows = rows_of(max(cells, len("embeddings.")))
+        narrowed = _shared_out(table(spaced=True, there=False, tight=tight), view.width)
+        if least_width(narrowed) <= view.width:
+            return narrowed
+    # Wider than the terminal even so: as narrow as it can be, each column that
+    # wraps at its least (rich would widen them all to the widest one's).
     m = _ColumnWidths.of(narrowed)
-    widest = m.least[0] - m.pad[0]
-    cells = min(LABEL_CELLS, widest + m.spare(view.width))
-    rows = rows_of(max(cells, len("embeddings.")))
-    return _shared_out(table(spaced=True, there=False), view.width)
+    for column, least, pad, wraps in zip(narrowed.columns, m.least, m.pad, m.wrap, strict=True):
+        column.width = least - pad if wraps else column.width
+    return narrowed
+
+
+def _words(cell: RenderableType) -> RenderableType:
+    """A cell of a shape or a status that goes over lines at its spaces (WORD_BREAKS)."""
+    return Wrapped(cell, WORD_BREAKS) if isinstance(cell, str | Text) else cell
 
 
 def weights_diff_json(d: WeightDiff) -> dict[str, Any]:
