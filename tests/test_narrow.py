@@ -14,6 +14,7 @@ from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
+from trace_tf.render import shown_token
 from trace_tf.stages import GROUP_MEANINGS, STAGES
 
 runner = CliRunner()
@@ -294,6 +295,21 @@ def test_diff_weights_at_40_columns_as_narrow_as_its_words_and_numbers(
             assert "[" + ",".join(map(str, w["at"])) + "]" in words
         for shape in (w["shape_a"], w["shape_b"]):
             assert " × ".join(map(str, shape)) in text
+
+
+def test_generate_shortens_a_long_token_label_to_fit_its_panel() -> None:
+    """`generate`'s next-token table showed a 60-letter token in 32 cells, a label's:
+    its panel 53 cells wide at 40 columns. The token is now shortened further, as a
+    matrix's labels are, to the most cells that let the panel fit; the p's whole."""
+    args = ["generate", "hello", "--set", *LONG_VOCAB, "--greedy", "--max-tokens", "2"]
+    text = shown(args, 40)
+    assert max(map(cell_len, text.splitlines())) <= 40
+    rows = [x for x in text.splitlines() if re.match(r"│ +\d+  ", x)]
+    label = [x for x in rows if "super" in x]
+    assert label and all("…" in x and LONG_TOKEN not in x for x in label)
+    assert all(re.search(r"  \d\.\d{4} ", x) for x in rows)
+    wide = shown(args, 120)  # where it fits, as before: a label's 32 cells
+    assert shown_token(LONG_TOKEN) in wide and "…" in shown_token(LONG_TOKEN)
 
 
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])

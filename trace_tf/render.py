@@ -1442,7 +1442,26 @@ def distribution_table(
 ) -> Table:
     """Next-token distributions side by side (the model's, then after each sampling stage),
     sorted by the last, then by the earlier ones, then in vocabulary order; the top `show`
-    rows with a bar of the last, the rest summed in one row."""
+    rows with a bar of the last, the rest summed in one row. A token is shortened as a
+    label (LABEL_CELLS), and further, to the most cells that let the table fit
+    `view.width` in its panel (5 at the least), where it would not fit otherwise."""
+    table = _distribution_table(columns, vocab, chosen, show, view, LABEL_CELLS)
+    if view.width is None or least_width(table) + 4 <= view.width:  # (4: the panel's)
+        return table
+    m = _ColumnWidths.of(table)
+    widest = m.widest[1] - m.pad[1]  # (the tokens' column)
+    cells = max(widest - (least_width(table) + 4 - view.width), 5)
+    return _distribution_table(columns, vocab, chosen, show, view, cells)
+
+
+def _distribution_table(
+    columns: Sequence[tuple[str, np.ndarray]],
+    vocab: Sequence[str],
+    chosen: str | None,
+    show: int,
+    view: View,
+    token_cells: int,
+) -> Table:
     last = columns[-1][1]
     order = np.lexsort([-p for _, p in columns])  # the last key sorts first; stable
     shown = order if view.full else order[:show]
@@ -1468,7 +1487,7 @@ def distribution_table(
         mark = vocab[i] == chosen
         table.add_row(
             str(r + 1),
-            Text(shown_token(vocab[i]), style="bold green" if mark else ""),
+            Text(shown_token(vocab[i], cells=token_cells), style="bold green" if mark else ""),
             *[column[r] for column in cells],
             Bar(float(last[i]), 24, CHOSEN if mark else "", len(CHOSEN)),
         )
