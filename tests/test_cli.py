@@ -1060,7 +1060,8 @@ def test_generate_beam_rows_that_wrap_are_set_apart(monkeypatch: pytest.MonkeyPa
 
     def rows(columns: int) -> list[str]:
         out, _ = _cells_at(monkeypatch, columns, *args)
-        table = out[out.index("hypotheses (") :].splitlines()[2:]  # below the header
+        table = out[out.index("hypotheses (") :].splitlines()
+        table = table[next(i for i, x in enumerate(table) if "tokens " in x) + 1 :]  # below it
         return [
             line.strip("│ ") for line in table[: table.index(next(x for x in table if "cut:" in x))]
         ]
@@ -1088,7 +1089,8 @@ def test_generate_beam_rows_that_cannot_wrap_are_not_set_apart(
     hypotheses = [h["tokens"] for h in data["finished"] + data["unfinished"]]
     assert len(hypotheses) == 3 and all(len(h) == 1 for h in hypotheses)
     out, _ = _cells_at(monkeypatch, 30, *args)
-    table = out[out.index("hypotheses (") :].splitlines()[2:]  # below the header
+    table = out[out.index("hypotheses (") :].splitlines()
+    table = table[next(i for i, x in enumerate(table) if "tokens " in x) + 1 :]  # below it
     rows = [
         line.strip("│ ") for line in table[: next(i for i, x in enumerate(table) if "cut:" in x)]
     ]

@@ -312,6 +312,25 @@ def test_generate_shortens_a_long_token_label_to_fit_its_panel() -> None:
     assert shown_token(LONG_TOKEN) in wide and "…" in shown_token(LONG_TOKEN)
 
 
+def test_generate_beam_hypotheses_one_space_apart_where_they_would_not_fit() -> None:
+    """`generate --beam`'s hypotheses were 53 cells wide at 40 columns (50 for 4
+    tokens), two spaces between columns and every column padded. Where the panel would
+    not fit otherwise they are now one space apart, as narrow as their words and numbers
+    (a token, n, logP, score, ended, the mark; 5 spaces, the panel's 4); wider, as before."""
+    args = ["generate", "hello", "--beam", "3", "--max-tokens", "4"]
+    text = shown(args, 40)
+    panel = text[text.index("╭─ generated") :].splitlines()
+    rows = [x.strip("│ ").split() for x in panel if re.search(r" (cut|eos) ", x)]
+    assert rows and all(len(r) >= 5 for r in rows)
+    for r in rows:  # n, logP, score: whole
+        assert r[1].isdigit() and re.fullmatch(r"-?\d+\.\d{4}", r[2]) and r[3] == r[2]
+    columns = [max(cell_len(r[k]) for r in rows) for k in range(4)]
+    need = max(columns[0], len("tokens")) + max(columns[1], 1) + 2 * max(columns[2], 5)
+    need += len("ended") + len("◀ result") + 5 + 4
+    assert max(map(cell_len, panel)) == max(need, 40)
+    assert "│  tokens               n     logP " in shown(args, 80)  # fits: as before
+
+
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])
 def test_weights_shortens_a_token_shorter_than_a_label_just_enough(letters: int) -> None:
     """The token was shortened to 32 cells less the table's excess, measured with both

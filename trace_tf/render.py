@@ -1726,7 +1726,12 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             if gen.unfinished:
                 table.caption = "cut: still live at --max-tokens"
                 table.caption_justify = "left"
-            return keep_whole(table)
+            keep_whole(table)
+            if view.width is not None and least_width(table) + 4 > view.width:  # (the panel's)
+                # one space between columns, as _fit's, the tokens at their least
+                table.padding, table.pad_edge = (0, 1, 0, 0), False
+                table.columns[0].width = table.columns[0].min_width
+            return table
 
         # A row whose tokens wrap would read as several rows: when the panel (with its
         # borders and padding, 4 cells) is narrower than the table, blank lines set the
