@@ -260,3 +260,51 @@ def test_the_dtype_option_wins_over_the_files_and_a_set(option: str, setting: st
     assert data["conventions"]["numbers"].startswith(option)
     pe = np.array(next(s["value"] for s in data["steps"] if s["path"] == "encoder.pe"))
     assert (pe.astype(np.float32).astype(np.float64) == pe).all() == (option == "float32")
+
+
+# float32's smallest normal number, its smallest subnormal, and half that: literal powers
+# of two, not numpy's finfo, which the code reads
+F32_NORMAL, F32_LEAST, F32_HALF_LEAST = 2.0**-126, 2.0**-149, 2.0**-150
+
+
+def test_a_given_nonzero_number_float32_would_round_to_0_is_refused_with_its_key(
+    tmp_path: Path,
+) -> None:
+    # 1e-46 became a silent 0 in float32, where float64 refuses 1e-400 alike
+    assert float(np.float32(1e-46)) == 0 and F32_HALF_LEAST > 1e-46
+    cases = [
+        (["--set", "embeddings.hello=[1e-46, 2, 3, 4]"], "embeddings.hello.0"),
+        (["--set", "embeddings.hello.2=-1e-46"], "embeddings.hello.2"),
+        (["--set", "model.norm_eps=1e-46"], "model.norm_eps"),
+        (["--set", "model.embed_scale=-1e-46"], "model.embed_scale"),
+    ]
+    for args, key in cases:
+        result = runner.invoke(app, ["encode", "--dtype", "float32", *args])
+        assert result.exit_code == 2, (args, result.stdout[-300:])
+        assert f"{key}: below the range of float32, the model's dtype (it would be 0)" in (
+            result.stderr
+        ), result.stderr
+        assert "found the number " in result.stderr and "e-46" in result.stderr
+        assert "expected 0, or a number of magnitude above 7.006492321624085e-46" in (result.stderr)
+        assert "Traceback" not in result.stderr
+        # float64 holds it: a number, not an error
+        assert runner.invoke(app, ["encode", *args]).exit_code == 0
+    # the file's own number, and a variant's, are refused alike; 0 and just above the
+    # bound are taken
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: {d_model: 4, dtype: float32}\nsource: [[1, 2, 3, 4]]\n"
+        "variants: {tiny: {source: [[1, 2, 1e-46, 4]]}}\n",
+        encoding="utf-8",
+    )
+    assert runner.invoke(app, ["encode", str(path)]).exit_code == 0
+    result = runner.invoke(app, ["encode", str(path), "--variant", "tiny"])
+    assert result.exit_code == 2 and "source.0.2: below the range of float32" in result.stderr
+    above = float(np.nextafter(F32_HALF_LEAST, 1))  # rounds to 2^-149, not 0
+    for value in ("0", "-0.0", repr(above)):
+        result = runner.invoke(app, ["encode", str(path), "--set", f"source=[[1, 2, {value}, 4]]"])
+        assert result.exit_code == 0, (value, result.stderr)
+    result = runner.invoke(
+        app, ["encode", str(path), "--set", f"source=[[1, 2, {F32_HALF_LEAST!r}, 4]]"]
+    )
+    assert result.exit_code == 2, "2^-150 is a tie, to even: 0"

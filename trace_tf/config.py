@@ -1498,11 +1498,18 @@ class _Validator:
             raise self.ctx.err(
                 where, "not a finite number", float(arr[tuple(bad)]), "a finite number"
             )
-        if finite and self.dtype == "float32" and (np.abs(arr) > FLOAT32_MAX).any():
-            # (rounded to float32 it would be an infinity: no longer the number written)
-            bad = np.argwhere(np.abs(arr) > FLOAT32_MAX)[0]
-            where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
-            raise self.beyond_float32(where, float(arr[tuple(bad)]))
+        if finite and self.dtype == "float32":
+            magnitude = np.abs(arr)
+            if (magnitude > FLOAT32_MAX).any():
+                # (rounded to float32 it would be an infinity: no longer the number written)
+                bad = np.argwhere(magnitude > FLOAT32_MAX)[0]
+                where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
+                raise self.beyond_float32(where, float(arr[tuple(bad)]))
+            zeroed = (magnitude <= FLOAT32_ZERO) & (arr != 0)
+            if zeroed.any():  # (rounded to float32 it would be 0: no longer the number written)
+                bad = np.argwhere(zeroed)[0]
+                where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
+                raise self.below_float32(where, float(arr[tuple(bad)]))
         if shape is not None and tuple(arr.shape) != shape:
             raise self.ctx.err(
                 path,
@@ -1511,6 +1518,17 @@ class _Validator:
                 found_text=f"shape {shape_text(tuple(arr.shape), 'x')}",
             )
         return arr
+
+    def below_float32(self, path: str, value: float) -> InputError:
+        """A given number, not 0, that float32, the model's dtype, would round to 0."""
+        return self.ctx.err(
+            path,
+            "below the range of float32, the model's dtype (it would be 0)",
+            value,
+            # exact, not rounded: the refused number is never above the bound
+            f"0, or a number of magnitude above {exact(FLOAT32_ZERO)} (2^-150; float32"
+            " rounds less to 0), or float64",
+        )
 
     def beyond_float32(self, path: str, value: float) -> InputError:
         """A given number that float32, the model's dtype, would round to an infinity."""
@@ -2059,6 +2077,9 @@ class _Validator:
             for key in ("embed_scale", "norm_eps", "scale", "temperature"):
                 if abs(getattr(config, key)) > FLOAT32_MAX:
                     raise self.beyond_float32(p + key, getattr(config, key))
+            for key in ("embed_scale", "norm_eps"):  # not 0 as given: rounded to 0, no longer
+                if 0 < abs(getattr(config, key)) <= FLOAT32_ZERO:
+                    raise self.below_float32(p + key, getattr(config, key))
             for key in ("scale", "temperature"):  # divisors, > 0: rounded to 0, a division by 0
                 if getattr(config, key) <= FLOAT32_ZERO:
                     raise self.ctx.err(
