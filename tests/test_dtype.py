@@ -308,3 +308,116 @@ def test_a_given_nonzero_number_float32_would_round_to_0_is_refused_with_its_key
         app, ["encode", str(path), "--set", f"source=[[1, 2, {F32_HALF_LEAST!r}, 4]]"]
     )
     assert result.exit_code == 2, "2^-150 is a tie, to even: 0"
+
+
+def test_a_given_number_stored_with_fewer_digits_is_a_warning_not_strict(
+    tmp_path: Path,
+) -> None:
+    # 1e-40 is stored in float32 as a subnormal, 71362 times 2^-149: 9.99995e-41, five
+    # digits where the header says about 7; nothing said so
+    stored = round(1e-40 / F32_LEAST) * F32_LEAST
+    assert stored == float(np.float32(1e-40)) and f"{stored:.6g}" == "9.99995e-41"
+    args = ["--dtype", "float32", "--set", "embeddings.hello=[1e-40, 2, -1e-39, 4]"]
+    result = runner.invoke(app, ["encode", *args])
+    assert result.exit_code == 0, result.stderr
+    note = (
+        "embeddings.hello.0: 1e-40 is below float32's smallest normal number 1.17549e-38; "
+        "stored as 9.99995e-41 (fewer significant digits); 1 more such number"
+    )
+    assert f"{F32_NORMAL:.6g}" == "1.17549e-38"
+    assert result.stderr == f"trace-tf: warning: hello (packaged example): {note}\n"
+    assert "warning: embeddings.hello.0: 1e-40 is below" in result.stdout  # the header
+    out = runner.invoke(app, ["encode", *args, "--format", "json"])
+    assert json.loads(out.stdout)["warnings"] == [note]
+    # --strict is about the run (NaN, overflow): the input is used as float32 holds it
+    assert runner.invoke(app, ["encode", *args, "--strict"]).exit_code == 0
+    # a number float32 holds exactly (2^-149 itself), and a normal one, are no warning
+    exact_args = ["--dtype", "float32", "--set", f"embeddings.hello=[{F32_LEAST!r}, 2, 1e-30, 4]"]
+    assert runner.invoke(app, ["encode", *exact_args]).stderr == ""
+    assert runner.invoke(app, ["encode", "--set", "embeddings.hello=[1e-40, 2, 3, 4]"]).stderr == ""
+    # float64 alike below its smallest normal 2^-1022: 1e-310 keeps 13 or 14 digits
+    result = runner.invoke(app, ["encode", "--set", "embeddings.hello=[1e-310, 2, 3, 4]"])
+    assert result.exit_code == 0
+    f64 = round(1e-310 / 2.0**-1074) * 2.0**-1074
+    assert f"stored as {f64:.17g} (fewer" in result.stderr and f"{2.0**-1022:.6g}" in result.stderr
+    # diff says it of each run, and --strict there leaves it a warning too
+    diff = runner.invoke(app, ["diff", *args, "--set-b", "model.scale=3", "--strict"])
+    assert diff.exit_code == 0, diff.stderr
+    assert f"{note} (in run A)" in diff.stderr and f"{note} (in run B)" in diff.stderr
+    # generate says it too
+    gen = runner.invoke(app, ["generate", *args, "--max-tokens", "2"])
+    assert gen.exit_code == 0 and note in gen.stderr
+    # a float32 weights_file's subnormal is the number as stored: no digits lost
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    b_1 = np.zeros(16, dtype=np.float32)
+    b_1[5] = np.float32(1e-40)
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.b_1": b_1})
+    result = runner.invoke(app, ["encode", str(tmp_path / "c.yaml"), "--dtype", "float32"])
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_generate_names_the_runs_nan_not_a_note_on_a_given_number() -> None:
+    # the note on 1e-40 came first in the warnings, and was quoted as the NaN's cause
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "--dtype",
+            "float32",
+            "--set",
+            "model.init_std=1e39",
+            "--set",
+            "embeddings.hello=[1e-40, 2, 3, 4]",
+            "--max-tokens",
+            "2",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "is not finite (NaN first appears in step " in result.stderr, result.stderr
+    assert "smallest normal" not in result.stderr
+
+
+def test_a_float64_weights_file_is_held_to_float32_as_given_numbers_are(tmp_path: Path) -> None:
+    # its 1e39 was refused already; its 1e-46 became a silent 0, its 1e-40 a silent subnormal
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    for value, code, said in (
+        (1e-46, 2, "weights.encoder.0.ffn.b_1.5: below the range of float32"),
+        (1e-40, 0, "weights.encoder.0.ffn.b_1.5: 1e-40 is below float32's smallest normal"),
+    ):
+        b_1 = np.zeros(16)
+        b_1[5] = value
+        np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.b_1": b_1})
+        result = runner.invoke(app, ["encode", str(tmp_path / "c.yaml"), "--dtype", "float32"])
+        assert result.exit_code == code and said in result.stderr, result.stderr
+        if code == 2:
+            assert "array 'encoder.0.ffn.b_1'" in result.stderr
+        # float64 holds it as stored: no error, no warning
+        result = runner.invoke(app, ["encode", str(tmp_path / "c.yaml")])
+        assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_a_row_set_over_a_weights_file_is_counted_once(tmp_path: Path) -> None:
+    # the row is read on its own and again in its whole array: two numbers, not four
+    (tmp_path / "c.yaml").write_text(
+        "model: {d_model: 4}\nsource: [[1, 2, 3, 4]]\nweights_file: w.npz\n", encoding="utf-8"
+    )
+    np.savez(tmp_path / "w.npz", **{"encoder.0.ffn.W_1": np.ones((4, 16))})
+    row = "[" + ", ".join(["1e-40", "1e-40"] + ["0"] * 14) + "]"
+    result = runner.invoke(
+        app,
+        [
+            "encode",
+            str(tmp_path / "c.yaml"),
+            "--dtype",
+            "float32",
+            "--set",
+            f"weights.encoder.0.ffn.W_1.1={row}",
+        ],
+    )
+    assert result.exit_code == 0
+    assert "weights.encoder.0.ffn.W_1.1.0: 1e-40 is below" in result.stderr
+    assert result.stderr.endswith("(fewer significant digits); 1 more such number\n"), result.stderr

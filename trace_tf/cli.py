@@ -158,7 +158,8 @@ DtypeOpt = Annotated[
         help="float64 (default) or float32, for weights and every computation. float32 halves "
         "memory and is faster on large models but keeps about 7 significant digits: expect "
         "relative errors around 1e-6, larger after many layers, and `check` tolerances may not "
-        "hold.",
+        "hold. A given number float32 would round to 0 (1e-46) is refused; one below 1.17549e-38 "
+        "(a subnormal, fewer digits) is a warning.",
         show_default=False,
     ),
 ]
@@ -666,11 +667,12 @@ def _write_steps(c: Common, steps: "list[Step]", choose: str) -> None:
 
 
 def warn(c: Common, warnings: list[str], file: str | None = None) -> None:
-    """NaN and overflow: a warning on stderr, or an error with --strict."""
-    from trace_tf.errors import NumericalError
+    """NaN and overflow: a warning on stderr, or an error with --strict; a given number
+    stored with fewer digits (an InputNote) a warning either way."""
+    from trace_tf.errors import InputNote, NumericalError
 
     for w in warnings:
-        if c.strict:
+        if c.strict and not isinstance(w, InputNote):
             raise NumericalError(w + " (--strict)", file=file)
         _warning(f"{file}: {w}" if file else w)
 
@@ -1143,6 +1145,7 @@ def generate(
     cfg = require_model(_load(config, c), "generate")
     # --trace records what it is asked for; without, only NaN and overflow are watched
     tr = Tracer(keep=lambda path: matches(path, stage, layer, head)) if trace else CheckingTracer()
+    tr.trace.warnings.extend(cfg.notes)  # (given numbers stored with fewer digits)
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
         gen_mod.check_size(
@@ -1564,8 +1567,8 @@ def diff(
             raise
     trace_a, trace_b = run(built[0]), run(built[1])
     # which run each is from (A and B are often one file)
-    warn_a = [f"{w} (in run A)" for w in trace_a.warnings]
-    warn_b = [f"{w} (in run B)" for w in trace_b.warnings]
+    warn_a = [type(w)(f"{w} (in run A)") for w in trace_a.warnings]  # (an InputNote kept)
+    warn_b = [type(w)(f"{w} (in run B)") for w in trace_b.warnings]
     warn(c, warn_a, doc_a.file)
     warn(c, warn_b, doc_b.file)
     keep = None

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from trace_tf.errors import InputError, quoted, suggest
+from trace_tf.errors import InputError, InputNote, quoted, suggest
 from trace_tf.loader import (
     Lines,
     beyond_float64,
@@ -320,6 +320,8 @@ class Config:
     # where each array came from, by the names of `named_arrays` (the fused weights a
     # head's part was cut from, TIED_OUTPUT, and numeric source/target as well)
     sources: Mapping[str, Source] = field(default_factory=dict)
+    # warnings about given numbers (stored with fewer digits): shown with the run's own
+    notes: tuple[InputNote, ...] = ()
 
     @property
     def embedding_matrix(self) -> np.ndarray:
@@ -1332,6 +1334,8 @@ class _Validator:
         self.seed = 0
         self.init_std = 1.0
         self.dtype = "float64"  # the model's, once read: given numbers must fit it
+        # array path -> (key path, value, count) of its numbers below the smallest normal
+        self.subnormal: dict[str, tuple[str, float, int]] = {}
         self.vocab_listed = False  # whether the file (or an override) gives `vocab`
 
     # -- primitives ---------------------------------------------------------
@@ -1510,6 +1514,9 @@ class _Validator:
                 bad = np.argwhere(zeroed)[0]
                 where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
                 raise self.below_float32(where, float(arr[tuple(bad)]))
+            self._subnormal(arr, magnitude, path)
+        elif finite and not isinstance(value, np.ndarray):  # float64: a number typed
+            self._subnormal(arr, np.abs(arr), path)
         if shape is not None and tuple(arr.shape) != shape:
             raise self.ctx.err(
                 path,
@@ -1528,6 +1535,50 @@ class _Validator:
             # exact, not rounded: the refused number is never above the bound
             f"0, or a number of magnitude above {exact(FLOAT32_ZERO)} (2^-150; float32"
             " rounds less to 0), or float64",
+        )
+
+    def _subnormal(self, arr: np.ndarray, magnitude: np.ndarray, path: str) -> None:
+        """Note the given numbers below the dtype's smallest normal number that it holds
+        with fewer significant digits (1e-40 in float32 is 9.99995e-41): the first, and
+        how many (Config.notes). One vectorised pass; the rest only where there are some."""
+        dt = np.dtype(self.dtype)
+        smallest = float(np.finfo(dt).smallest_normal)
+        low = (magnitude < smallest) & (arr != 0)
+        if not low.any():
+            self.subnormal.pop(path, None)
+            return
+        if dt != np.float64:  # (one float32 holds exactly, from a float32 weights_file: no loss)
+            low &= arr.astype(dt).astype(np.float64) != arr
+        at = np.argwhere(low)
+        if not len(at):
+            self.subnormal.pop(path, None)
+            return
+        where = join(path, ".".join(str(int(i)) for i in at[0])) if at[0].size else path
+        self.subnormal[path] = (where, float(arr[tuple(at[0])]), len(at))
+
+    def notes(self) -> tuple[InputNote, ...]:
+        """The warning of given numbers stored with fewer digits (below the dtype's
+        smallest normal number), naming the first: one for the whole config."""
+        # (not a row an override set, `W.0=[...]`, counted again in its whole array `W`)
+        kept = [
+            v
+            for p, v in self.subnormal.items()
+            if not any(p.startswith(q + ".") for q in self.subnormal)
+        ]
+        if not kept:
+            return ()
+        where, value, _ = kept[0]
+        count = sum(n for _, _, n in kept)
+        dt = np.dtype(self.dtype)
+        digits = 17 if dt == np.float64 else 6  # (enough to show the digits lost)
+        stored = float(np.array(value, dtype=dt))
+        more = f"; {counted(count - 1, 'more such number')}" if count > 1 else ""
+        return (
+            InputNote(
+                f"{where}: {exact(value)} is below {self.dtype}'s smallest normal number "
+                f"{float(np.finfo(dt).smallest_normal):.6g}; stored as {stored:.{digits}g} "
+                f"(fewer significant digits){more}"
+            ),
         )
 
     def beyond_float32(self, path: str, value: float) -> InputError:
@@ -2250,6 +2301,7 @@ class _Validator:
             ),
             weights_file=next((o.by for o in from_file), None),
             weights_file_arrays=len(from_file),
+            notes=self.notes(),
         )
         config = replace(config, sources=self.sources(data, config))
         if m.dtype == "float64":
@@ -2262,7 +2314,7 @@ class _Validator:
             **{
                 f.name: _astype(getattr(config, f.name), dt)
                 for f in fields(config)
-                if f.name not in ("model", "expect", "sources")
+                if f.name not in ("model", "expect", "sources", "notes")
             },
         )
 

@@ -8,6 +8,12 @@ from collections.abc import Sequence
 from trace_tf.text import printable
 
 
+class InputNote(str):
+    """A warning about a number the user gave (stored with fewer digits), not about the
+    run: shown as NaN and overflow warnings are, but --strict does not make it an error
+    (the input is used as the dtype holds it; nothing the run computed went wrong)."""
+
+
 def clipped(text: str, limit: int = 200) -> str:
     """`text`, or its start and end around `…` when longer than `limit` characters."""
     return text if len(text) <= limit else f"{text[: limit - 20]}…{text[-10:]}"

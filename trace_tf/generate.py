@@ -50,7 +50,7 @@ from trace_tf.config import (
     trace_size,
     within_float64,
 )
-from trace_tf.errors import InputError, quoted
+from trace_tf.errors import InputError, InputNote, quoted
 from trace_tf.model import KVCache
 from trace_tf.text import exact, typed
 from trace_tf.trace import NULL_TRACER, Tracer
@@ -479,7 +479,9 @@ def next_distribution(
     seq = Sequence_(tokens=prefix if cache is None else prefix[cache.length :])
     out = model.decoder(cfg, seq, enc, tr, cache)
     logits, probs = model.output_layer(cfg, out, seq, tr)
-    first = f" ({tr.trace.warnings[0]})" if tr.trace.warnings else ""
+    # the run's first NaN or overflow (not a note on a given number)
+    nonfinite = [w for w in tr.trace.warnings if not isinstance(w, InputNote)]
+    first = f" ({nonfinite[0]})" if nonfinite else ""
     if not np.isfinite(probs[-1]).all():  # never choose from NaN
         raise InputError(
             f"the next-token distribution after {' '.join(prefix)} is not finite{first}",
