@@ -421,3 +421,32 @@ def test_a_row_set_over_a_weights_file_is_counted_once(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert "weights.encoder.0.ffn.W_1.1.0: 1e-40 is below" in result.stderr
     assert result.stderr.endswith("(fewer significant digits); 1 more such number\n"), result.stderr
+
+
+def test_drawn_numbers_around_an_entry_set_are_not_held_to_float32_as_given() -> None:
+    # an entry set in a drawn weight made every drawn number of it "given": a drawn
+    # 2.1e39 (init_std 1e39) was refused as beyond float32, and a drawn 2.1e-50 as below
+    # it, naming an entry nobody gave; drawn, they are an overflow (and a 0) of the run
+    entry = ["--set", "weights.encoder.0.ffn.W_1.0.0=5"]
+    result = runner.invoke(
+        app, ["encode", "--dtype", "float32", "--set", "model.init_std=1e39", *entry]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "NaN first appears in step encoder.0.ffn.hidden" in result.stderr
+    result = runner.invoke(
+        app, ["encode", "--dtype", "float32", "--set", "model.init_std=1e-50", *entry]
+    )
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
+    # the entry itself is still held to float32, and noted below its normal numbers
+    for value, code, said in (
+        ("1e39", 2, "W_1.0.0: beyond the range of float32"),
+        ("1e-46", 2, "W_1.0.0: below the range of float32"),
+        ("1e-40", 0, "W_1.0.0: 1e-40 is below float32's smallest normal number"),
+    ):
+        result = runner.invoke(
+            app, ["encode", "--dtype", "float32", "--set", f"weights.encoder.0.ffn.W_1.0.0={value}"]
+        )
+        assert result.exit_code == code and said in result.stderr, (value, result.stderr)
+    # and so in float64 (an entry typed below 2^-1022)
+    result = runner.invoke(app, ["encode", "--set", "weights.encoder.0.ffn.W_1.0.0=1e-310"])
+    assert "W_1.0.0: 1e-310 is below float64's smallest normal number" in result.stderr

@@ -1421,7 +1421,9 @@ class _Validator:
             changed = self._entries(copied, value, path)
             return self._array(changed, path, shape, finite=finite, dims=dims)
         if base is not None and shape is not None and path in self.ctx.made:
-            return self._array(self._entries(base(), value, path), path, shape, dims=dims)
+            # (the drawn numbers are not held to the dtype as given ones: each entry set is)
+            changed = self._entries(base(), value, path)
+            return self._array(changed, path, shape, dims=dims, given=False)
         try:
             return self._array(value, path, shape, finite=finite, dims=dims)
         except InputError:
@@ -1473,7 +1475,10 @@ class _Validator:
             for i in at:  # (a list by position, a mapping by the index as written)
                 v = v[int(i)] if isinstance(v, list) else v[i]
             rest = array.shape[len(index) :]
-            array[index] = self._array(v, key, rest) if rest else self.number(v, key)
+            if rest:  # (each entry held to the dtype as given: the whole may be drawn)
+                array[index] = self._array(v, key, rest)
+            else:
+                array[index] = self._array(self.number(v, key), key, ())
         return array
 
     def _no_such_entry(self, key: str, shape: tuple[int, ...] | None) -> InputError:
@@ -1490,7 +1495,10 @@ class _Validator:
         *,
         finite: bool = True,
         dims: str = "",
+        given: bool = True,
     ) -> np.ndarray:
+        """`value` as a float64 array of `shape`; with `given`, every number of it is
+        one given (not drawn), held to the dtype's range and noted below its normal ones."""
         if isinstance(value, np.ndarray):  # from a weights_file: float64 already
             arr = value
         else:
@@ -1502,7 +1510,7 @@ class _Validator:
             raise self.ctx.err(
                 where, "not a finite number", float(arr[tuple(bad)]), "a finite number"
             )
-        if finite and self.dtype == "float32":
+        if finite and given and self.dtype == "float32":
             magnitude = np.abs(arr)
             if (magnitude > FLOAT32_MAX).any():
                 # (rounded to float32 it would be an infinity: no longer the number written)
@@ -1515,7 +1523,7 @@ class _Validator:
                 where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
                 raise self.below_float32(where, float(arr[tuple(bad)]))
             self._subnormal(arr, magnitude, path)
-        elif finite and not isinstance(value, np.ndarray):  # float64: a number typed
+        elif finite and given and not isinstance(value, np.ndarray):  # float64: one typed
             self._subnormal(arr, np.abs(arr), path)
         if shape is not None and tuple(arr.shape) != shape:
             raise self.ctx.err(
