@@ -1884,3 +1884,25 @@ def test_a_missing_fixture_path_names_its_packaged_example(
         f"trace-tf: error: {given}: no such file (the packaged example of that name is "
         f"'{stem}', given without a directory or .yaml)\n"
     )
+
+
+def test_a_file_named_like_an_example_says_it_is_read_instead_of_the_example(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `trace-tf encode hello --output hello`, then `trace-tf check hello`: the file wins
+    # (README), and its error said only "hello:8: malformed YAML", as if the packaged
+    # example were broken.
+    monkeypatch.chdir(tmp_path)
+    assert invoke("encode", "hello", "--output", "hello")[0] == 0
+    code, out, err = invoke("check", "hello")
+    assert code == 2 and out == ""
+    label = "hello (a file in the current directory, not the packaged example)"
+    assert err.startswith(f"trace-tf: error: {label}:8: malformed YAML"), err
+    (tmp_path / "hello").write_text(A_FAILING_HELLO)
+    data = json.loads(invoke("check", "hello", "--format", "json")[1])
+    assert {r["config"] for r in data["results"]} == {label}
+    # a name that is no example's, and a path, are named as before
+    for given, named in (("mine", "mine"), ("./hello", "hello"), ("hello.yaml", "hello.yaml")):
+        (tmp_path / given).write_text(A_FAILING_HELLO)
+        data = json.loads(invoke("check", given, "--format", "json")[1])
+        assert {r["config"] for r in data["results"]} == {named}

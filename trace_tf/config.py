@@ -487,6 +487,10 @@ def read_document(name: str | None, *, example: bool = False) -> Document:
         # a packaged example is named by its name, not by where the package is installed
         packaged = example or name is None or path != Path(name)
         file = f"{path.stem} (packaged example)" if packaged else str(path)
+        if not packaged and name in example_names():
+            # the file `hello` in the current directory wins over the example (resolve);
+            # its messages say so, or its error would read as the example's
+            file = f"{name} (a file in the current directory, not the packaged example)"
         text = read_text(path)
         base = None if packaged else path.parent
     data, lines = parse_yaml(text, file)
