@@ -668,7 +668,7 @@ def test_help_paragraphs_wrap_to_the_terminal_not_to_the_source(name: str) -> No
         (["step", "--bogus"], "--bogus"),  # click's wording varies with its version
         (["generate", "--beam", "abc"], "'abc' is not a valid int"),
         (["encde"], "No such command 'encde'. Did you mean 'encode'? (see 'trace-tf --help')"),
-        (["examples", "extra"], "unexpected extra argument"),
+        (["examples", "hello", "extra"], "unexpected extra argument"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2_like_any_bad_input(
@@ -1906,3 +1906,27 @@ def test_a_file_named_like_an_example_says_it_is_read_instead_of_the_example(
         (tmp_path / given).write_text(A_FAILING_HELLO)
         data = json.loads(invoke("check", given, "--format", "json")[1])
         assert {r["config"] for r in data["results"]} == {named}
+
+
+def test_examples_name_prints_the_packaged_file_to_start_a_config_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Installed, with no clone, the examples could be run and listed but not read: the
+    # YAML of a single-operation file, an `expect` entry or a note was nowhere to see.
+    monkeypatch.chdir(tmp_path)
+    packaged = (FIXTURES / "002_database_query.yaml").read_text(encoding="utf-8")
+    code, out, err = invoke("examples", "002_database_query")
+    assert (code, out, err) == (0, packaged, "")
+    # the copy is a config like any: edited, it runs as the user's own file
+    (tmp_path / "mine.yaml").write_text(out.replace("Q: [[1, 0, 0]]", "Q: [[0, 1, 0]]"))
+    code, out, err = invoke("attend", "mine.yaml", "--format", "json")
+    assert code == 0, err
+    [scores] = [s["value"] for s in json.loads(out)["steps"] if s["path"] == "attn.scores"]
+    assert scores == [[2.0, 2.0, 0.0, 4.0]]  # q = [0, 1, 0] against the keys' 2nd column
+    code, out, err = invoke("examples", "002_databse_query")
+    assert (code, out) == (2, "")
+    assert err == (
+        "trace-tf: error: 002_databse_query: no such packaged example (did you mean "
+        "'002_database_query'?); expected a name trace-tf examples lists, found "
+        "'002_databse_query'\n"
+    )

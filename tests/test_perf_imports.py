@@ -20,7 +20,9 @@ print(",".join(heavy) or "none")
 
 
 @pytest.mark.parametrize(
-    ("args", "expect"), [(["--help"], "encode"), (["examples"], "hello")], ids=["help", "examples"]
+    ("args", "expect"),
+    [(["--help"], "encode"), (["examples"], "hello"), (["examples", "hello"], "title:")],
+    ids=["help", "examples", "examples-name"],
 )
 def test_command_does_not_import_numpy(args: list[str], expect: str) -> None:
     out = subprocess.run(

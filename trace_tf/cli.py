@@ -945,15 +945,44 @@ _TITLE_LEAST = 30  # the fewest cells `examples` gives its titles beside the nam
 
 
 @app.command()
-def examples(debug: DebugOpt = False) -> None:
-    """List the packaged examples."""
+def examples(
+    name: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(
+            help="Print this example's YAML (to start a config from: > mine.yaml).",
+            metavar="NAME",
+            show_default=False,
+        ),
+    ] = None,
+    debug: DebugOpt = False,
+) -> None:
+    """List the packaged examples, or print one's file."""
     with guarded(debug):
         from rich.cells import cell_len
 
-        from trace_tf.loader import example_names, example_title  # no numpy: starts quickly
+        from trace_tf.errors import InputError, quoted, suggest
+        from trace_tf.loader import (  # no numpy: starts quickly
+            example_names,
+            example_title,
+            examples_dir,
+            read_text,
+        )
         from trace_tf.text import wrapped
 
         width, names = screen_width(), example_names()
+        if name is not None:
+            if name not in names:
+                raise InputError(
+                    "no such packaged example" + suggest(name, names),
+                    file=name,
+                    expected="a name trace-tf examples lists",
+                    found=quoted(name),
+                )
+            # an installed trace-tf has no fixtures/ to read the examples in
+            with _write_errors("standard output"):
+                sys.stdout.write(read_text(examples_dir() / f"{name}.yaml"))
+                sys.stdout.flush()
+            return
         # Each title beside its name, the titles in one column after the longest name,
         # over lines at its spaces; where that column would be too narrow, under its
         # name, indented.
