@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -391,3 +392,32 @@ def test_a_long_text_that_libyaml_refuses_is_not_parsed_again_in_python(
     monkeypatch.setattr(loader._DepthLimitedLoader, "__init__", never)
     err = _refused("a: [1, 2, 3]\nb: [4, 5, 6]\nc: [\n")
     assert err.line == 4 and str(err).startswith("f.yaml:4: malformed YAML: ")
+
+
+def test_libyamls_own_nesting_limit_is_refused_as_ours() -> None:
+    # libyaml 0.2.6 (PyYAML 6.0.4) stops at 1000 levels itself; its scanner reads ahead,
+    # so 100,000 `[` raised its ScannerError before the 65th level reached _check_events,
+    # and the message was "malformed YAML: while increasing flow level, exceeded maximum
+    # nesting depth". Its error, as that libyaml raises it, on any PyYAML:
+    import yaml
+
+    mark = yaml.Mark("<unicode string>", 1006, 0, 1006, None, None)
+
+    def events() -> Iterator[yaml.Event]:
+        yield yaml.StreamStartEvent()
+        raise yaml.scanner.ScannerError(
+            "while increasing flow level", mark, "exceeded maximum nesting depth", mark
+        )
+
+    with pytest.raises(InputError) as caught:
+        loader._check_events(events(), "deep.yaml")
+    assert str(caught.value).startswith("deep.yaml:1: the YAML nests too deeply; refused")
+    # another scanner error is left to parse_yaml to word
+    other = yaml.scanner.ScannerError("while scanning", mark, "found a tab", mark)
+
+    def bad() -> Iterator[yaml.Event]:
+        raise other
+        yield  # pragma: no cover
+
+    with pytest.raises(yaml.scanner.ScannerError):
+        loader._check_events(bad(), "bad.yaml")

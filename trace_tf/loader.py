@@ -605,18 +605,26 @@ def _check_events(events: Iterator[yaml.Event], file: str) -> None:
     """Refuse nesting deeper than MAX_DEPTH, and more than MAX_NODES values, from the
     parser's events (no recursion, no nodes built)."""
     depth = nodes = 0
-    for event in events:
-        kind = type(event)
-        if kind is yaml.ScalarEvent or kind is yaml.AliasEvent:
-            nodes += 1
-        elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
-            depth += 1
-            nodes += 1
-        elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
-            depth -= 1
-        if depth > MAX_DEPTH or nodes > MAX_NODES:
-            line = event.start_mark.line + 1 if event.start_mark else None
-            raise _too_deep(file, line) if depth > MAX_DEPTH else _too_many(file, line)
+    try:
+        for event in events:
+            kind = type(event)
+            if kind is yaml.ScalarEvent or kind is yaml.AliasEvent:
+                nodes += 1
+            elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
+                depth += 1
+                nodes += 1
+            elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
+                depth -= 1
+            if depth > MAX_DEPTH or nodes > MAX_NODES:
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise _too_deep(file, line) if depth > MAX_DEPTH else _too_many(file, line)
+    except yaml.MarkedYAMLError as exc:
+        # libyaml 0.2.6 (PyYAML 6.0.4's wheels) stops at 1000 levels itself, and its
+        # scanner, reading ahead, may do so before the parser gives the 65th level here
+        if exc.problem != "exceeded maximum nesting depth":
+            raise
+        mark = exc.problem_mark
+        raise _too_deep(file, mark.line + 1 if mark else None) from None
 
 
 def _unreadable(exc: yaml.reader.ReaderError, text: str, file: str) -> InputError:
