@@ -1930,3 +1930,17 @@ def test_examples_name_prints_the_packaged_file_to_start_a_config_from(
         "'002_database_query'?); expected a name trace-tf examples lists, found "
         "'002_databse_query'\n"
     )
+
+
+def test_version_is_the_installed_distributions() -> None:
+    # There was no --version: a user reporting a number had to find it in the JSON.
+    import re
+    from importlib.metadata import version
+
+    pyproject = (FIXTURES.parent / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "(.+)"$', pyproject, re.M)
+    assert declared is not None
+    code, out, err = invoke("--version")
+    assert (code, out, err) == (0, f"trace-tf {version('trace-tf')}\n", "")
+    assert version("trace-tf") == declared.group(1)  # (the installed one is this checkout's)
+    assert invoke("encode", "--version")[0] == 2  # an option of trace-tf, not of a command

@@ -21,8 +21,13 @@ print(",".join(heavy) or "none")
 
 @pytest.mark.parametrize(
     ("args", "expect"),
-    [(["--help"], "encode"), (["examples"], "hello"), (["examples", "hello"], "title:")],
-    ids=["help", "examples", "examples-name"],
+    [
+        (["--help"], "encode"),
+        (["--version"], "trace-tf 0."),
+        (["examples"], "hello"),
+        (["examples", "hello"], "title:"),
+    ],
+    ids=["help", "version", "examples", "examples-name"],
 )
 def test_command_does_not_import_numpy(args: list[str], expect: str) -> None:
     out = subprocess.run(

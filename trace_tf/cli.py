@@ -99,6 +99,25 @@ _APP_SETTINGS: dict[str, Any] = dict(
 )
 app = typer.Typer(**_APP_SETTINGS)
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"trace-tf {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 # ---------------------------------------------------------------------------
 # The options every running command takes (SPEC section 4)
 # ---------------------------------------------------------------------------
