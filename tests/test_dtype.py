@@ -159,7 +159,10 @@ def test_a_divisor_float32_would_round_to_0_is_refused_with_its_key() -> None:
         assert f"model.{key}: below the range of float32" in result.stderr
         assert "found the number 1e-46" in result.stderr
     ok = runner.invoke(app, ["encode", "--dtype", "float32", "--set", "model.temperature=1e-45"])
-    assert ok.exit_code == 0 and ok.stderr == ""
+    assert ok.exit_code == 0  # (stored as 2^-149, 1.4e-45: noted, one digit)
+    assert ok.stderr.endswith(
+        f"stored as {float(np.float32(1e-45)):.6g} (fewer significant digits)\n"
+    )
 
 
 def test_the_float32_divisor_message_states_the_bound_it_enforces() -> None:
@@ -377,6 +380,75 @@ def test_generate_names_the_runs_nan_not_a_note_on_a_given_number() -> None:
     assert result.exit_code == 2
     assert "is not finite (NaN first appears in step " in result.stderr, result.stderr
     assert "smallest normal" not in result.stderr
+
+
+def test_single_numbers_the_model_computes_with_are_noted_as_arrays_are(tmp_path: Path) -> None:
+    # model.norm_eps 1e-40 under float32 is added to var as float32 holds it, 9.99995e-41;
+    # only the arrays' numbers were noted, never norm_eps, embed_scale, scale, temperature
+    stored = float(np.float32(1e-40))
+    assert stored != 1e-40 and f"{stored:.6g}" == "9.99995e-41"
+    for key, value in [
+        ("norm_eps", "1e-40"),
+        ("embed_scale", "-1e-40"),
+        ("scale", "1e-40"),
+        ("temperature", "1e-40"),
+    ]:
+        result = runner.invoke(
+            app, ["encode", "--dtype", "float32", "--set", f"model.{key}={value}"]
+        )
+        assert result.exit_code == 0, result.stderr
+        sign = "-" if value.startswith("-") else ""
+        assert (
+            f"warning: hello (packaged example): model.{key}: {value} is below float32's "
+            f"smallest normal number {F32_NORMAL:.6g}; stored as {sign}9.99995e-41 "
+            "(fewer significant digits)\n"
+        ) in result.stderr, (key, result.stderr)
+    # one warning for the run: the first named, the rest counted with the arrays' numbers
+    args = ["--dtype", "float32", "--set", "model.norm_eps=1e-40", "--set", "model.scale=1e-39"]
+    args += ["--set", "embeddings.hello=[1e-40, 2, 3, 4]"]
+    result = runner.invoke(app, ["encode", *args, "--format", "json"])
+    assert json.loads(result.stdout)["warnings"][0].startswith("model.norm_eps: 1e-40 is below")
+    assert result.stderr.count("smallest normal") == 1  # (then the overflow scale 1e-39 makes)
+    assert result.stderr.splitlines()[0].endswith("; 2 more such numbers"), result.stderr
+    # float64: a number typed below 2^-1022 has lost digits already, pe_base and init_std too
+    f64 = round(1e-310 / 2.0**-1074) * 2.0**-1074
+    for key in ("norm_eps", "pe_base", "init_std", "temperature"):
+        result = runner.invoke(app, ["encode", "--set", f"model.{key}=1e-310"])
+        assert f"model.{key}: 1e-310 is below float64's smallest normal number" in result.stderr
+        assert f"stored as {f64:.17g} (fewer" in result.stderr
+    # under float32, pe_base and init_std stay float64 (angles, draws): nothing lost, no note;
+    # nor for a normal float32 number
+    for key, value in (("pe_base", "1e-40"), ("init_std", "1e-40"), ("norm_eps", "1e-30")):
+        result = runner.invoke(
+            app, ["encode", "--dtype", "float32", "--set", f"model.{key}={value}"]
+        )
+        assert result.exit_code == 0 and "smallest normal" not in result.stderr, result.stderr
+
+
+def test_a_single_operations_given_numbers_are_noted(tmp_path: Path) -> None:
+    # a single operation runs in float64: its 1e-310 (Q's, scale's, eps's) was never noted
+    f64 = f"{round(1e-310 / 2.0**-1074) * 2.0**-1074:.17g}"
+    assert f64 == f"{float(np.float64(1e-310)):.17g}" and f64 != "1e-310"
+    one = ["--q", "1 1", "--k", "1 1", "--v", "1 1"]
+    for args, key in [
+        (["--q", "1e-310 1", "--k", "1 1", "--v", "1 1"], "attention.Q.0.0"),
+        ([*one, "--scale", "1e-310"], "attention.scale"),
+        ([*one, "--temperature", "1e-310"], "attention.temperature"),
+        ([*one, "--mask", "1e-310"], "attention.mask.0.0"),
+    ]:
+        result = runner.invoke(app, ["attend", *args, "--format", "json"])
+        assert result.exit_code == 0, (args, result.stderr)
+        note = f"{key}: 1e-310 is below float64's smallest normal number {2.0**-1022:.6g}"
+        assert f"warning: command line: {note}; stored as {f64}" in result.stderr, result.stderr
+        assert json.loads(result.stdout)["warnings"][0].startswith(note)
+    path = tmp_path / "n.yaml"
+    path.write_text("norm:\n  x: [[1, 2]]\n  eps: 1e-310\n", encoding="utf-8")
+    result = runner.invoke(app, ["norm", str(path)])
+    assert "norm.eps: 1e-310 is below float64's smallest normal" in result.stderr
+    path.write_text("pe: {length: 2, d_model: 2, base: 1e-310}\n", encoding="utf-8")
+    result = runner.invoke(app, ["pe", str(path)])
+    assert "pe.base: 1e-310 is below float64's smallest normal" in result.stderr
+    assert runner.invoke(app, ["attend", *one, "--scale", "1e-300"]).stderr == ""
 
 
 def test_a_float64_weights_file_is_held_to_float32_as_given_numbers_are(tmp_path: Path) -> None:

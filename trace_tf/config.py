@@ -383,6 +383,8 @@ class OpConfig:
     params: Mapping[str, Any]
     expect: tuple[Expect, ...] = ()
     variant: str | None = None
+    # warnings about given numbers (stored with fewer digits), as Config.notes
+    notes: tuple[InputNote, ...] = ()
 
 
 # ---------------------------------------------------------------------------
@@ -1568,6 +1570,13 @@ class _Validator:
         where = join(path, ".".join(str(int(i)) for i in at[0])) if at[0].size else path
         self.subnormal[path] = (where, float(arr[tuple(at[0])]), len(at))
 
+    def given_number(self, value: float, path: str) -> float:
+        """A single given number the model computes with in its dtype (norm_eps, a scale, a
+        temperature): noted below the dtype's smallest normal number as an array's are."""
+        arr = np.array(value, dtype=np.float64)
+        self._subnormal(arr, np.abs(arr), path)
+        return value
+
     def notes(self) -> tuple[InputNote, ...]:
         """The warning of given numbers stored with fewer digits (below the dtype's
         smallest normal number), naming the first: one for the whole config."""
@@ -1773,6 +1782,7 @@ class _Validator:
                 params=self.operation(ops[0], data[ops[0]]),
                 expect=self.expect(data.get("expect"), variants),
                 variant=variant,
+                notes=self.notes(),
             )
         if ops:
             # a --set model.x on such a file: name it (not when the file itself holds both)
@@ -1862,17 +1872,19 @@ class _Validator:
                         float(mask[i, j]),
                         "0, -inf or a finite number",
                     )
+                self._subnormal(mask, np.abs(mask), "attention.mask")  # (its -inf is no note)
             return {
                 "Q": Q,
                 "K": K,
                 "V": V,
-                "scale": scale,
+                "scale": self.given_number(scale, "attention.scale"),
                 "scale_text": text,
                 "mask": mask,
                 "score": score,
                 **sw.arrays(),
-                "temperature": self.number(
-                    a.get("temperature", 1), "attention.temperature", positive=True
+                "temperature": self.given_number(
+                    self.number(a.get("temperature", 1), "attention.temperature", positive=True),
+                    "attention.temperature",
                 ),
             }
         if kind == "norm":
@@ -1920,7 +1932,9 @@ class _Validator:
                 "x": x,
                 "gamma": gamma,
                 "beta": beta,
-                "eps": self.number(n.get("eps", 1e-5), "norm.eps", minimum=0),
+                "eps": self.given_number(
+                    self.number(n.get("eps", 1e-5), "norm.eps", minimum=0), "norm.eps"
+                ),
             }
         p = self.mapping(value, kind, ("length", "d_model", "kind", "base"))
         for key in ("length", "d_model"):
@@ -1948,7 +1962,9 @@ class _Validator:
             "length": length,
             "d_model": d_model,
             "kind": kind,
-            "base": self.number(p.get("base", 10000), "pe.base", positive=True),
+            "base": self.given_number(
+                self.number(p.get("base", 10000), "pe.base", positive=True), "pe.base"
+            ),
         }
 
     def matrix(
@@ -2195,6 +2211,10 @@ class _Validator:
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
         m = self.model_section(data["model"])
         self.seed, self.init_std, self.dtype = m.seed, m.init_std, m.dtype
+        # its single numbers held in the dtype (pe_base and init_std are used in float64)
+        kept = ("pe_base", "init_std") if m.dtype == "float64" else ()
+        for key in ("embed_scale", "norm_eps", "scale", "temperature", *kept):
+            self.given_number(getattr(m, key), "model." + key)
         d = m.d_model
         vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
         vocab_set = set(vocab)

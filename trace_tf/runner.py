@@ -93,8 +93,7 @@ def run(
     numpy's own overflow and invalid-value warnings are silenced: the tracer reports
     the step where a NaN or infinity first appears instead (trace.warnings)."""
     tr = Tracer(keep=keep, with_inputs=with_inputs)
-    if isinstance(cfg, Config):  # given numbers stored with fewer digits: shown first
-        tr.trace.warnings.extend(cfg.notes)
+    tr.trace.warnings.extend(cfg.notes)  # given numbers stored with fewer digits: first
     with np.errstate(all="ignore"):
         if isinstance(cfg, OpConfig):
             run_op(cfg, tr)
