@@ -451,6 +451,22 @@ def test_a_single_operations_given_numbers_are_noted(tmp_path: Path) -> None:
     assert runner.invoke(app, ["attend", *one, "--scale", "1e-300"]).stderr == ""
 
 
+def test_weights_says_the_note_on_stderr_and_in_its_json() -> None:
+    # `weights` shows where each number came from, and said nothing of one stored as 9.99995e-41
+    args = ["weights", "--dtype", "float32", "--set", "embeddings.hello=[1e-40, 2, 3, 4]"]
+    note = (
+        "embeddings.hello.0: 1e-40 is below float32's smallest normal number "
+        f"{F32_NORMAL:.6g}; stored as {float(np.float32(1e-40)):.6g} (fewer significant digits)"
+    )
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0
+    assert result.stderr == f"trace-tf: warning: hello (packaged example): {note}\n"
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert json.loads(result.stdout)["warnings"] == [note]
+    result = runner.invoke(app, ["weights", "--format", "json"])
+    assert result.stderr == "" and json.loads(result.stdout)["warnings"] == []
+
+
 def test_a_float64_weights_file_is_held_to_float32_as_given_numbers_are(tmp_path: Path) -> None:
     # its 1e39 was refused already; its 1e-46 became a silent 0, its 1e-40 a silent subnormal
     (tmp_path / "c.yaml").write_text(

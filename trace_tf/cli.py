@@ -947,6 +947,7 @@ def weights(c: Common, config: ConfigArg = None) -> None:
     from trace_tf.runner import weights as listed
 
     cfg = require_model(_load(config, c), "weights")
+    warn(c, list(cfg.notes), cfg.file)  # (given numbers stored with fewer digits)
     rows = listed(cfg)
     table = render.weights_table([(k, shape, src.text) for k, shape, src in rows], c.view())
     emit(
@@ -956,6 +957,7 @@ def weights(c: Common, config: ConfigArg = None) -> None:
             "trace_tf": _version(),
             "title": cfg.title,
             "weights": render.weights_json(rows),
+            "warnings": list(cfg.notes),
         },
     )
 
