@@ -378,8 +378,33 @@ def test_generate_names_the_runs_nan_not_a_note_on_a_given_number() -> None:
         ],
     )
     assert result.exit_code == 2
-    assert "is not finite (NaN first appears in step " in result.stderr, result.stderr
-    assert "smallest normal" not in result.stderr
+    error = result.stderr.splitlines()[-1]
+    assert "is not finite (NaN first appears in step " in error, result.stderr
+    assert "smallest normal" not in error
+    # the note is said, as a warning before the error, as encode says it beside the NaN
+    assert result.stderr.startswith("trace-tf: warning: hello (packaged example): ")
+    assert "embeddings.hello.0: 1e-40 is below float32's smallest normal" in result.stderr
+
+
+def test_generate_says_the_note_before_stopping_on_the_nan_a_tiny_scale_made() -> None:
+    # scale 1e-40: the scores over it overflow float32, the distribution is not finite;
+    # the error named the overflow, and the tiny number the user gave went unsaid
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(1.0) / np.float32(1e-40))
+    stored = f"{float(np.float32(1e-40)):.6g}"
+    args = ["generate", "--dtype", "float32", "--set", "model.scale=1e-40", "--max-tokens", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    note, error = result.stderr.splitlines()
+    assert note == (
+        "trace-tf: warning: hello (packaged example): model.scale: 1e-40 is below float32's "
+        f"smallest normal number {F32_NORMAL:.6g}; stored as {stored} (fewer significant digits)"
+    )
+    assert error.startswith("trace-tf: error: hello (packaged example): the next-token")
+    assert "overflow: an infinity first appears in step encoder.0.self_attn.h0.scaled" in error
+    # an error of the config, not of the run, is not preceded by it
+    result = runner.invoke(app, [*args, "--set", "tokens.eos=nothing"])
+    assert result.exit_code == 2 and "smallest normal" not in result.stderr, result.stderr
 
 
 def test_single_numbers_the_model_computes_with_are_noted_as_arrays_are(tmp_path: Path) -> None:

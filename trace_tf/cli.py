@@ -1154,7 +1154,7 @@ def generate(
     step of it, written out."""
     from trace_tf import generate as gen_mod
     from trace_tf import render
-    from trace_tf.errors import InputError
+    from trace_tf.errors import InputError, InputNote
     from trace_tf.runner import conventions, require_model
     from trace_tf.trace import CheckingTracer, Tracer, check_selection, matches
 
@@ -1210,6 +1210,10 @@ def generate(
 
             e = ex.explain_named(cfg, tr.trace, explain_step, cell, c.precision)
     except InputError as exc:
+        if any(not isinstance(w, InputNote) for w in tr.trace.warnings):
+            # the run went NaN or overflowed: a tiny given number (a scale or temperature
+            # of 1e-40, a divisor) may be why, so its note comes first, as encode's does
+            warn(c, list(cfg.notes), cfg.file)
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
     if explain_step is not None:  # the explanation only, as `explain` prints it
