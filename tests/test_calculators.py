@@ -452,3 +452,24 @@ def test_set_can_give_a_calculators_inputs(args: list[str], path: str, want: Any
 def test_set_giving_part_of_a_calculators_inputs_names_the_one_missing() -> None:
     code, _, err = invoke("attend", "--set", "attention.Q=[[1]]", "--k", "1")
     assert code == 2 and "attention.V: missing V" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "runs"),
+    [
+        (("attend", "004_layer_batch_norm"), "trace-tf norm runs this file"),
+        (("norm", "003_sinusoidal_p"), "trace-tf pe runs this file"),
+        (("pe", "002_database_query"), "trace-tf attend runs this file"),
+        (("attend", "hello"), "trace-tf encode runs this file"),
+        (("encode", "002_database_query"), "trace-tf attend runs this file"),
+        (("generate", "004_layer_batch_norm", "--greedy"), "trace-tf norm runs this file"),
+    ],
+)
+def test_a_file_given_to_the_wrong_command_names_the_one_that_runs_it(
+    args: tuple[str, ...], runs: str
+) -> None:
+    # With 14 packaged examples, three kinds of single operation and models among them,
+    # the refusal said only what the command needs, not which command runs the file.
+    code, out, err = invoke(*args)
+    assert (code, out) == (2, "")
+    assert f"({runs});" in err and "Traceback" not in err

@@ -1289,7 +1289,15 @@ def _op_config(
 ) -> "OpConfig":
     """A single-operation config: the file's `kind:` section (or an empty one), then its
     variant, --set, and the command's own options, each an override of that section."""
-    from trace_tf.config import OP_KINDS, Document, OpConfig, build, parse_set, read_document
+    from trace_tf.config import (
+        OP_COMMANDS,
+        OP_KINDS,
+        Document,
+        OpConfig,
+        build,
+        parse_set,
+        read_document,
+    )
     from trace_tf.errors import InputError
     from trace_tf.loader import Lines
 
@@ -1301,8 +1309,11 @@ def _op_config(
         doc = read_document(file)
         found = [k for k in ("model", *OP_KINDS) if k in doc.data]
         if found != [kind]:
+            # what runs the file instead: its operation's command, or a model's
+            runs = {"model": "encode"} | OP_COMMANDS
+            instead = f" (trace-tf {runs[found[0]]} runs this file)" if len(found) == 1 else ""
             raise InputError(
-                f"{command} needs a single {kind} operation",
+                f"{command} needs a single {kind} operation{instead}",
                 file=doc.file,
                 expected=f"a file with the section '{kind}:' (and no model or other operation)",
                 found=", ".join(f"'{k}:'" for k in found) or "neither",

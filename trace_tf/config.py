@@ -84,6 +84,8 @@ TOP_KEYS = [
 ]
 EXPECT_KEYS = ("step", "value", "atol", "rtol", "note", "variant", "document", "document_atol")
 OP_KINDS = ("attention", "norm", "pe")
+# The command that runs each single operation (also step, explain, check, diff)
+OP_COMMANDS = {"attention": "attend", "norm": "norm", "pe": "pe"}
 POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
 # Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).

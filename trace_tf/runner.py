@@ -10,7 +10,7 @@ import numpy as np
 
 from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
-from trace_tf.config import TIED_OUTPUT, Config, Document, OpConfig, Source, build
+from trace_tf.config import OP_COMMANDS, TIED_OUTPUT, Config, Document, OpConfig, Source, build
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Step, Trace, Tracer
@@ -111,7 +111,8 @@ def run(
 def require_model(cfg: Config | OpConfig, command: str) -> Config:
     if isinstance(cfg, OpConfig):
         raise InputError(
-            f"{command} needs a model config, and this file holds a single {cfg.kind} operation",
+            f"{command} needs a model config, and this file holds a single {cfg.kind} "
+            f"operation (trace-tf {OP_COMMANDS[cfg.kind]} runs this file)",
             file=cfg.file,
             expected="a config with a 'model:' section",
             found=f"'{cfg.kind}:'",
