@@ -1968,23 +1968,21 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
 
     style = {DIFFERS: "bold yellow", SHAPE: "bold red"}
 
-    def weight(path: str, token_cells: int | None) -> str:
-        return printable(path) if token_cells is None else _weight_path(path, token_cells)
-
     def rows_of(token_cells: int | None) -> list[list[RenderableType]]:
+        """The rows, an embedding's token shortened to `token_cells` (None: whole)."""
         rows: list[list[RenderableType]] = []
         for i in _embeddings_elided([d.path for d in diffs], view):
             if isinstance(i, Text):
                 rows.append([Wrapped(i), *[""] * 6])
                 continue
             d, c = diffs[i], diffs[i].cells
+            path = printable(d.path) if token_cells is None else _weight_path(d.path, token_cells)
             shapes = [shape_text(s.shape) for s in (c.a, c.b) if s is not None]
             sources = [s.text for s in (d.source_a, d.source_b) if s is not None]
             cells = f"{c.n_differing}/{c.size}" if d.status == DIFFERS else d.status
             rows.append(
                 [
-                    # (within: TIED_OUTPUT's spaces)
-                    Wrapped(weight(d.path, token_cells), PATH_BREAKS, within=" +"),
+                    Wrapped(path, PATH_BREAKS, within=" +"),  # (within: TIED_OUTPUT's spaces)
                     " → ".join(dict.fromkeys(shapes)),
                     Text(cells, style=style.get(d.status, "magenta")),
                     "" if c.max_abs is None else f"{c.max_abs:.3g}",
@@ -1995,9 +1993,12 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
             )
         return rows
 
-    rows = rows_of(None)
-
-    def table(spaced: bool, there: bool = True, tight: bool = False) -> Table:
+    def table(
+        rows: Sequence[Sequence[RenderableType]],
+        spaced: bool,
+        there: bool = True,
+        tight: bool = False,
+    ) -> Table:
         # Paths go over lines after their dots, sources at their spaces (and a long path
         # in one after its dots), the values at " → ": never inside a word (see
         # Wrapped); rows that go over lines would run together, so blank lines then
@@ -2027,25 +2028,26 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
             out.add_row(*cells)
         return keep_whole(out)
 
-    whole = table(spaced=False)
+    rows = rows_of(None)  # (each token whole)
+    whole = table(rows, spaced=False)
     m = _ColumnWidths.of(whole)  # (its natural width: each column at its widest)
     if view.width is None or sum(m.widest) + m.extra <= view.width:
         return whole
-    spaced = _shared_out(table(spaced=True), view.width)
+    spaced = _shared_out(table(rows, spaced=True), view.width)
     if least_width(spaced) <= view.width:
         return spaced
-    narrowed = _shared_out(table(spaced=True, there=False), view.width)
+    narrowed = _shared_out(table(rows, spaced=True, there=False), view.width)
     if least_width(narrowed) <= view.width:
         return narrowed
     # A token's path gives up what the table is too wide, as in weights_table; where
     # even so it does not fit, the table `tight`, its tokens so shortened to fit it.
     for tight in (False, True):
-        rows = rows_of(None)
-        m = _ColumnWidths.of(table(spaced=True, there=False, tight=tight))
-        widest = m.least[0] - m.pad[0]
-        cells = min(LABEL_CELLS, widest + m.spare(view.width))
-        rows = rows_of(max(cells, len("embeddings.")))
-        narrowed = _shared_out(table(spaced=True, there=False, tight=tight), view.width)
+        m = _ColumnWidths.of(table(rows, spaced=True, there=False, tight=tight))
+        cells = min(LABEL_CELLS, m.least[0] - m.pad[0] + m.spare(view.width))
+        shortened_rows = rows_of(max(cells, len("embeddings.")))
+        narrowed = _shared_out(
+            table(shortened_rows, spaced=True, there=False, tight=tight), view.width
+        )
         if least_width(narrowed) <= view.width:
             return narrowed
     # Wider than the terminal even so: as narrow as it can be, each column that
