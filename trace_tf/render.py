@@ -1444,14 +1444,17 @@ def distribution_table(
     sorted by the last, then by the earlier ones, then in vocabulary order; the top `show`
     rows with a bar of the last, the rest summed in one row. A token is shortened as a
     label (LABEL_CELLS), and further, to the most cells that let the table fit
-    `view.width` in its panel (5 at the least), where it would not fit otherwise."""
+    `view.width` in its panel (LABEL_LEAST at the least, as a matrix's labels), where
+    it would not fit otherwise."""
     table = _distribution_table(columns, vocab, chosen, show, view, LABEL_CELLS)
-    if view.width is None or least_width(table) + 4 <= view.width:  # (4: the panel's)
+    if view.width is None:
         return table
     m = _ColumnWidths.of(table)
+    over = _least_of(table, m) + 4 - view.width  # (4: the panel's)
+    if over <= 0:
+        return table
     widest = m.widest[1] - m.pad[1]  # (the tokens' column)
-    cells = max(widest - (least_width(table) + 4 - view.width), 5)
-    return _distribution_table(columns, vocab, chosen, show, view, cells)
+    return _distribution_table(columns, vocab, chosen, show, view, max(widest - over, LABEL_LEAST))
 
 
 def _distribution_table(
