@@ -1022,10 +1022,15 @@ def _fit(
         for row, text in zip(rows, whole, strict=True) if cut_texts else ():
             row[i] = _cut(text[i], widths[i])
 
+    def wrap_column(name: str, breaks: str, need: int) -> None:
+        """Column `name` narrower by up to `need` cells, to its header's width or its
+        texts' widest piece between `breaks`: they go over lines instead of being cut."""
+        i = names.index(name)
+        least = max([cell_len(name), *(Wrapped(r[i], breaks).least() for r in rows)])
+        narrow(i, least, need, cut_texts=False)
+
     if wrap is not None and room < 0:
-        i = names.index(wrap)
-        least = max([cell_len(wrap), *(Wrapped(r[i], PATH_BREAKS).least() for r in rows)])
-        narrow(i, least, -room, cut_texts=False)  # (its paths go over lines instead)
+        wrap_column(wrap, PATH_BREAKS, -room)
     # Each in turn to its least; when that is not enough, each further, to _LEAST_TEXT.
     for name, least in [*give_way, *((name, _LEAST_TEXT) for name, _ in give_way)]:
         if room < 0 and name in names:
@@ -1047,9 +1052,7 @@ def _fit(
         if room + gap < 0 and i >= 0 and widths[i] - cell_len(name) >= -room - gap:
             narrow(i, cell_len(name), -room - gap)
     if words in names and room + gap < 0:
-        i = names.index(words)
-        least = max([cell_len(words), *(Wrapped(r[i], WORD_BREAKS).least() for r in rows)])
-        narrow(i, least, -room - gap, cut_texts=False)  # (its texts go over lines instead)
+        wrap_column(words, WORD_BREAKS, -room - gap)
     return widths, room, gap
 
 
@@ -1066,6 +1069,11 @@ def _plain_table(names: list[str], widths: list[int], gap: int = 2, **table: Any
             header, justify="right" if right else "left", no_wrap=True, max_width=w, min_width=w
         )
     return out
+
+
+def _words(cell: RenderableType) -> RenderableType:
+    """A cell of a shape or a status that goes over lines at its spaces (WORD_BREAKS)."""
+    return Wrapped(cell, WORD_BREAKS) if isinstance(cell, str | Text) else cell
 
 
 def _add_rows(
@@ -1088,8 +1096,7 @@ def _add_rows(
         cells = list(row)
         cells[paths] = Wrapped(str(row[paths]), PATH_BREAKS)
         if words >= 0 and over(row, words):
-            cell = row[words]
-            cells[words] = Wrapped(cell if isinstance(cell, Text | str) else str(cell), WORD_BREAKS)
+            cells[words] = _words(row[words])
         table.add_row(*cells)
 
 
@@ -2059,11 +2066,6 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
     for column, least, pad, wraps in zip(narrowed.columns, m.least, m.pad, m.wrap, strict=True):
         column.width = least - pad if wraps else column.width
     return narrowed
-
-
-def _words(cell: RenderableType) -> RenderableType:
-    """A cell of a shape or a status that goes over lines at its spaces (WORD_BREAKS)."""
-    return Wrapped(cell, WORD_BREAKS) if isinstance(cell, str | Text) else cell
 
 
 def weights_diff_json(d: WeightDiff) -> dict[str, Any]:
