@@ -384,6 +384,9 @@ def _grid_width(widths: Sequence[int]) -> int:
     return sum(widths) + 3 * len(widths) + 1
 
 
+PANEL_CELLS = 4  # what a panel adds to its contents' width: two borders, a space inside each
+
+
 def _through_panels(renderable: RenderableType, width: Callable[[RenderableType], int]) -> int:
     """The largest `width` of the pieces of `renderable`, looking through its groups and
     panels (a panel adds its borders and padding); 0 where no piece has one."""
@@ -391,7 +394,7 @@ def _through_panels(renderable: RenderableType, width: Callable[[RenderableType]
         return max((_through_panels(r, width) for r in renderable.renderables), default=0)
     if isinstance(renderable, Panel):
         inner = _through_panels(renderable.renderable, width)
-        return inner + 4 if inner else 0  # two borders, a space of padding inside each
+        return inner + PANEL_CELLS if inner else 0
     return width(renderable)
 
 
@@ -503,8 +506,8 @@ def step_with_inputs(
 ) -> RenderableType:
     """A step preceded by the inputs it was computed from (steps, or weights and given
     arrays: runner.input_steps) and its formula."""
-    if view.width is not None:  # inside a panel: its borders and padding take 4 cells
-        view = replace(view, width=view.width - 4)
+    if view.width is not None:  # inside a panel
+        view = replace(view, width=view.width - PANEL_CELLS)
     names = ", ".join(step.inputs) if step.inputs else "the configuration"
     parts: list[RenderableType] = [Text(f"computed from: {names}", style="dim")]
     for name in step.inputs:
@@ -1457,7 +1460,7 @@ def distribution_table(
     if view.width is None:
         return table
     m = _ColumnWidths.of(table)
-    over = _least_of(table, m) + 4 - view.width  # (4: the panel's)
+    over = _least_of(table, m) + PANEL_CELLS - view.width  # (in its panel)
     if over <= 0:
         return table
     widest = m.widest[1] - m.pad[1]  # (the tokens' column)
@@ -1678,7 +1681,7 @@ def _beams_table(
             status,
         )
     keep_whole(table)
-    if view.width is not None and least_width(table) + 4 > view.width:  # (4: the panel's)
+    if view.width is not None and least_width(table) + PANEL_CELLS > view.width:
         table.collapse_padding = True  # one space between columns, not two
     parts: list[RenderableType] = [
         Text("live beams", style="bold"),
@@ -1737,19 +1740,19 @@ def generation_summary(gen: Generation, view: View) -> Panel:
                 table.caption = "cut: still live at --max-tokens"
                 table.caption_justify = "left"
             keep_whole(table)
-            if view.width is not None and least_width(table) + 4 > view.width:  # (the panel's)
+            if view.width is not None and least_width(table) + PANEL_CELLS > view.width:
                 # one space between columns, as _fit's, the tokens at their least
                 table.padding, table.pad_edge = (0, 1, 0, 0), False
                 table.columns[0].width = table.columns[0].min_width
             return table
 
         # A row whose tokens wrap would read as several rows: when the panel (with its
-        # borders and padding, 4 cells) is narrower than the table, blank lines set the
+        # borders and padding, PANEL_CELLS) is narrower than the table, blank lines set the
         # rows apart. The panel is as wide as the terminal, or wider where the numbers
         # need it (cli.emit prints it at least_width).
         plain = hypotheses(False)
-        wraps = view.width is not None and _natural_width(plain) + 4 > max(
-            view.width, least_width(plain) + 4
+        wraps = view.width is not None and _natural_width(plain) > max(
+            view.width - PANEL_CELLS, least_width(plain)
         )
         parts.append(hypotheses(spaced=wraps))
     return titled_panel(Group(*parts), "generated")
