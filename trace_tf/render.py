@@ -1754,7 +1754,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         wraps = view.width is not None and _natural_width(plain) > max(
             view.width - PANEL_CELLS, least_width(plain)
         )
-        parts.append(hypotheses(spaced=wraps))
+        parts.append(hypotheses(spaced=True) if wraps else plain)
     return titled_panel(Group(*parts), "generated")
 
 
