@@ -979,8 +979,6 @@ def examples(
 ) -> None:
     """List the packaged examples, or print one's file."""
     with guarded(debug):
-        from rich.cells import cell_len
-
         from trace_tf.errors import InputError, quoted, suggest
         from trace_tf.loader import (  # no numpy: starts quickly
             example_names,
@@ -988,7 +986,7 @@ def examples(
             examples_dir,
             read_text,
         )
-        from trace_tf.text import wrapped
+        from trace_tf.text import beside
 
         width, names = screen_width(), example_names()
         if name is not None:
@@ -1004,20 +1002,9 @@ def examples(
                 sys.stdout.write(read_text(examples_dir() / f"{name}.yaml"))
                 sys.stdout.flush()
             return
-        # Each title beside its name, the titles in one column after the longest name,
-        # over lines at its spaces; where that column would be too narrow, under its
-        # name, indented.
-        column = max(map(cell_len, names), default=0) + 1
-        beside = width - column >= _TITLE_LEAST
-        indent = column if beside else 4
-        lines = []
-        for name in names:
-            title = wrapped(example_title(name), width - indent)
-            if beside and title:
-                lines.append(name + " " * (column - cell_len(name)) + title.pop(0))
-            else:
-                lines.append(name)
-            lines.extend(" " * indent + line for line in title)
+        # Each title beside its name, over lines at its spaces, or under it where the
+        # titles' column would be too narrow
+        lines = beside([(n, example_title(n)) for n in names], width, _TITLE_LEAST)
         with _write_errors("standard output"):  # a full disk: one line, exit 2
             sys.stdout.write("".join(f"{x}\n" for x in lines))
             sys.stdout.flush()

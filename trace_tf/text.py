@@ -65,6 +65,27 @@ def wrapped(text: str, width: int) -> list[str]:
     return lines
 
 
+def beside(entries: Sequence[tuple[str, str]], width: int, least: int) -> list[str]:
+    """Each (name, text) of `entries` as lines of at most `width` cells where its words
+    fit (see `wrapped`): the texts in one column after the longest name, one space
+    apart; where that column would be under `least` cells, each text under its name,
+    indented 4. A name with no text is a line of its own."""
+    from rich.cells import cell_len
+
+    column = max((cell_len(name) for name, _ in entries), default=0) + 1
+    side = width - column >= least
+    indent = column if side else 4
+    lines = []
+    for name, text in entries:
+        rest = wrapped(text, width - indent)
+        if side and rest:
+            lines.append(name + " " * (column - cell_len(name)) + rest.pop(0))
+        else:
+            lines.append(name)
+        lines.extend(" " * indent + line for line in rest)
+    return lines
+
+
 def counted(n: int, noun: str) -> str:
     """`1 number`, `2 numbers`: a count in a message, with its noun in the right number."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
