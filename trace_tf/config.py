@@ -1333,6 +1333,13 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     return numbers + OBJECT_COST * steps
 
 
+def _first(path: str, where: np.ndarray) -> tuple[str, tuple[int, ...]]:
+    """The key path of the first entry of the array at `path` where `where` holds
+    (`W.1.0`; `path` itself for a single number), and that entry's index."""
+    at = tuple(int(i) for i in np.argwhere(where)[0])
+    return (join(path, ".".join(map(str, at))) if at else path), at
+
+
 class _Validator:
     def __init__(self, ctx: _Ctx, max_elements: int) -> None:
         self.ctx = ctx
@@ -1513,23 +1520,18 @@ class _Validator:
             self._shape(value, path)
             arr = np.array(value, dtype=np.float64)
         if finite and not np.isfinite(arr).all():
-            bad = np.argwhere(~np.isfinite(arr))[0]
-            where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
-            raise self.ctx.err(
-                where, "not a finite number", float(arr[tuple(bad)]), "a finite number"
-            )
+            where, at = _first(path, ~np.isfinite(arr))
+            raise self.ctx.err(where, "not a finite number", float(arr[at]), "a finite number")
         if finite and given and self.dtype == "float32":
             magnitude = np.abs(arr)
             if (magnitude > FLOAT32_MAX).any():
                 # (rounded to float32 it would be an infinity: no longer the number written)
-                bad = np.argwhere(magnitude > FLOAT32_MAX)[0]
-                where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
-                raise self.beyond_float32(where, float(arr[tuple(bad)]))
+                where, at = _first(path, magnitude > FLOAT32_MAX)
+                raise self.beyond_float32(where, float(arr[at]))
             zeroed = (magnitude <= FLOAT32_ZERO) & (arr != 0)
             if zeroed.any():  # (rounded to float32 it would be 0: no longer the number written)
-                bad = np.argwhere(zeroed)[0]
-                where = join(path, ".".join(str(int(i)) for i in bad)) if bad.size else path
-                raise self.below_float32(where, float(arr[tuple(bad)]))
+                where, at = _first(path, zeroed)
+                raise self.below_float32(where, float(arr[at]))
             self._subnormal(arr, magnitude, path)
         elif finite and given and not isinstance(value, np.ndarray):  # float64: one typed
             self._subnormal(arr, np.abs(arr), path)
@@ -1560,17 +1562,13 @@ class _Validator:
         dt = np.dtype(self.dtype)
         smallest = float(np.finfo(dt).smallest_normal)
         low = (magnitude < smallest) & (arr != 0)
+        if dt != np.float64 and low.any():  # (one float32 holds exactly: no loss)
+            low &= arr.astype(dt).astype(np.float64) != arr
         if not low.any():
             self.subnormal.pop(path, None)
             return
-        if dt != np.float64:  # (one float32 holds exactly, from a float32 weights_file: no loss)
-            low &= arr.astype(dt).astype(np.float64) != arr
-        at = np.argwhere(low)
-        if not len(at):
-            self.subnormal.pop(path, None)
-            return
-        where = join(path, ".".join(str(int(i)) for i in at[0])) if at[0].size else path
-        self.subnormal[path] = (where, float(arr[tuple(at[0])]), len(at))
+        where, at = _first(path, low)
+        self.subnormal[path] = (where, float(arr[at]), int(low.sum()))
 
     def given_number(self, value: float, path: str) -> float:
         """A single given number the model computes with in its dtype (norm_eps, a scale, a
