@@ -19,7 +19,11 @@ less), with the issue's target beside each:
      / the same with `--format json`                             <= 2   (output sizes shown)
   e. peak memory of the large traced run / bytes of the recorded arrays  <= 1.5
 
-a is measured twice. As a command runs it: one forward pass per fresh process,
+a is measured for the two kinds of trace trace-tf makes: the whole record (every
+step's array, what `--format json` and `npz` write) and the trace `encode` makes
+for its tables ("tables": of each step, only the numbers its elided table shows,
+render.View.part; the engine's arrays are freed as in an untraced run). Each twice.
+As a command runs it: one forward pass per fresh process,
 its memory new from the system (medians of interleaved processes, taken first,
 before the in-process runs churn the machine's memory), beside a third kind of
 process that only copies the trace's bytes into the tracer's blocks: the cost
@@ -59,9 +63,11 @@ import numpy as np
 import yaml
 
 from trace_tf import model, runner
+from trace_tf.cli import Common
 from trace_tf.config import Config, Document, build
 from trace_tf.cost import ShapeTracer
 from trace_tf.loader import Lines
+from trace_tf.render import View
 from trace_tf.trace import _Blocks
 
 # From the hello example's size up to the issue's large model.
@@ -70,6 +76,16 @@ SIZES: dict[str, dict[str, int]] = {
     "medium": dict(d_model=256, n_heads=8, layers=4, tokens=64, vocab=500),
     "large": dict(d_model=512, n_heads=8, layers=6, tokens=128, vocab=1000),
 }
+
+
+def tables_view() -> View:
+    """The view `trace-tf encode` elides its tables to, on a terminal of 120 columns
+    (the COLUMNS the whole-process runs below are given)."""
+    os.environ["COLUMNS"] = "120"
+    try:
+        return Common([], None, "table", None, False, 4, False, False, False, 0).view()
+    finally:
+        del os.environ["COLUMNS"]
 
 
 def config_data(d_model: int, n_heads: int, layers: int, tokens: int, vocab: int) -> dict[str, Any]:
@@ -228,19 +244,21 @@ def _ratio(x: float) -> str:
     return "—" if math.isnan(x) else f"{x:.2f}"
 
 
-def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
+def engine_ratios(repeat: int) -> dict[str, tuple[float, float, float]]:
     from trace_tf.config import load as load_file
 
     hello = load_file(None)
     assert isinstance(hello, Config)
     configs: dict[str, Config] = {"hello": hello}
     configs.update({name: load(config_data(**size)) for name, size in SIZES.items()})
-    print("\na. traced / untraced engine, b. untraced engine / numpy floor (fastest runs)")
+    tables = tables_view().part
+    print("\na. traced / untraced engine, b. untraced engine / numpy floor (fastest runs);")
+    print("   traced: the whole record (json, npz); tables: what encode's tables show")
     print(
         f"  {'config':8s} {'steps':>6s} {'recorded':>9s} {'untraced':>10s} {'traced':>10s} "
-        f"{'a':>6s} {'numpy':>10s} {'b':>6s}   (a, b of medians)"
+        f"{'a':>6s} {'tables':>10s} {'a':>6s} {'numpy':>10s} {'b':>6s}   (a, a, b of medians)"
     )
-    out: dict[str, tuple[float, float]] = {}
+    out: dict[str, tuple[float, float, float]] = {}
     for name, cfg in configs.items():
         trace = runner.run(cfg, "full")
         untraced = model.run_full(cfg)
@@ -248,6 +266,7 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
         fns: dict[str, Callable[[], object]] = {
             "untraced": partial(model.run_full, cfg),
             "traced": partial(runner.run, cfg, "full"),
+            "tables": partial(runner.run, cfg, "full", part=tables),
         }
         if name != "hello":  # the floor is written for the benchmark configs' conventions
             np.testing.assert_allclose(numpy_forward(cfg), untraced, rtol=1e-9, atol=1e-12)
@@ -258,17 +277,19 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
         del trace, untraced
         t, med = interleaved(fns, n)
         a = t["traced"] / t["untraced"]
+        a_tables = t["tables"] / t["untraced"]
         b = t["untraced"] / t["numpy"] if "numpy" in t else float("nan")
         a_med = med["traced"] / med["untraced"]
+        a_tables_med = med["tables"] / med["untraced"]
         b_med = med["untraced"] / med["numpy"] if "numpy" in med else float("nan")
         floor = f"{t['numpy'] * 1e3:8.1f}ms" if "numpy" in t else f"{'—':>10s}"
         print(
             f"  {name:8s} {steps:6d} {mb:7.1f}MB {t['untraced'] * 1e3:8.1f}ms "
-            f"{t['traced'] * 1e3:8.1f}ms {a:6.2f} {floor} {_ratio(b):>6s}   "
-            f"({a_med:.2f}, {_ratio(b_med)})"
+            f"{t['traced'] * 1e3:8.1f}ms {a:6.2f} {t['tables'] * 1e3:8.1f}ms {a_tables:6.2f} "
+            f"{floor} {_ratio(b):>6s}   ({a_med:.2f}, {a_tables_med:.2f}, {_ratio(b_med)})"
         )
-        out[name] = (a, b)
-    a, b = out["large"]
+        out[name] = (a, a_tables, b)
+    a, a_tables, b = out["large"]
     # Where the tracer's time goes: a run that records every step but stores none
     # (names, labels, NaN checks) beside the full run (which also copies each step
     # into the tracer's blocks, whose memory is fresh).
@@ -297,6 +318,10 @@ def engine_ratios(repeat: int) -> dict[str, tuple[float, float]]:
         f"so no tracer that keeps a copy of every step can be under {copy_floor:.3f}x here"
     )
     print(f"  a at the large config: {a:.3f}x (target <= 1.3: {verdict(a, 1.3)})")
+    print(
+        f"  a at the large config, as encode's tables trace it: {a_tables:.3f}x "
+        f"(target <= 1.3: {verdict(a_tables, 1.3)})"
+    )
     print(f"  b at the large config: {b:.3f}x (target <= 1.1: {verdict(b, 1.1)})")
     return out
 
@@ -306,6 +331,7 @@ def one_run(kind: str) -> None:
     `trace-tf` command makes: its memory comes new from the system, not reused.
     Prints the wall time and the kernel time (page faults: the memory's cost) in s."""
     cfg = load(config_data(**SIZES["large"]))
+    part = tables_view().part
     if kind == "storing":  # the copies alone: each step's shape (on stdin), one source each
         shapes = [tuple(shape) for shape in json.load(sys.stdin)]
         sources = {shape: np.ones(shape) for shape in shapes}
@@ -315,6 +341,8 @@ def one_run(kind: str) -> None:
     t = time.perf_counter()
     if kind == "traced":
         runner.run(cfg, "full")
+    elif kind == "tables":
+        runner.run(cfg, "full", part=part)
     elif kind == "storing":
         blocks = _Blocks()
         for value in values:
@@ -328,18 +356,19 @@ def fresh_process_ratio(repeat: int) -> float:
     """a as a command sees it: one forward pass per fresh process, traced or not
     (loading the config not timed); medians of interleaved processes.
 
-    Each round runs untraced, traced, untraced, storing: the traced process and the
-    storing floor each follow an untraced one, so both find the machine's memory in
-    the same state (a process that follows a traced one can reuse the memory that
-    it just gave back, which on some VMs is much cheaper than memory left unused for
-    a while). The kernel time of each process shows what its memory cost."""
+    Each round runs untraced, traced, untraced, storing, untraced, tables: the traced
+    process, the storing floor and the tables' trace each follow an untraced one, so
+    all find the machine's memory in the same state (a process that follows a traced
+    one can reuse the memory that it just gave back, which on some VMs is much cheaper
+    than memory left unused for a while). The kernel time of each process shows what
+    its memory cost."""
     tracer = ShapeTracer()  # the shape of every step, for "storing"
     model.run_full(load(config_data(**SIZES["large"])), tracer)
     shapes = json.dumps([shape for _, shape, _ in tracer.shapes])
-    times: dict[str, list[float]] = {"untraced": [], "traced": [], "storing": []}
+    times: dict[str, list[float]] = {"untraced": [], "traced": [], "storing": [], "tables": []}
     kernel: dict[str, list[float]] = {kind: [] for kind in times}
     for _ in range(repeat):
-        for kind in ("untraced", "traced", "untraced", "storing"):
+        for kind in ("untraced", "traced", "untraced", "storing", "untraced", "tables"):
             out = subprocess.run(
                 [sys.executable, __file__, "--one-run", kind],
                 input=shapes,
@@ -353,10 +382,15 @@ def fresh_process_ratio(repeat: int) -> float:
             kernel[kind].append(system)
     med = {kind: statistics.median(ts) for kind, ts in times.items()}
     ratio = med["traced"] / med["untraced"]
+    tables = med["tables"] / med["untraced"]
     floor = (med["untraced"] + med["storing"]) / med["untraced"]
     print("\na. traced / untraced, as a command runs it: one run per fresh process, large config")
     print(f"  medians of {repeat}: untraced {med['untraced'] * 1e3:.1f} ms, traced ", end="")
     print(f"{med['traced'] * 1e3:.1f} ms: {ratio:.3f}x (target <= 1.3: {verdict(ratio, 1.3)})")
+    print(
+        f"  as encode's tables trace it (only the numbers they show): {med['tables'] * 1e3:.1f}"
+        f" ms: {tables:.3f}x (target <= 1.3: {verdict(tables, 1.3)})"
+    )
     print(
         "  the memory floor: the trace's bytes copied into the tracer's blocks, in a fresh "
         f"process, nothing else: {med['storing'] * 1e3:.1f} ms, so no tracer that keeps "
@@ -503,7 +537,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats; skip d")
     parser.add_argument("--repeat", type=int, default=0, help="repeats per measurement")
     parser.add_argument(
-        "--one-run", choices=("traced", "untraced", "storing"), help=argparse.SUPPRESS
+        "--one-run", choices=("traced", "untraced", "storing", "tables"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.one_run:

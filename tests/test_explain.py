@@ -547,7 +547,7 @@ def test_an_overflowing_sum_fused_last_to_first_is_the_one_recorded() -> None:
     for recorded in (engine, math.inf, -math.inf, math.nan):  # each order a BLAS may take
         value = step.value.copy()
         value[0, 0] = recorded
-        e = explain(cfg, trace, dataclasses.replace(step, value=value), (0, 0))
+        e = explain(cfg, trace, dataclasses.replace(step, data=value), (0, 0))
         assert e.agrees and same_float(e.result, recorded), (recorded, e.result)
         assert e.chain[-2] == "1.000e+200×1.000e+200 + 1.000e+200×(-1.000e+200)"
         assert e.remarks[0].endswith(
@@ -557,7 +557,7 @@ def test_an_overflowing_sum_fused_last_to_first_is_the_one_recorded() -> None:
         )
     value = step.value.copy()
     value[0, 0] = 5.0  # no way of adding them gives a finite number
-    assert not explain(cfg, trace, dataclasses.replace(step, value=value), (0, 0)).agrees
+    assert not explain(cfg, trace, dataclasses.replace(step, data=value), (0, 0)).agrees
 
 
 def test_scores_of_infinite_rows_are_nan_and_the_command_exits_0(tmp_yaml: Any) -> None:

@@ -24,13 +24,14 @@ from typer.core import TyperGroup
 from trace_tf.text import Typed
 
 if TYPE_CHECKING:
+    import numpy as np
     from rich.console import Console, RenderableType
 
     from trace_tf.config import Config, OpConfig
     from trace_tf.explain import Explanation
     from trace_tf.render import View
     from trace_tf.runner import CheckResult
-    from trace_tf.trace import Step, Trace
+    from trace_tf.trace import Shown, Step, Trace
 
 
 class _Group(TyperGroup):
@@ -763,8 +764,15 @@ def _trace_command(command: str, config: str | None, c: Common) -> None:
     from trace_tf.runner import require_model, run
 
     cfg = require_model(_load(config, c), command)
-    trace = run(cfg, command)
+    trace = run(cfg, command, part=_table_part(c, c.view()))
     _show(cfg, trace, list(trace), c)
+
+
+def _table_part(c: Common, view: "View") -> "Callable[[np.ndarray], np.ndarray | Shown] | None":
+    """What a traced run stores of each step: for tables (elided), only the numbers they
+    show, so the engine's arrays are freed as in an untraced run (render.View.part);
+    for json, npz and csv, or --full, every array whole (None)."""
+    return view.part if c.fmt == "table" and not view.full else None
 
 
 @app.command()
@@ -817,15 +825,22 @@ def step(
     if with_inputs and c.fmt == "table":
         _warning("--inputs adds the inputs' numbers to --format json or npz: unused by tables")
     cfg = _load(config, c)
-    # Store only the selected steps (and, as they are recorded, their inputs).
-    trace = run(cfg, "full", keep=lambda p: matches(p, stage, layer, head), with_inputs=True)
+    # Store only the selected steps (and, as they are recorded, their inputs); for
+    # tables, only what they show of each (see _trace_command).
+    view = c.view()
+    trace = run(
+        cfg,
+        "full",
+        keep=lambda p: matches(p, stage, layer, head),
+        with_inputs=True,
+        part=_table_part(c, view),
+    )
     try:
         check_selection(trace, stage, layer, head)
     except InputError as exc:
         raise exc.with_file(cfg.file) from None
     steps = trace.select(stage, layer, head)
     weights = input_steps(cfg)
-    view = c.view()
     given = inputs_of(steps, trace.steps, weights) if with_inputs and c.fmt != "table" else []
     _show(
         cfg,
@@ -1180,8 +1195,15 @@ def generate(
     if c.fmt in ("npz", "csv") and not trace:
         _fail(f"--format {c.fmt} writes traced steps: add --trace")
     cfg = require_model(_load(config, c), "generate")
-    # --trace records what it is asked for; without, only NaN and overflow are watched
-    tr = Tracer(keep=lambda path: matches(path, stage, layer, head)) if trace else CheckingTracer()
+    # --trace records what it is asked for (for tables, what they show of it; all of it
+    # for --explain, which reads every input); without, only NaN and overflow are watched
+    view = c.view()
+    part = _table_part(c, view) if explain_step is None else None
+    tr = (
+        Tracer(keep=lambda path: matches(path, stage, layer, head), part=part)
+        if trace
+        else CheckingTracer()
+    )
     tr.trace.warnings.extend(cfg.notes)  # (given numbers stored with fewer digits)
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
@@ -1212,20 +1234,23 @@ def generate(
     header_rows = conventions(cfg) + gen_mod.describe(
         s, cfg.tokens.eos, encoder=cfg.model.encoder_layers > 0
     )
-    data = render.trace_json(
-        cfg.title,
-        tokens,
-        steps,
-        **render.generation_json(result, cfg.vocab),
-        conventions=dict(header_rows),
-        warnings=warnings,
-    )
+
+    def data() -> dict[str, Any]:
+        return render.trace_json(
+            cfg.title,
+            tokens,
+            steps,
+            **render.generation_json(result, cfg.vocab),
+            conventions=dict(header_rows),
+            warnings=warnings,
+        )
+
     traced = steps if trace else None  # what --format npz / csv write (with --trace only)
     if c.fmt != "table":
         emit(c, [], data, traced, "--stage PATH (a whole path, e.g. t0.probs)")
         return
     head_panel = render.header(cfg.title or cfg.file, header_rows, warnings)
-    body = render.generation_view(result, cfg.vocab, steps, show or SHOWN_ROWS, c.view())
+    body = render.generation_view(result, cfg.vocab, steps, show or SHOWN_ROWS, view)
     emit(c, [head_panel, *body], data, traced)
 
 
@@ -1338,7 +1363,7 @@ def _run_op(cfg: "OpConfig", c: Common) -> None:
 
     def body() -> "list[RenderableType]":
         given = [
-            render.step_table(Step(path=name, formula="given", value=arr), view)
+            render.step_table(Step(path=name, formula="given", data=arr), view)
             for name, arr in op_arrays(cfg.kind, cfg.params).items()
             if arr.ndim >= 1
         ]

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from trace_tf import __version__
 from trace_tf.text import exact, printable, shape_text
-from trace_tf.trace import Step
+from trace_tf.trace import Shown, Step
 
 if TYPE_CHECKING:
     from trace_tf.config import Source
@@ -54,6 +54,26 @@ class View:
     col_edge: int = 4
     full: bool = False  # show whole matrices, however large
     width: int | None = None  # cells a matrix may take: as many columns as fit (_fitting)
+
+    def kept(self, shape: Sequence[int]) -> list[list[int | None]]:
+        """The indices a table shows along each axis of an array of `shape` (None: the
+        ellipsis): the last axis's are columns, the others' rows (a 3-D array's first
+        axis: its slices, each a table); the width then shows fewer columns (_fitting)."""
+        last = len(shape) - 1
+        return [
+            _keep(n, self.max_cols, self.col_edge, self.full)
+            if axis == last
+            else _keep(n, self.max_rows, self.row_edge, self.full)
+            for axis, n in enumerate(shape)
+        ]
+
+    def part(self, value: np.ndarray) -> np.ndarray | Shown:
+        """All that a table of `value` shows: `value` where it is shown whole, else the
+        numbers at the indices shown (Tracer.part stores this of each step)."""
+        kept = [[i for i in axis if i is not None] for axis in self.kept(value.shape)]
+        if all(len(k) == n for k, n in zip(kept, value.shape, strict=True)):
+            return value
+        return Shown.of(value, kept)
 
 
 def _magnitudes(values: np.ndarray, axis: int | None = None) -> tuple[Any, Any]:
@@ -115,7 +135,7 @@ LABEL_LEAST = 5  # ... and the fewest, where the grid would not fit the width ot
 
 
 def matrix_table(
-    value: np.ndarray,
+    value: np.ndarray | Shown,
     *,
     rows: Sequence[str] | None = None,
     cols: Sequence[str] | None = None,
@@ -131,10 +151,9 @@ def matrix_table(
     `highlight` (bool, the array's shape) marks cells to stand out, e.g. where two runs
     differ.
     """
-    m = np.atleast_2d(value) if value.ndim < 2 else value
+    m = value.as_matrix() if isinstance(value, Shown) else np.atleast_2d(value)
     marked = None if highlight is None else highlight.reshape(m.shape)
-    row_idx = _keep(m.shape[0], view.max_rows, view.row_edge, view.full)
-    col_idx = _keep(m.shape[1], view.max_cols, view.col_edge, view.full)
+    row_idx, col_idx = view.kept(m.shape)
     cells = None
     label_cells = LABEL_CELLS
     if not view.full and view.width is not None:
@@ -176,7 +195,7 @@ def _narrowing(n: int, first: list[int | None]) -> list[list[int | None]]:
 
 
 def _fitting(
-    m: np.ndarray,
+    m: np.ndarray | Shown,
     row_idx: list[int | None],
     choices: list[list[int | None]],
     row_labels: list[str],
@@ -276,7 +295,7 @@ def _end(text: str, cells: int) -> str:
 
 
 def _layout(
-    m: np.ndarray,
+    m: np.ndarray | Shown,
     ndim: int,
     row_idx: list[int | None],
     col_idx: list[int | None],
@@ -463,12 +482,12 @@ class _Heading:
 def step_table(step: Step, view: View = View()) -> RenderableType:
     """A step as a table titled with its path, formula and shape (3-D: one table per slice)."""
     heat = step.stage in HEATMAP_STAGES or step.path in HEATMAP_STAGES
-    body = array_view(step.value, step.rows, step.cols, view, heatmap=heat)
+    body = array_view(step.data, step.rows, step.cols, view, heatmap=heat)
     return titled(step.path, step.formula, step.shape, body)
 
 
 def array_view(
-    value: np.ndarray,
+    value: np.ndarray | Shown,
     rows: Sequence[str] | None,
     cols: Sequence[str] | None,
     view: View,
@@ -483,7 +502,7 @@ def array_view(
             value, rows=rows, cols=cols, heatmap=heatmap, view=view, highlight=highlight
         )
     parts: list[RenderableType] = []
-    for i in _keep(value.shape[0], view.max_rows, view.row_edge, view.full):
+    for i in view.kept(value.shape)[0]:
         if i is None:
             parts.append(Text(ELLIPSIS))
             continue

@@ -13,7 +13,7 @@ from trace_tf.calc import attention_labels, op_arrays, run_op
 from trace_tf.config import OP_COMMANDS, TIED_OUTPUT, Config, Document, OpConfig, Source, build
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.text import counted, exact, shape_text
-from trace_tf.trace import Step, Trace, Tracer
+from trace_tf.trace import Shown, Step, Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
 _Axis = tuple[str, ...] | None  # an axis's labels (a Step's rows or cols)
@@ -86,13 +86,15 @@ def run(
     command: str = "full",
     keep: Callable[[str], bool] | None = None,
     with_inputs: bool = False,
+    part: Callable[[np.ndarray], np.ndarray | Shown] | None = None,
 ) -> Trace:
     """Trace what `command` computes: encode, decode, or everything the config holds.
 
     `keep`: store only the steps it accepts (and, `with_inputs`, what they were made from).
+    `part`: store only this of each (what its table shows: render.View.part).
     numpy's own overflow and invalid-value warnings are silenced: the tracer reports
     the step where a NaN or infinity first appears instead (trace.warnings)."""
-    tr = Tracer(keep=keep, with_inputs=with_inputs)
+    tr = Tracer(keep=keep, with_inputs=with_inputs, part=part)
     tr.trace.warnings.extend(cfg.notes)  # given numbers stored with fewer digits: first
     with np.errstate(all="ignore"):
         if isinstance(cfg, OpConfig):

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -26,15 +26,71 @@ Labels = Sequence[str] | None
 
 
 @dataclass(frozen=True, eq=False)  # it holds an array: equal only if identical
+class Shown:
+    """Part of an array: its numbers at some indices of each axis, and the whole
+    array's shape. What a table shows of a step (render.View.part), stored instead of
+    the step when a run is shown only as tables (Tracer.part): the engine's array is
+    then freed as in an untraced run, and a trace of 200 MiB keeps a few hundred KiB.
+
+    Indexed as the array is, at the indices it kept: `shown[i]` (a Shown of the
+    other axes) and `shown[np.ix_(rows, cols)]` (those numbers); any other index
+    is an error, never a number that was not kept."""
+
+    shape: tuple[int, ...]
+    kept: tuple[np.ndarray, ...]  # along each axis, the indices kept, in order
+    values: np.ndarray  # the numbers there: whole[np.ix_(*kept)]
+
+    @classmethod
+    def of(cls, whole: np.ndarray, kept: Sequence[Sequence[int]]) -> Shown:
+        at = tuple(np.asarray(k, dtype=np.intp) for k in kept)
+        return cls(tuple(whole.shape), at, whole[np.ix_(*at)])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def as_matrix(self) -> Shown:
+        """A 1-D part as a matrix of one row, as np.atleast_2d makes one."""
+        if self.ndim >= 2:
+            return self
+        return Shown((1, *self.shape), (np.zeros(1, np.intp), *self.kept), self.values[None])
+
+    def _at(self, axis: int, index: Any) -> Any:
+        """Where the array's `index` (an int or an array of them) along `axis` is kept."""
+        kept = self.kept[axis]
+        at = np.searchsorted(kept, index)
+        if not np.all((at < kept.size) & (kept[np.minimum(at, kept.size - 1)] == index)):
+            raise IndexError(f"index {index} along axis {axis} was not kept")
+        return at
+
+    @overload
+    def __getitem__(self, key: int) -> Shown: ...
+    @overload
+    def __getitem__(self, key: tuple[np.ndarray, ...]) -> np.ndarray: ...
+    def __getitem__(self, key: int | tuple[np.ndarray, ...]) -> Shown | np.ndarray:
+        if isinstance(key, tuple):
+            return self.values[tuple(self._at(axis, k) for axis, k in enumerate(key))]
+        return Shown(self.shape[1:], self.kept[1:], self.values[self._at(0, key)])
+
+
+@dataclass(frozen=True, eq=False)  # it holds an array: equal only if identical
 class Step:
-    """One recorded intermediate: where it is, what made it, and its value."""
+    """One recorded intermediate: where it is, what made it, and its value (`data`:
+    the array, or, in a run shown only as tables, the part of it its table shows)."""
 
     path: str
     formula: str
-    value: np.ndarray
+    data: np.ndarray | Shown
     inputs: tuple[str, ...] = ()
     rows: tuple[str, ...] | None = None  # a label per row (tokens), when known
     cols: tuple[str, ...] | None = None  # a label per column (key tokens, vocab), when known
+
+    @property
+    def value(self) -> np.ndarray:
+        """The whole array; an error for a step stored as the part its table shows."""
+        if isinstance(self.data, Shown):
+            raise TypeError(f"step {self.path} was stored as the part its table shows")
+        return self.data
 
     @property
     def stage(self) -> str:
@@ -42,7 +98,7 @@ class Step:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape)
+        return tuple(self.data.shape)
 
 
 # Groups of stage names (SPEC section 3), each a predicate on a path.
@@ -284,8 +340,8 @@ class _Recorded(NamedTuple):
     rows: tuple[str, ...] | None
     cols: tuple[str, ...] | None
 
-    def step(self, value: np.ndarray) -> Step:
-        return Step(self.path, self.formula, value, self.inputs, self.rows, self.cols)
+    def step(self, data: np.ndarray | Shown) -> Step:
+        return Step(self.path, self.formula, data, self.inputs, self.rows, self.cols)
 
 
 class _Blocks:
@@ -333,13 +389,16 @@ class Tracer:
     the steps they were computed from (so each can be shown with its inputs): an
     input is still alive when a step made from it is recorded, so it is stored
     then. Nothing else is held. A stored step is copied once, into the tracer's
-    blocks (see `_Blocks`), and `rec` returns that copy, equal to the value.
+    blocks (see `_Blocks`), and `rec` returns that copy, equal to the value; with
+    `part` (a run shown only as tables), what `part` makes of it is stored instead
+    (the numbers its table shows: render.View.part), and `rec` returns the value.
     """
 
     trace: Trace = field(default_factory=Trace)
     names: dict[int, str] = field(default_factory=dict)  # id(weight) -> path, for inputs
     keep: Callable[[str], bool] | None = None  # store only the steps this accepts
     with_inputs: bool = False  # ... and, with `keep`, the steps those were computed from
+    part: Callable[[np.ndarray], np.ndarray | Shown] | None = None  # what of a step to store
     _recorded: dict[int, _Recorded] = field(default_factory=dict)  # id(value) -> its step
     _blocks: _Blocks = field(default_factory=_Blocks)
     # The current scope: its path prefix ("encoder.0.self_attn.") and the labels of
@@ -424,16 +483,21 @@ class Tracer:
             if self.with_inputs and self.keep is not None:
                 for m, x in made:  # shown beside it: store them while they are alive
                     if m.path not in self.trace.steps:
-                        self.trace.steps[m.path] = m.step(x)
-            value = self._blocks.store(value)
+                        self.trace.steps[m.path] = m.step(self._kept(x))
+            if self.part is None:
+                value = self._blocks.store(value)
         else:
             self.trace.unstored.add(path)
         value.flags.writeable = False  # the engine never writes in place; make sure of it
         rec = _Recorded(weakref.ref(value), path, formula, tuple(names), row_labels, col_labels)
         self._recorded[id(value)] = rec
         if stored:
-            self.trace.steps[path] = rec.step(value)
+            self.trace.steps[path] = rec.step(self._kept(value))
         return value
+
+    def _kept(self, value: np.ndarray) -> np.ndarray | Shown:
+        """What is stored of a step: the array (already in the blocks), or its `part`."""
+        return value if self.part is None else self.part(value)
 
     def computed_in(self, name: str, scopes: Sequence[str]) -> None:
         """Say, for the K or V just recorded as `name` from a KV cache, the scope each of
