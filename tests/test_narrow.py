@@ -317,18 +317,52 @@ def test_generate_beam_hypotheses_one_space_apart_where_they_would_not_fit() -> 
     tokens), two spaces between columns and every column padded. Where the panel would
     not fit otherwise they are now one space apart, as narrow as their words and numbers
     (a token, n, logP, score, ended, the mark; 5 spaces, the panel's 4); wider, as before."""
-    args = ["generate", "hello", "--beam", "3", "--max-tokens", "4"]
+    args = ["generate", "hello", "--beam", "3", "--max-tokens", "4", "--length-penalty", "0.6"]
     text = shown(args, 40)
     panel = text[text.index("╭─ generated") :].splitlines()
     rows = [x.strip("│ ").split() for x in panel if re.search(r" (cut|eos) ", x)]
     assert rows and all(len(r) >= 5 for r in rows)
     for r in rows:  # n, logP, score: whole
-        assert r[1].isdigit() and re.fullmatch(r"-?\d+\.\d{4}", r[2]) and r[3] == r[2]
+        assert r[1].isdigit() and all(re.fullmatch(r"-?\d+\.\d{4}", x) for x in r[2:4])
     columns = [max(cell_len(r[k]) for r in rows) for k in range(4)]
-    need = max(columns[0], len("tokens")) + max(columns[1], 1) + 2 * max(columns[2], 5)
-    need += len("ended") + len("◀ result") + 5 + 4
+    need = max(columns[0], len("tokens")) + max(columns[1], 1)
+    need += max(columns[2], 5) + max(columns[3], 5) + len("ended") + len("◀ result") + 5 + 4
     assert max(map(cell_len, panel)) == max(need, 40)
     assert "│  tokens               n     logP " in shown(args, 80)  # fits: as before
+
+
+@pytest.mark.parametrize("variant", [[], ["--variant", "document_logits"]])
+def test_generate_beam_hypotheses_fit_40_columns_logp_and_score_one_column(
+    variant: list[str],
+) -> None:
+    """`generate --beam 3`'s hypotheses were 46 cells wide at 40 columns (a token, n,
+    logP, score, ended and the mark, one space apart), though with no length penalty
+    each score is its logP (the title says so). Where the panel would not fit otherwise,
+    they are now one column, "logP =" / "score": the panel fits 40 columns, each
+    hypothesis's logP whole (JSON's, to 4 places), its tokens whole words; the rows,
+    their tokens over lines, set apart by a blank line. Wider, as before."""
+    args = ["generate", "hello", "--beam", "3", *variant]
+    text = shown(args, 40)
+    panel = text[text.index("╭─ generated") :].splitlines()
+    assert max(map(cell_len, panel)) <= 40
+    body = [x.strip("│").rstrip() for x in panel]
+    assert any(x.endswith(" logP =") for x in body)
+    assert any(re.match(r" tokens +n +score ended$", x) for x in body)
+    hyps = data(args)["finished"] + data(args)["unfinished"]
+    rows = [x for x in body if re.search(r" (cut|eos)( ◀ result)?$", x)]
+    assert [r.split()[-4 if r.endswith("result") else -2] for r in rows] == [
+        f"{h['logprob']:.4f}" for h in hyps
+    ]
+    vocab = {t for h in hyps for t in h["tokens"]}
+    starts = [i for i, x in enumerate(body) if x in rows]
+    for h, i, j in zip(hyps, starts, [*starts[1:], len(body)], strict=False):
+        lines = body[i:j]
+        tokens = [lines[0].split()[: -5 if lines[0].endswith("result") else -3]]
+        tokens += [x.split() for x in lines[1:] if x.split() and set(x.split()) <= vocab]
+        assert [t for line in tokens for t in line] == h["tokens"]
+        assert j == len(body) or body[j - 1].strip() == ""  # a blank line between rows
+    wide = shown(args, 80)
+    assert re.search(r"│  tokens +n +logP +score +ended", wide)  # fits: as before
 
 
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])

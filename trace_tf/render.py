@@ -1743,18 +1743,24 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             for h, how in ended
         ]
 
-        def hypotheses(spaced: bool) -> Table:
+        def hypotheses(spaced: bool, merged: bool = False) -> Table:
+            # `merged`: logP and score in one column, "logP =" / "score" (every score
+            # its logP: no length penalty)
             table = Table(title=title, title_justify="left", box=None, padding=(0, 1))
             # The token lists wrap; the numbers, the ends and the mark are kept whole.
             table.add_column(
                 "tokens", overflow="fold", min_width=max(map(cell_len, ["tokens", *words]))
             )
-            for col in ("n", "logP", "score", "ended", ""):
-                table.add_column(col, justify="right", no_wrap=True, min_width=0)
+            for col in ("n", "logP = score" if merged else "logP", "score", "ended", ""):
+                if not (merged and col == "score"):
+                    table.add_column(col, justify="right", no_wrap=True, min_width=0)
+            if merged:  # (as wide as its numbers, its header over two lines)
+                table.columns[2].width = max(cell_len(x) for x in ["score", *(r[2] for r in rows)])
+                table.columns[2].header = Wrapped("logP = score")
             for i, row in enumerate(rows):
                 if spaced and i:
                     table.add_row()
-                table.add_row(*row)
+                table.add_row(*(row[:3] + row[4:] if merged else row))
             if gen.unfinished:
                 table.caption = "cut: still live at --max-tokens"
                 table.caption_justify = "left"
@@ -1762,18 +1768,26 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             if view.width is not None and least_width(table) + PANEL_CELLS > view.width:
                 # one space between columns, as _fit's, the tokens at their least
                 table.padding, table.pad_edge = (0, 1, 0, 0), False
-                table.columns[0].width = table.columns[0].min_width
+                if not merged or least_width(table) + PANEL_CELLS > view.width:
+                    table.columns[0].width = table.columns[0].min_width
             return table
 
         # A row whose tokens wrap would read as several rows: when the panel (with its
         # borders and padding, PANEL_CELLS) is narrower than the table, blank lines set the
         # rows apart. The panel is as wide as the terminal, or wider where the numbers
-        # need it (cli.emit prints it at least_width).
+        # need it (cli.emit prints it at least_width). Where it would be wider and every
+        # score is its logP, the two are one column.
         plain = hypotheses(False)
+        merged = (
+            view.width is not None
+            and least_width(plain) + PANEL_CELLS > view.width
+            and all(r[2] == r[3] for r in rows)
+        )
+        plain = hypotheses(False, merged) if merged else plain
         wraps = view.width is not None and _natural_width(plain) > max(
             view.width - PANEL_CELLS, least_width(plain)
         )
-        parts.append(hypotheses(spaced=True) if wraps else plain)
+        parts.append(hypotheses(spaced=True, merged=merged) if wraps else plain)
     return titled_panel(Group(*parts), "generated")
 
 
