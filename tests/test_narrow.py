@@ -274,7 +274,7 @@ def test_diff_weights_shortens_a_long_token_where_it_would_not_fit(columns: int)
     assert LONG_TOKEN in shown(args, 200).split("weights that differ")[1]  # fits: as before
 
 
-@pytest.mark.parametrize(("change", "widest"), [("model.d_ff=6", 40), ("model.seed=1", 43)])
+@pytest.mark.parametrize(("change", "widest"), [("model.d_ff=6", 40), ("model.seed=1", 40)])
 def test_diff_weights_at_40_columns_as_narrow_as_its_words_and_numbers(
     change: str, widest: int
 ) -> None:
@@ -283,7 +283,8 @@ def test_diff_weights_at_40_columns_as_narrow_as_its_words_and_numbers(
     the widest, "embeddings."). Its columns now go one space apart, "max" / "|B−A|"
     over two lines, a shape or a status at its spaces (a shape kept whole), and each
     column that wraps at its least: it fits, and 43 (the key path's "embeddings.", a
-    shape, the cells, a number, where, and the source's "drawn:", no fewer)."""
+    shape, the cells, a number, where, and the source's "drawn:"); 40 now, where
+    under its largest difference (see the next test)."""
     args = ["diff", "hello", "--set-b", change, "--brief"]
     text = shown(args, 40).split("weights that differ")[1].split("\nsteps, ")[0]
     assert max(map(cell_len, text.splitlines())) <= widest
@@ -295,6 +296,43 @@ def test_diff_weights_at_40_columns_as_narrow_as_its_words_and_numbers(
             assert "[" + ",".join(map(str, w["at"])) + "]" in words
         for shape in (w["shape_a"], w["shape_b"]):
             assert " × ".join(map(str, shape)) in text
+
+
+@pytest.mark.parametrize(
+    "change",
+    [["model.seed=1"], ["model.seed=2"], ["model.seed=2", "--set", *LONG_VOCAB]],
+)
+def test_diff_weights_fit_40_columns_each_place_under_its_largest_difference(
+    change: list[str],
+) -> None:
+    """At its narrowest `diff`'s table of the weights that differ was 43 cells wide at
+    40 columns (the key path's "embeddings.", a shape, the cells, a number, where, the
+    source's "drawn:", one space apart). Where it would not fit otherwise, each largest
+    |B − A| now has its place under it, in one column ("max" / "|B−A|" / "at"): the
+    table fits, each weight's largest difference and its place whole, right-aligned one
+    above the other, as JSON gives them. Wider, as before."""
+    args = ["diff", "hello", "--set-b", *change, "--brief"]
+    text = shown(args, 40).split("weights that differ")[1].split("\nsteps, ")[0]
+    lines = text.splitlines()
+    assert max(map(cell_len, lines)) <= 40
+    head = next(i for i, x in enumerate(lines) if x.startswith("weight "))
+    ends = [lines[head - 2].index("max") + 3, lines[head - 1].index("|B−A|") + 5]
+    assert ends == [lines[head].index(" at ") + 3] * 2  # its header: "max" / "|B−A|" / "at"
+    pairs = []
+    for i, line in enumerate(lines[:-1]):
+        found = re.search(r" \d+/\d+ +(\S+)", line)
+        if found:
+            end = found.end(1)
+            place = re.search(r"(\[[\d,]+\])$", lines[i + 1][:end])
+            assert place, (line, lines[i + 1])
+            pairs.append((found.group(1), place.group(1)))
+    weights = [w for w in data(args)["weights"] if w["status"] == "differs"]
+    assert len(weights) > 20
+    assert pairs == [
+        (f"{w['max_abs_diff']:.3g}", "[" + ",".join(map(str, w["at"])) + "]") for w in weights
+    ]
+    wide = shown(args, 200).split("weights that differ")[1]
+    assert re.search(r"max \|B−A\| +at +A → B there", wide)  # fits: as before
 
 
 def test_generate_shortens_a_long_token_label_to_fit_its_panel() -> None:

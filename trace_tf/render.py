@@ -2044,6 +2044,7 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
         spaced: bool,
         there: bool = True,
         tight: bool = False,
+        stacked: bool = False,
     ) -> Table:
         # Paths go over lines after their dots, sources at their spaces (and a long path
         # in one after its dots), the values at " → ": never inside a word (see
@@ -2051,17 +2052,19 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
         # set them apart. Where even so the table cannot fit, the values there are
         # left out, as in diff_summary; then (`tight`) its columns go one space apart,
         # as _fit's, the header "max" / "|B−A|" and a shape or a status over lines at
-        # their spaces, a shape's kept whole ("4 × 8 →" / "4 × 6", "only in" / "A").
+        # their spaces, a shape's kept whole ("4 × 8 →" / "4 × 6", "only in" / "A");
+        # last (`stacked`), where each difference is under its largest |B − A|.
         pad = (0, 1, 0, 0) if tight else (0, 1)
         out = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=pad)
         out.add_column("weight", style="bold cyan")
-        for k, name in enumerate(("shape", "cells", "max |B−A|", "at")):
+        names = ("shape", "cells", "max |B−A| at" if stacked else "max |B−A|", "at")
+        for k, name in enumerate(names[: 3 if stacked else 4]):
             words = tight and k < 2  # (shape, cells)
             out.add_column(name, justify="right", no_wrap=not words, min_width=0)
-        if tight:  # (as wide as its numbers, its header over two lines: "max" / "|B−A|")
-            numbers = max(cell_len(str(row[3])) for row in rows)
+        if tight:  # (as wide as its numbers, its header over lines: "max" / "|B−A|")
+            numbers = max(cell_len(str(row[k])) for row in rows for k in (3, 4)[: 1 + stacked])
             out.columns[3].width = max(numbers, cell_len("|B−A|"))
-            out.columns[3].header = Wrapped("max |B−A|")
+            out.columns[3].header = Wrapped(names[2])
         if there:
             out.add_column("A → B there")
         out.add_column("source (A → B)")
@@ -2069,6 +2072,8 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
             if spaced and k:
                 out.add_row()
             cells = row if there else [*row[:5], row[6]]
+            if stacked:  # (a row with no largest difference has no cell of it either)
+                cells = [*row[:3], "\n".join(str(x) for x in row[3:5] if x), row[6]]
             if tight:
                 cells = [cells[0], *(_words(c) for c in cells[1:3]), *cells[3:]]
             out.add_row(*cells)
@@ -2087,13 +2092,12 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
         return narrowed
     # A token's path gives up what the table is too wide, as in weights_table; where
     # even so it does not fit, the table `tight`, its tokens so shortened to fit it.
-    for tight in (False, True):
-        m = _ColumnWidths.of(table(rows, spaced=True, there=False, tight=tight))
+    # Last, each largest difference's cell under it, in its column.
+    for tight, stacked in ((False, False), (True, False), (True, True)):
+        m = _ColumnWidths.of(table(rows, True, False, tight, stacked))
         cells = min(LABEL_CELLS, m.least[0] - m.pad[0] + m.spare(view.width))
         shortened_rows = rows_of(max(cells, len("embeddings.")))
-        narrowed = _shared_out(
-            table(shortened_rows, spaced=True, there=False, tight=tight), view.width
-        )
+        narrowed = _shared_out(table(shortened_rows, True, False, tight, stacked), view.width)
         if least_width(narrowed) <= view.width:
             return narrowed
     # Wider than the terminal even so: as narrow as it can be, each column that
