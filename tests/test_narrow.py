@@ -369,6 +369,35 @@ def test_generate_beam_hypotheses_one_space_apart_where_they_would_not_fit() -> 
     assert "│  tokens               n     logP " in shown(args, 80)  # fits: as before
 
 
+MIDDLING = """\
+model: {d_model: 4, n_heads: 2, decoder_layers: 1, encoder_layers: 1}
+vocab: [SOS, alpha_beta_gamma_delta, epsilon_zeta_eta_theta, EOS]
+tokens: {bos: SOS, eos: EOS}
+source: [alpha_beta_gamma_delta]
+target: [SOS]
+"""
+
+
+@pytest.mark.parametrize("columns", [40, 60])
+def test_generate_beam_hypotheses_at_their_least_set_apart(columns: int, tmp_path: Path) -> None:
+    """Where the hypotheses' tokens were set at their least (the table one space apart),
+    the table measured as wide as they let it, so their lines were not seen to wrap: the
+    rows ran together, a hypothesis's tokens over lines into the next one's ("EOS" under
+    the row of n 2 read as the start of the next), with no blank line between (at 40
+    columns with a length penalty; at 60 with 22-letter tokens). A blank line now sets
+    each row apart, as wherever the tokens wrap."""
+    config = tmp_path / "middling.yaml"
+    config.write_text(MIDDLING)
+    args = ["generate", "hello", "--beam", "3", "--max-tokens", "4", "--length-penalty", "0.6"]
+    if columns == 60:
+        args = ["generate", str(config), "--beam", "3", "--max-tokens", "4"]
+    text = shown(args, columns)
+    panel = [x.strip("│").strip() for x in text[text.index("╭─ generated") :].splitlines()]
+    rows = [i for i, x in enumerate(panel) if re.search(r" (cut|eos)( ◀ result)?$", x)]
+    assert len(rows) == 3 and any(panel[i + 1] for i in rows)  # (tokens over lines)
+    assert all(panel[i - 1] == "" for i in rows[1:])
+
+
 @pytest.mark.parametrize("variant", [[], ["--variant", "document_logits"]])
 def test_generate_beam_hypotheses_fit_40_columns_logp_and_score_one_column(
     variant: list[str],

@@ -1784,8 +1784,11 @@ def generation_summary(gen: Generation, view: View) -> Panel:
             and all(r[2] == r[3] for r in rows)
         )
         plain = hypotheses(False, merged) if merged else plain
-        wraps = view.width is not None and _natural_width(plain) > max(
-            view.width - PANEL_CELLS, least_width(plain)
+        # (tokens at their least: the table measures as wide as they let it be)
+        least = plain.columns[0].width
+        wraps = view.width is not None and (
+            _natural_width(plain) > max(view.width - PANEL_CELLS, least_width(plain))
+            or (least is not None and any(cell_len(r[0]) > least for r in rows))
         )
         parts.append(hypotheses(spaced=True, merged=merged) if wraps else plain)
     return titled_panel(Group(*parts), "generated")
