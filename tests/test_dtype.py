@@ -563,3 +563,29 @@ def test_drawn_numbers_around_an_entry_set_are_not_held_to_float32_as_given() ->
     # and so in float64 (an entry typed below 2^-1022)
     result = runner.invoke(app, ["encode", "--set", "weights.encoder.0.ffn.W_1.0.0=1e-310"])
     assert "W_1.0.0: 1e-310 is below float64's smallest normal number" in result.stderr
+
+
+def test_pe_base_and_init_std_under_float32_are_noted_against_float64() -> None:
+    # they are used in float64 under either dtype (the angles, the draws; then stored in
+    # float32): 1e-310 loses digits in float64, and was noted only under --dtype float64
+    f64_normal = float(np.finfo(np.float64).smallest_normal)
+    stored = round(1e-310 / 2.0**-1074) * 2.0**-1074  # float64's subnormals: multiples of 2^-1074
+    assert f64_normal > 1e-310 and stored == float(np.float64(1e-310))
+    assert f"{stored:.17g}" == "9.9999999999999694e-311"  # (1e-310 to 13 digits only)
+    for key in ("pe_base", "init_std"):
+        result = runner.invoke(
+            app,
+            ["encode", "--dtype", "float32", "--set", f"model.{key}=1e-310", "--format", "json"],
+        )
+        note = (
+            f"model.{key}: 1e-310 is below float64's smallest normal number {f64_normal:.6g}; "
+            f"stored as {stored:.17g} (fewer significant digits)"
+        )
+        assert f"warning: hello (packaged example): {note}\n" in result.stderr, result.stderr
+        assert json.loads(result.stdout)["warnings"][0] == note
+    # counted with the float32 numbers in the one warning, the first (float32's) named
+    args = ["--dtype", "float32", "--set", "model.norm_eps=1e-40", "--set", "model.pe_base=1e-310"]
+    result = runner.invoke(app, ["encode", *args])
+    assert result.stderr.count("smallest normal") == 1
+    assert "model.norm_eps: 1e-40 is below float32's" in result.stderr
+    assert result.stderr.splitlines()[0].endswith("; 1 more such number"), result.stderr

@@ -322,8 +322,13 @@ class Config:
     # where each array came from, by the names of `named_arrays` (the fused weights a
     # head's part was cut from, TIED_OUTPUT, and numeric source/target as well)
     sources: Mapping[str, Source] = field(default_factory=dict)
-    # warnings about given numbers (stored with fewer digits): shown with the run's own
-    notes: tuple[InputNote, ...] = ()
+    # given numbers stored with fewer digits: their warning is shown with the run's own
+    lows: tuple[Low, ...] = ()
+
+    @property
+    def notes(self) -> tuple[InputNote, ...]:
+        """The warning of the given numbers stored with fewer digits (notes_of)."""
+        return notes_of(self.lows)
 
     @property
     def embedding_matrix(self) -> np.ndarray:
@@ -385,8 +390,13 @@ class OpConfig:
     params: Mapping[str, Any]
     expect: tuple[Expect, ...] = ()
     variant: str | None = None
-    # warnings about given numbers (stored with fewer digits), as Config.notes
-    notes: tuple[InputNote, ...] = ()
+    # given numbers stored with fewer digits, as Config.lows
+    lows: tuple[Low, ...] = ()
+
+    @property
+    def notes(self) -> tuple[InputNote, ...]:
+        """The warning of the given numbers stored with fewer digits (notes_of)."""
+        return notes_of(self.lows)
 
 
 # ---------------------------------------------------------------------------
@@ -1306,6 +1316,77 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # float32 rounds a positive number up to its smallest, 2^-149, from just above half of
 # it; half itself (ties to even) and below round to 0
 FLOAT32_ZERO = 2.0**-150
+# why float32, the model's dtype, cannot hold a given number: (problem, expected), each
+# bound exact, not rounded (the refused number is never within it)
+BEYOND_FLOAT32 = (
+    "beyond the range of float32, the model's dtype",
+    f"a number of magnitude at most {exact(FLOAT32_MAX)}, or float64",
+)
+_ZEROED = "below the range of float32, the model's dtype (it would be 0)"
+BELOW_FLOAT32 = (
+    _ZEROED,
+    f"0, or a number of magnitude above {exact(FLOAT32_ZERO)} (2^-150; float32 rounds less"
+    " to 0), or float64",
+)
+DIVISOR_BELOW_FLOAT32 = (_ZEROED, f"a number above {exact(FLOAT32_ZERO)} (2^-150), or float64")
+
+
+def outside_float32(value: float, *, divisor: bool = False) -> tuple[str, str] | None:
+    """Why float32 cannot hold `value`, a single given number, as (problem, expected):
+    it would be an infinity, or 0 where it is not (a divisor's 0: a division by 0).
+    None where float32 holds it."""
+    if abs(value) > FLOAT32_MAX:
+        return BEYOND_FLOAT32
+    if 0 < abs(value) <= FLOAT32_ZERO:
+        return DIVISOR_BELOW_FLOAT32 if divisor else BELOW_FLOAT32
+    return None
+
+
+@dataclass(frozen=True)
+class Low:
+    """Given numbers below the smallest normal number of the dtype they are used in,
+    stored there with fewer significant digits: the first's key path and number, how
+    many there are, and that dtype."""
+
+    where: str
+    value: float
+    count: int
+    dtype: str
+
+
+def below_normal(arr: np.ndarray, magnitude: np.ndarray, path: str, dtype: str) -> Low | None:
+    """The numbers of `arr` (at `path`; `magnitude` its |arr|) that `dtype` holds with fewer
+    significant digits, below its smallest normal number (1e-40 in float32 is 9.99995e-41),
+    or None. One vectorised pass; the rest only where there are some."""
+    dt = np.dtype(dtype)
+    low = (magnitude < float(np.finfo(dt).smallest_normal)) & (arr != 0)
+    if dt != np.float64 and low.any():  # (one float32 holds exactly: no loss)
+        low &= arr.astype(dt).astype(np.float64) != arr
+    if not low.any():
+        return None
+    where, at = _first(path, low)
+    return Low(where, float(arr[at]), int(low.sum()), dtype)
+
+
+def notes_of(lows: Sequence[Low]) -> tuple[InputNote, ...]:
+    """The one warning of given numbers stored with fewer digits, naming the first and
+    counting the rest; () without."""
+    if not lows:
+        return ()
+    where, value, dtype = lows[0].where, lows[0].value, lows[0].dtype
+    count = sum(low.count for low in lows)
+    dt = np.dtype(dtype)
+    digits = 17 if dt == np.float64 else 6  # (enough to show the digits lost)
+    stored = float(np.array(value, dtype=dt))
+    more = f"; {counted(count - 1, 'more such number')}" if count > 1 else ""
+    return (
+        InputNote(
+            f"{where}: {exact(value)} is below {dtype}'s smallest normal number "
+            f"{float(np.finfo(dt).smallest_normal):.6g}; stored as {stored:.{digits}g} "
+            f"(fewer significant digits){more}"
+        ),
+    )
+
 
 OBJECT_COST = 128  # numbers (1 KiB) charged to the size limit for each array or step kept
 
@@ -1349,8 +1430,8 @@ class _Validator:
         self.seed = 0
         self.init_std = 1.0
         self.dtype = "float64"  # the model's, once read: given numbers must fit it
-        # array path -> (key path, value, count) of its numbers below the smallest normal
-        self.subnormal: dict[str, tuple[str, float, int]] = {}
+        # array path -> its numbers below the smallest normal of the dtype they are used in
+        self.subnormal: dict[str, Low] = {}
         self.vocab_listed = False  # whether the file (or an override) gives `vocab`
 
     # -- primitives ---------------------------------------------------------
@@ -1546,70 +1627,39 @@ class _Validator:
 
     def below_float32(self, path: str, value: float) -> InputError:
         """A given number, not 0, that float32, the model's dtype, would round to 0."""
-        return self.ctx.err(
-            path,
-            "below the range of float32, the model's dtype (it would be 0)",
-            value,
-            # exact, not rounded: the refused number is never above the bound
-            f"0, or a number of magnitude above {exact(FLOAT32_ZERO)} (2^-150; float32"
-            " rounds less to 0), or float64",
-        )
+        return self.ctx.err(path, BELOW_FLOAT32[0], value, BELOW_FLOAT32[1])
 
-    def _subnormal(self, arr: np.ndarray, magnitude: np.ndarray, path: str) -> None:
-        """Note the given numbers below the dtype's smallest normal number that it holds
-        with fewer significant digits (1e-40 in float32 is 9.99995e-41): the first, and
-        how many (Config.notes). One vectorised pass; the rest only where there are some."""
-        dt = np.dtype(self.dtype)
-        smallest = float(np.finfo(dt).smallest_normal)
-        low = (magnitude < smallest) & (arr != 0)
-        if dt != np.float64 and low.any():  # (one float32 holds exactly: no loss)
-            low &= arr.astype(dt).astype(np.float64) != arr
-        if not low.any():
+    def _subnormal(
+        self, arr: np.ndarray, magnitude: np.ndarray, path: str, dtype: str | None = None
+    ) -> None:
+        """Note the given numbers of `arr` that `dtype` (the model's unless told) holds with
+        fewer significant digits (below_normal): the first, and how many (Config.notes)."""
+        low = below_normal(arr, magnitude, path, dtype or self.dtype)
+        if low is None:
             self.subnormal.pop(path, None)
-            return
-        where, at = _first(path, low)
-        self.subnormal[path] = (where, float(arr[at]), int(low.sum()))
+        else:
+            self.subnormal[path] = low
 
-    def given_number(self, value: float, path: str) -> float:
-        """A single given number the model computes with in its dtype (norm_eps, a scale, a
-        temperature): noted below the dtype's smallest normal number as an array's are."""
+    def given_number(self, value: float, path: str, dtype: str | None = None) -> float:
+        """A single given number the model computes with in `dtype` (its own unless told:
+        norm_eps, a scale, a temperature; pe_base in float64): noted below that dtype's
+        smallest normal number as an array's are."""
         arr = np.array(value, dtype=np.float64)
-        self._subnormal(arr, np.abs(arr), path)
+        self._subnormal(arr, np.abs(arr), path, dtype)
         return value
 
-    def notes(self) -> tuple[InputNote, ...]:
-        """The warning of given numbers stored with fewer digits (below the dtype's
-        smallest normal number), naming the first: one for the whole config."""
-        # (not a row an override set, `W.0=[...]`, counted again in its whole array `W`)
-        kept = [
+    def lows(self) -> tuple[Low, ...]:
+        """The given numbers stored with fewer digits (Config.notes says them), each array
+        once: not a row an override set, `W.0=[...]`, counted again in its whole array `W`."""
+        return tuple(
             v
             for p, v in self.subnormal.items()
             if not any(p.startswith(q + ".") for q in self.subnormal)
-        ]
-        if not kept:
-            return ()
-        where, value, _ = kept[0]
-        count = sum(n for _, _, n in kept)
-        dt = np.dtype(self.dtype)
-        digits = 17 if dt == np.float64 else 6  # (enough to show the digits lost)
-        stored = float(np.array(value, dtype=dt))
-        more = f"; {counted(count - 1, 'more such number')}" if count > 1 else ""
-        return (
-            InputNote(
-                f"{where}: {exact(value)} is below {self.dtype}'s smallest normal number "
-                f"{float(np.finfo(dt).smallest_normal):.6g}; stored as {stored:.{digits}g} "
-                f"(fewer significant digits){more}"
-            ),
         )
 
     def beyond_float32(self, path: str, value: float) -> InputError:
         """A given number that float32, the model's dtype, would round to an infinity."""
-        return self.ctx.err(
-            path,
-            "beyond the range of float32, the model's dtype",
-            value,
-            f"a number of magnitude at most {exact(FLOAT32_MAX)}, or float64",  # (not rounded)
-        )
+        return self.ctx.err(path, BEYOND_FLOAT32[0], value, BEYOND_FLOAT32[1])
 
     def _shape(self, value: Any, path: str) -> tuple[int, ...]:
         """Shape of a nested list of numbers; refuses ragged rows and non-numbers."""
@@ -1782,7 +1832,7 @@ class _Validator:
                 params=self.operation(ops[0], data[ops[0]]),
                 expect=self.expect(data.get("expect"), variants),
                 variant=variant,
-                notes=self.notes(),
+                lows=self.lows(),
             )
         if ops:
             # a --set model.x on such a file: name it (not when the file itself holds both)
@@ -2151,23 +2201,12 @@ class _Validator:
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
             dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
         )
-        if config.dtype == "float32":  # a number given beyond float32 would be an infinity
-            # (not pe_base: the positional angles are computed in float64)
+        if config.dtype == "float32":  # a given number float32 cannot hold is refused
+            # (not pe_base nor init_std: used in float64, the angles and draws then stored)
             for key in ("embed_scale", "norm_eps", "scale", "temperature"):
-                if abs(getattr(config, key)) > FLOAT32_MAX:
-                    raise self.beyond_float32(p + key, getattr(config, key))
-            for key in ("embed_scale", "norm_eps"):  # not 0 as given: rounded to 0, no longer
-                if 0 < abs(getattr(config, key)) <= FLOAT32_ZERO:
-                    raise self.below_float32(p + key, getattr(config, key))
-            for key in ("scale", "temperature"):  # divisors, > 0: rounded to 0, a division by 0
-                if getattr(config, key) <= FLOAT32_ZERO:
-                    raise self.ctx.err(
-                        p + key,
-                        "below the range of float32, the model's dtype (it would be 0)",
-                        getattr(config, key),
-                        # exact, not rounded: the refused number is never above the bound
-                        f"a number above {exact(FLOAT32_ZERO)} (2^-150), or float64",
-                    )
+                why = outside_float32(getattr(config, key), divisor=key in ("scale", "temperature"))
+                if why is not None:
+                    raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
@@ -2211,10 +2250,12 @@ class _Validator:
     def model_document(self, data: dict[str, Any], variant: str | None) -> Config:
         m = self.model_section(data["model"])
         self.seed, self.init_std, self.dtype = m.seed, m.init_std, m.dtype
-        # its single numbers held in the dtype (pe_base and init_std are used in float64)
-        kept = ("pe_base", "init_std") if m.dtype == "float64" else ()
-        for key in ("embed_scale", "norm_eps", "scale", "temperature", *kept):
+        # its single numbers, each noted in the dtype it is used in: pe_base and init_std
+        # in float64 (the angles and the draws are computed so, then stored in the dtype)
+        for key in ("embed_scale", "norm_eps", "scale", "temperature"):
             self.given_number(getattr(m, key), "model." + key)
+        for key in ("pe_base", "init_std"):
+            self.given_number(getattr(m, key), "model." + key, "float64")
         d = m.d_model
         vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
         vocab_set = set(vocab)
@@ -2333,7 +2374,7 @@ class _Validator:
             ),
             weights_file=next((o.by for o in from_file), None),
             weights_file_arrays=len(from_file),
-            notes=self.notes(),
+            lows=self.lows(),
         )
         config = replace(config, sources=self.sources(data, config))
         if m.dtype == "float64":
