@@ -589,3 +589,56 @@ def test_pe_base_and_init_std_under_float32_are_noted_against_float64() -> None:
     assert result.stderr.count("smallest normal") == 1
     assert "model.norm_eps: 1e-40 is below float32's" in result.stderr
     assert result.stderr.splitlines()[0].endswith("; 1 more such number"), result.stderr
+
+
+def test_generates_sampling_options_are_noted_or_refused_in_the_dtype_they_are_used_in() -> None:
+    # --temperature divides the logits in the model's dtype: 1e-40 under float32 was used
+    # as 9.99995e-41 unnoted, and 1e-46 became 0, a NaN distribution sampled from
+    gen = ["generate", "--sample", "--max-tokens", "2", "--format", "json"]
+    f32 = [*gen, "--dtype", "float32"]
+    stored = float(np.float32(1e-40))
+    assert stored != 1e-40 and f"{stored:.6g}" == "9.99995e-41"
+    note = (
+        f"--temperature: 1e-40 is below float32's smallest normal number {F32_NORMAL:.6g}; "
+        f"stored as {stored:.6g} (fewer significant digits)"
+    )
+    result = runner.invoke(app, [*f32, "--temperature", "1e-40"])
+    assert result.exit_code == 0, result.stderr
+    assert f"warning: hello (packaged example): {note}\n" in result.stderr
+    assert json.loads(result.stdout)["warnings"] == [note]
+    # one warning for the run with the config's, the config's first
+    result = runner.invoke(app, [*f32, "--temperature", "1e-40", "--set", "model.norm_eps=1e-40"])
+    assert result.stderr.count("smallest normal") == 1, result.stderr
+    assert "model.norm_eps: 1e-40 is below" in result.stderr
+    assert result.stderr.rstrip().endswith("; 1 more such number"), result.stderr
+    # float32 makes 1e-46 (at most 2^-150) 0, and 1e39 an infinity: refused, as the config's
+    for value, problem in (("1e-46", "below"), ("1e39", "beyond")):
+        result = runner.invoke(app, [*f32, "--temperature", value])
+        assert result.exit_code == 2 and not result.stdout, (value, result.stdout[-300:])
+        assert f"--temperature: {problem} the range of float32, the model's dtype" in result.stderr
+        assert result.stderr.rstrip().endswith(f"found {value}") and "NaN" not in result.stderr
+    assert 1e-46 <= 2.0**-150 and float(np.float32(1e-46)) == 0.0
+    assert float(np.finfo(np.float32).max) < 1e39
+    assert runner.invoke(app, [*gen, "--temperature", "1e-46"]).exit_code == 0  # (float64)
+    # float64: below 2^-1022; --top-p is used in float64 (1 - p) under either dtype
+    f64 = f"{float(np.float64(1e-310)):.17g}"
+    assert f64 == f"{round(1e-310 / 2.0**-1074) * 2.0**-1074:.17g}" != "1e-310"
+    for args, option in (
+        ([*gen, "--temperature", "1e-310"], "--temperature"),
+        ([*gen, "--top-p", "1e-310"], "--top-p"),
+        ([*f32, "--top-p", "1e-310"], "--top-p"),
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        assert (
+            f"{option}: 1e-310 is below float64's smallest normal number "
+            f"{float(np.finfo(np.float64).smallest_normal):.6g}; stored as {f64} "
+        ) in result.stderr, (args, result.stderr)
+    result = runner.invoke(app, [*f32, "--top-p", "1e-40"])  # a normal float64: nothing lost
+    assert result.exit_code == 0 and "smallest normal" not in result.stderr, result.stderr
+    # an option another strategy leaves unused is stored nowhere: said unused, no more
+    result = runner.invoke(
+        app, ["generate", "--greedy", "--dtype", "float32", "--temperature", "1e-46"]
+    )
+    assert result.exit_code == 0 and "smallest normal" not in result.stderr, result.stderr
+    assert "--temperature applies to --sample only" in result.stderr

@@ -1156,6 +1156,7 @@ def generate(
     step of it, written out."""
     from trace_tf import generate as gen_mod
     from trace_tf import render
+    from trace_tf.config import notes_of
     from trace_tf.errors import InputError, InputNote
     from trace_tf.runner import conventions, require_model
     from trace_tf.trace import CheckingTracer, Tracer, check_selection, matches
@@ -1195,6 +1196,8 @@ def generate(
     if c.fmt in ("npz", "csv") and not trace:
         _fail(f"--format {c.fmt} writes traced steps: add --trace")
     cfg = require_model(_load(config, c), "generate")
+    # given numbers stored with fewer digits: the config's and the options', one note
+    notes = notes_of([*cfg.lows, *gen_mod.given_lows(s, cfg.model.dtype)])
     # --trace records what it is asked for (for tables, what they show of it; all of it
     # for --explain, which reads every input); without, only NaN and overflow are watched
     view = c.view()
@@ -1204,7 +1207,7 @@ def generate(
         if trace
         else CheckingTracer()
     )
-    tr.trace.warnings.extend(cfg.notes)  # (given numbers stored with fewer digits)
+    tr.trace.warnings.extend(notes)
     try:  # what the config cannot serve is its error: name the file
         start = gen_mod.start_of(cfg, s)
         gen_mod.check_size(
@@ -1222,7 +1225,7 @@ def generate(
         if any(not isinstance(w, InputNote) for w in tr.trace.warnings):
             # the run went NaN or overflowed: a tiny given number (a scale or temperature
             # of 1e-40, a divisor) may be why, so its note comes first, as encode's does
-            warn(c, list(cfg.notes), cfg.file)
+            warn(c, list(notes), cfg.file)
         raise exc.with_file(cfg.file) from None
     warn(c, tr.trace.warnings, cfg.file)
     if explain_step is not None:  # the explanation only, as `explain` prints it

@@ -45,8 +45,11 @@ from trace_tf import model, ops
 from trace_tf.config import (
     BOUNDED_POSITIONAL,
     Config,
+    Low,
     Sequence_,
+    below_normal,
     option_number,
+    outside_float32,
     trace_size,
     within_float64,
 )
@@ -149,7 +152,7 @@ def settings(
     return Settings(
         strategy=strategy,
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else float(temperature),
+        temperature=1.0 if temperature is None else temperature,  # (as typed: given_lows)
         top_k=top_k,
         top_p=top_p,
         seed=0 if seed is None else seed,
@@ -217,6 +220,30 @@ def describe(s: Settings, eos: str | None, encoder: bool) -> list[tuple[str, str
 # ---------------------------------------------------------------------------
 # The distribution a choice is made from
 # ---------------------------------------------------------------------------
+
+
+def given_lows(s: Settings, dtype: str) -> tuple[Low, ...]:
+    """The sampling options' numbers held as the config's are, each in the dtype it is
+    used in, the option its key: --temperature divides the logits in the model's `dtype`
+    (refused where float32 makes it 0 or an infinity), --top-p is used in float64 (1 - p).
+    Those below that dtype's smallest normal number, for the run's one note. Unused by
+    another strategy, they are stored nowhere: nothing to say."""
+    if s.strategy != "sample":
+        return ()
+    lows = []
+    for option, value, used_in in (
+        ("--temperature", s.temperature, dtype),
+        ("--top-p", s.top_p, "float64"),
+    ):
+        if value is None:
+            continue
+        why = outside_float32(value, divisor=True) if used_in == "float32" else None
+        if why is not None:
+            raise InputError(f"{option}: {why[0]}", expected=why[1], found=typed(value))
+        number = np.array(value, dtype=np.float64)
+        low = below_normal(number, np.abs(number), option, used_in)
+        lows += [low] if low is not None else []
+    return tuple(lows)
 
 
 def ranking(p: Array) -> Array:
