@@ -627,12 +627,15 @@ def test_generates_sampling_options_are_noted_or_refused_in_the_dtype_they_are_u
         ([*gen, "--temperature", "1e-310"], "--temperature"),
         ([*gen, "--top-p", "1e-310"], "--top-p"),
         ([*f32, "--top-p", "1e-310"], "--top-p"),
+        (["generate", *f32[2:], "--beam", "2", "--length-penalty", "-1e-310"], "--length-penalty"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.stderr
         assert (
-            f"{option}: 1e-310 is below float64's smallest normal number "
-            f"{float(np.finfo(np.float64).smallest_normal):.6g}; stored as {f64} "
+            f"{option}: {'-' if option == '--length-penalty' else ''}1e-310 is below "
+            f"float64's smallest normal number "
+            f"{float(np.finfo(np.float64).smallest_normal):.6g}; stored as "
+            f"{'-' if option == '--length-penalty' else ''}{f64} "
         ) in result.stderr, (args, result.stderr)
     result = runner.invoke(app, [*f32, "--top-p", "1e-40"])  # a normal float64: nothing lost
     assert result.exit_code == 0 and "smallest normal" not in result.stderr, result.stderr

@@ -223,19 +223,19 @@ def describe(s: Settings, eos: str | None, encoder: bool) -> list[tuple[str, str
 
 
 def given_lows(s: Settings, dtype: str) -> tuple[Low, ...]:
-    """The sampling options' numbers held as the config's are, each in the dtype it is
+    """The decoding options' numbers held as the config's are, each in the dtype it is
     used in, the option its key: --temperature divides the logits in the model's `dtype`
-    (refused where float32 makes it 0 or an infinity), --top-p is used in float64 (1 - p).
-    Those below that dtype's smallest normal number, for the run's one note. Unused by
-    another strategy, they are stored nowhere: nothing to say."""
-    if s.strategy != "sample":
-        return ()
+    (refused where float32 makes it 0 or an infinity); --top-p (1 - p) and
+    --length-penalty (((5 + n) / 6)^alpha) are used in float64. Those below that dtype's
+    smallest normal number, for the run's one note. An option another strategy leaves
+    unused is stored nowhere: nothing to say."""
     lows = []
-    for option, value, used_in in (
-        ("--temperature", s.temperature, dtype),
-        ("--top-p", s.top_p, "float64"),
+    for option, value, used_in, strategy in (
+        ("--temperature", s.temperature, dtype, "sample"),
+        ("--top-p", s.top_p, "float64", "sample"),
+        ("--length-penalty", s.length_penalty, "float64", "beam"),
     ):
-        if value is None:
+        if value is None or strategy != s.strategy:
             continue
         why = outside_float32(value, divisor=True) if used_in == "float32" else None
         if why is not None:
