@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import math
@@ -70,10 +71,25 @@ class View:
     def part(self, value: np.ndarray) -> np.ndarray | Shown:
         """All that a table of `value` shows: `value` where it is shown whole, else the
         numbers at the indices shown (Tracer.part stores this of each step)."""
-        kept = [[i for i in axis if i is not None] for axis in self.kept(value.shape)]
-        if all(len(k) == n for k, n in zip(kept, value.shape, strict=True)):
+        at = _shown_at(self, value.shape)
+        if at is None:
             return value
-        return Shown.of(value, kept)
+        kept, index = at
+        return Shown(value.shape, kept, value[index])
+
+
+@functools.lru_cache(maxsize=256)
+def _shown_at(view: View, shape: tuple[int, ...]) -> tuple[tuple[np.ndarray, ...], Any] | None:
+    """The indices `view` shows along each axis of an array of `shape`, and their
+    np.ix_; None where it shows them all. (Kept for each shape: a trace records
+    thousands of steps of a few shapes, and np.ix_ is most of a part's cost.)"""
+    kept = [[i for i in axis if i is not None] for axis in view.kept(shape)]
+    if all(len(k) == n for k, n in zip(kept, shape, strict=True)):
+        return None
+    at = tuple(np.asarray(k, dtype=np.intp) for k in kept)
+    for a in at:
+        a.flags.writeable = False  # (shared by every part of this shape)
+    return at, np.ix_(*at)
 
 
 def _magnitudes(values: np.ndarray, axis: int | None = None) -> tuple[Any, Any]:
