@@ -197,3 +197,24 @@ def test_generate_trace_tables_store_the_shown_parts(
     assert result.exit_code == 0, result.stderr
     (trace,) = traces
     assert any(isinstance(s.data, Shown) for s in trace) == parts
+
+
+def test_check_stores_only_the_steps_its_entries_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trace_tf.runner
+    from trace_tf.config import read_document
+
+    traces: list[Trace] = []
+
+    def recording_run(*a: Any, **kw: Any) -> Trace:
+        traces.append(real(*a, **kw))
+        return traces[-1]
+
+    real = trace_tf.runner.run
+    monkeypatch.setattr(trace_tf.runner, "run", recording_run)
+    doc = read_document("fixtures/hello.yaml")
+    results = trace_tf.runner.check(doc)
+    assert results and all(r.ok for r in results)
+    assert traces  # one run per variant the entries name
+    for trace in traces:
+        assert set(trace.steps) <= {r.step for r in results}
+        assert len(trace.paths()) > len(trace.steps)  # every step still computed, recorded

@@ -370,20 +370,26 @@ def check(
     its own value (a run varied by --set) judges no document error either way."""
     base = build(doc, sets, None, max_elements)
     results: list[CheckResult] = []
+    # Each variant's run stores only the steps its entries check.
+    checked: dict[str | None, set[str]] = {}
+    for e in base.expect:
+        checked.setdefault(e.variant, set()).add(e.step)
+    configs: dict[str | None, Config | OpConfig] = {}
     traces: dict[str | None, Trace] = {}
     for e in base.expect:
         if e.variant not in traces:
             cfg = base if e.variant is None else build(doc, sets, e.variant, max_elements)
-            traces[e.variant] = run(cfg, "full")
+            configs[e.variant] = cfg
+            traces[e.variant] = run(cfg, "full", keep=checked[e.variant].__contains__)
         trace = traces[e.variant]
         warned = tuple(trace.warnings)
         entry = CheckResult(
             doc.file, e.step, e.variant, False, None, e.atol, e.note, "", warned, rtol=e.rtol
         )
         if e.step not in trace:
-            results.append(
-                replace(entry, problem="no such step" + suggest_path(e.step, list(trace.steps)))
-            )
+            # the nearest of every step, in the order computed (a run that stores them all)
+            every = list(run(configs[e.variant], "full").steps)
+            results.append(replace(entry, problem="no such step" + suggest_path(e.step, every)))
             continue
         actual = trace.value(e.step)
         expected, printed = e.value, e.document
