@@ -106,9 +106,14 @@ def test_only_the_shown_numbers_are_stored() -> None:
     assert stored * 10 < sum(s.value.nbytes for s in whole)
 
 
+def _shown(whole: np.ndarray, kept: list[list[int]]) -> Shown:
+    at = tuple(np.array(k, dtype=np.intp) for k in kept)
+    return Shown(whole.shape, at, whole[np.ix_(*at)])
+
+
 def test_a_shown_part_gives_the_numbers_it_kept_and_refuses_the_others() -> None:
     whole = np.arange(5 * 7 * 9, dtype=np.float64).reshape(5, 7, 9)
-    part = Shown.of(whole, [[0, 4], [1, 2, 6], [0, 8]])
+    part = _shown(whole, [[0, 4], [1, 2, 6], [0, 8]])
     assert part.shape == (5, 7, 9) and part.ndim == 3
     np.testing.assert_array_equal(part[4][np.ix_([2, 6], [8])], whole[4][np.ix_([2, 6], [8])])
     assert part[0].shape == (7, 9)
@@ -118,7 +123,7 @@ def test_a_shown_part_gives_the_numbers_it_kept_and_refuses_the_others() -> None
         part[0][np.ix_([3], [0])]
     with pytest.raises(IndexError):
         part[0][np.ix_([2], [9])]  # beyond every kept index
-    row = Shown.of(np.arange(30.0), [[0, 1, 28, 29]]).as_matrix()
+    row = _shown(np.arange(30.0), [[0, 1, 28, 29]]).as_matrix()
     assert row.shape == (1, 30)
     np.testing.assert_array_equal(row[np.ix_([0], [1, 28])], [[1.0, 28.0]])
 

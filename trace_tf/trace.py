@@ -40,11 +40,6 @@ class Shown:
     kept: tuple[np.ndarray, ...]  # along each axis, the indices kept, in order
     values: np.ndarray  # the numbers there: whole[np.ix_(*kept)]
 
-    @classmethod
-    def of(cls, whole: np.ndarray, kept: Sequence[Sequence[int]]) -> Shown:
-        at = tuple(np.asarray(k, dtype=np.intp) for k in kept)
-        return cls(tuple(whole.shape), at, whole[np.ix_(*at)])
-
     @property
     def ndim(self) -> int:
         return len(self.shape)
