@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from trace_tf.cli import app, console
 from trace_tf.config import load
 from trace_tf.render import View, trace_view
-from trace_tf.runner import run
+from trace_tf.runner import check, run
 from trace_tf.trace import Shown, Trace
 
 LONG = "a_token_much_longer_than_any_label_may_be_shown_whole"
@@ -135,6 +135,21 @@ def test_the_whole_array_of_a_step_stored_as_its_part_is_an_error() -> None:
         step.value  # noqa: B018
 
 
+def _runs(monkeypatch: pytest.MonkeyPatch) -> list[Trace]:
+    """The trace of every runner.run from now on (the CLI's, check's), as it returns them."""
+    import trace_tf.runner
+
+    traces: list[Trace] = []
+    real = trace_tf.runner.run
+
+    def recording_run(*a: Any, **kw: Any) -> Trace:
+        traces.append(real(*a, **kw))
+        return traces[-1]
+
+    monkeypatch.setattr(trace_tf.runner, "run", recording_run)
+    return traces
+
+
 @pytest.mark.parametrize(
     ("args", "parts"),
     [
@@ -152,16 +167,7 @@ def test_only_tables_store_the_shown_parts(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import trace_tf.runner
-
-    traces: list[Trace] = []
-
-    def recording_run(*a: Any, **kw: Any) -> Trace:
-        traces.append(real(*a, **kw))
-        return traces[-1]
-
-    real = trace_tf.runner.run
-    monkeypatch.setattr(trace_tf.runner, "run", recording_run)
+    traces = _runs(monkeypatch)
     path = tmp_path / "wide.yaml"
     path.write_text(json.dumps(_model()))
     name, *options = command.split()
@@ -205,19 +211,11 @@ def test_generate_trace_tables_store_the_shown_parts(
 
 
 def test_check_stores_only_the_steps_its_entries_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trace_tf.runner
     from trace_tf.config import read_document
 
-    traces: list[Trace] = []
-
-    def recording_run(*a: Any, **kw: Any) -> Trace:
-        traces.append(real(*a, **kw))
-        return traces[-1]
-
-    real = trace_tf.runner.run
-    monkeypatch.setattr(trace_tf.runner, "run", recording_run)
+    traces = _runs(monkeypatch)
     doc = read_document("fixtures/hello.yaml")
-    results = trace_tf.runner.check(doc)
+    results = check(doc)
     assert results and all(r.ok for r in results)
     assert traces  # one run per variant the entries name
     for trace in traces:
