@@ -555,3 +555,16 @@ def test_check_cuts_no_variant_name_where_that_would_not_make_it_fit() -> None:
     args = ["check", "fixtures/hello.yaml", "--set", "model.scale=3"]
     out = runner.invoke(app, args, env={"COLUMNS": "40"}).stdout  # (exit 1: some fail)
     assert " document " in out and "…cument" not in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["weights", "hello", "--set", "model.init_std=1.2345e-200"],
+        ["diff", "hello", "--set-b", "model.init_std=1.2345e-200"],
+    ],
+)
+def test_a_source_breaks_after_a_path_dot_never_inside_its_numbers(args: list[str]) -> None:
+    # A source goes over lines after its paths' dots (a weights_file key), never after
+    # the point of a number: "N(0, 1." / "2345e-200²)" read as two numbers.
+    assert "1.2345e-200²" in shown(args, 40)

@@ -704,6 +704,9 @@ _LEAST_TEXT = 8  # the fewest cells a name column that gives way is cut to ("…
 
 
 PATH_BREAKS, FORMULA_BREAKS = r"\.", r" +|·(?!\d)"
+# A source's text: a path in it after its dots, never a number after its point
+# ("N(0, 1." / "2345e-200²)" would read as two numbers).
+SOURCE_BREAKS = r"(?<!\d)\.|\.(?!\d)"
 # A formula's call, in a piece wider than its column: after its "(" ("sublayer(" /
 # "Norm(x)))"), as after a product's "·": never inside a name.
 CALL_BREAKS = r"(?<=\w)\("
@@ -1296,7 +1299,7 @@ def _weights_table(
         table.add_row(
             Wrapped(_weight_path(path, token_cells), PATH_BREAKS),
             shape_text(shape),
-            Wrapped(printable(source), within=PATH_BREAKS),
+            Wrapped(printable(source), within=SOURCE_BREAKS),
         )
     table = keep_whole(table)
     return table if view.width is None else _shared_out(table, view.width)
@@ -2053,7 +2056,7 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
                     "" if c.max_abs is None else f"{c.max_abs:.3g}",
                     _cell(c.where),
                     Wrapped(_change_there(c, view.precision)),
-                    Wrapped(printable(" → ".join(dict.fromkeys(sources))), within=PATH_BREAKS),
+                    Wrapped(printable(" → ".join(dict.fromkeys(sources))), within=SOURCE_BREAKS),
                 ]
             )
         return rows
