@@ -376,6 +376,7 @@ def check(
         checked.setdefault(e.variant, set()).add(e.step)
     configs: dict[str | None, Config | OpConfig] = {}
     traces: dict[str | None, Trace] = {}
+    every: dict[str | None, list[str]] = {}  # a variant's every step (misspelt entries)
     for e in base.expect:
         if e.variant not in traces:
             cfg = base if e.variant is None else build(doc, sets, e.variant, max_elements)
@@ -387,9 +388,12 @@ def check(
             doc.file, e.step, e.variant, False, None, e.atol, e.note, "", warned, rtol=e.rtol
         )
         if e.step not in trace:
-            # the nearest of every step, in the order computed (a run that stores them all)
-            every = list(run(configs[e.variant], "full").steps)
-            results.append(replace(entry, problem="no such step" + suggest_path(e.step, every)))
+            # the nearest of every step, in the order computed (one run that stores them
+            # all, for every misspelt entry of the variant)
+            if e.variant not in every:
+                every[e.variant] = list(run(configs[e.variant], "full").steps)
+            suggestion = suggest_path(e.step, every[e.variant])
+            results.append(replace(entry, problem="no such step" + suggestion))
             continue
         actual = trace.value(e.step)
         expected, printed = e.value, e.document
