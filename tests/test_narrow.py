@@ -432,6 +432,20 @@ def test_generate_beam_hypotheses_fit_40_columns_logp_and_score_one_column(
     assert re.search(r"│  tokens +n +logP +score +ended", wide)  # fits: as before
 
 
+def test_generate_beam_a_score_equal_to_its_logp_only_as_printed_keeps_its_column() -> None:
+    """With a length penalty of 1e-9 every score prints as its logP to 4 places, but is
+    not it (logP / ((5 + n) / 6)^1e-9): the two stay two columns at 40, not one headed
+    "logP =" / "score", which would claim an equality the title's formula denies."""
+    args = ["generate", "hello", "--beam", "3", "--length-penalty", "1e-9"]
+    hyps = data(args)["finished"] + data(args)["unfinished"]
+    assert all(h["score"] != h["logprob"] for h in hyps)
+    assert all(f"{h['score']:.4f}" == f"{h['logprob']:.4f}" for h in hyps)  # as printed
+    text = shown(args, 40)
+    panel = text[text.index("╭─ generated") :]
+    assert "logP =" not in panel
+    assert re.search(r" tokens +n +logP +score +ended", panel)
+
+
 @pytest.mark.parametrize("letters", [16, 18, 20, 24, 28])
 def test_weights_shortens_a_token_shorter_than_a_label_just_enough(letters: int) -> None:
     """The token was shortened to 32 cells less the table's excess, measured with both

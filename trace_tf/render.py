@@ -1800,7 +1800,7 @@ def generation_summary(gen: Generation, view: View) -> Panel:
         merged = (
             view.width is not None
             and least_width(plain) + PANEL_CELLS > view.width
-            and all(r[2] == r[3] for r in rows)
+            and all(h.score == h.logprob for h, _ in ended)  # (exactly: not as printed)
         )
         plain = hypotheses(False, merged) if merged else plain
         # (tokens at their least: the table measures as wide as they let it be)
