@@ -325,7 +325,7 @@ def test_a_given_number_stored_with_fewer_digits_is_a_warning_not_strict(
     assert result.exit_code == 0, result.stderr
     note = (
         "embeddings.hello.0: 1e-40 is below float32's smallest normal number 1.17549e-38; "
-        "stored as 9.99995e-41 (fewer significant digits); 1 more such number"
+        "stored as 9.99995e-41 (fewer significant digits); 1 more number stored with fewer digits"
     )
     assert f"{F32_NORMAL:.6g}" == "1.17549e-38"
     assert result.stderr == f"trace-tf: warning: hello (packaged example): {note}\n"
@@ -434,7 +434,9 @@ def test_single_numbers_the_model_computes_with_are_noted_as_arrays_are(tmp_path
     result = runner.invoke(app, ["encode", *args, "--format", "json"])
     assert json.loads(result.stdout)["warnings"][0].startswith("model.norm_eps: 1e-40 is below")
     assert result.stderr.count("smallest normal") == 1  # (then the overflow scale 1e-39 makes)
-    assert result.stderr.splitlines()[0].endswith("; 2 more such numbers"), result.stderr
+    assert result.stderr.splitlines()[0].endswith("; 2 more numbers stored with fewer digits"), (
+        result.stderr
+    )
     # float64: a number typed below 2^-1022 has lost digits already, pe_base and init_std too
     f64 = round(1e-310 / 2.0**-1074) * 2.0**-1074
     for key in ("norm_eps", "pe_base", "init_std", "temperature"):
@@ -533,7 +535,9 @@ def test_a_row_set_over_a_weights_file_is_counted_once(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0
     assert "weights.encoder.0.ffn.W_1.1.0: 1e-40 is below" in result.stderr
-    assert result.stderr.endswith("(fewer significant digits); 1 more such number\n"), result.stderr
+    assert result.stderr.endswith(
+        "(fewer significant digits); 1 more number stored with fewer digits\n"
+    ), result.stderr
 
 
 def test_drawn_numbers_around_an_entry_set_are_not_held_to_float32_as_given() -> None:
@@ -588,7 +592,9 @@ def test_pe_base_and_init_std_under_float32_are_noted_against_float64() -> None:
     result = runner.invoke(app, ["encode", *args])
     assert result.stderr.count("smallest normal") == 1
     assert "model.norm_eps: 1e-40 is below float32's" in result.stderr
-    assert result.stderr.splitlines()[0].endswith("; 1 more such number"), result.stderr
+    assert result.stderr.splitlines()[0].endswith("; 1 more number stored with fewer digits"), (
+        result.stderr
+    )
 
 
 def test_generates_sampling_options_are_noted_or_refused_in_the_dtype_they_are_used_in() -> None:
@@ -610,7 +616,9 @@ def test_generates_sampling_options_are_noted_or_refused_in_the_dtype_they_are_u
     result = runner.invoke(app, [*f32, "--temperature", "1e-40", "--set", "model.norm_eps=1e-40"])
     assert result.stderr.count("smallest normal") == 1, result.stderr
     assert "model.norm_eps: 1e-40 is below" in result.stderr
-    assert result.stderr.rstrip().endswith("; 1 more such number"), result.stderr
+    assert result.stderr.rstrip().endswith("; 1 more number stored with fewer digits"), (
+        result.stderr
+    )
     # float32 makes 1e-46 (at most 2^-150) 0, and 1e39 an infinity: refused, as the config's
     for value, problem in (("1e-46", "below"), ("1e39", "beyond")):
         result = runner.invoke(app, [*f32, "--temperature", value])

@@ -1378,7 +1378,8 @@ def notes_of(lows: Sequence[Low]) -> tuple[InputNote, ...]:
     dt = np.dtype(dtype)
     digits = 17 if dt == np.float64 else 6  # (enough to show the digits lost)
     stored = float(np.array(value, dtype=dt))
-    more = f"; {counted(count - 1, 'more such number')}" if count > 1 else ""
+    # (the others may be below another dtype's smallest normal: pe_base's is float64's)
+    more = f"; {counted(count - 1, 'more number')} stored with fewer digits" if count > 1 else ""
     return (
         InputNote(
             f"{where}: {exact(value)} is below {dtype}'s smallest normal number "
