@@ -6,6 +6,7 @@ or the tied output."""
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -637,3 +638,28 @@ def test_an_entry_set_below_a_layer_index_with_a_leading_zero(tmp_path: Path) ->
     np.testing.assert_array_equal(cfg.encoder[0].ffn.W_2, expected)
     row = weights_json(path, "--set", "weights.encoder.00.ffn.W_2.0.1=5")
     assert row["weights.encoder.0.ffn.W_2"]["partly"] == ["--set weights.encoder.0.ffn.W_2.0.1"]
+
+
+def test_an_embeddings_token_is_shown_in_its_path_as_a_label_shows_it(tmp_path: Path) -> None:
+    """The empty token and the space token both showed as the path `embeddings.` in the
+    `weights` and `diff` weights tables, two rows alike; a newline token as `b\\nc`, the
+    four characters' token's look. Each is now shown as its label is, quoted where it
+    could be misread (README, "how a token is shown"); JSON keeps the whole path."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "model": {"d_model": 4, "n_heads": 1},
+                "vocab": ["", " ", "a", "b\nc", "x\\y"],
+                "source": ["a", " "],
+            }
+        )
+    )
+    shown = ["embeddings.''", "embeddings.' '", "embeddings.a", "embeddings.'b\\nc'"]
+    shown.append("embeddings.'x\\\\y'")
+    for args in (["weights"], ["diff", "--set-b", "model.seed=3", "--brief"]):
+        out = runner.invoke(app, [args[0], str(path), *args[1:]], env={"COLUMNS": "200"})
+        assert out.exit_code == 0, out.stderr
+        # (a row's first cell: up to its border, or two spaces)
+        paths = [re.split(r" *│| {2,}", line.strip("│ "))[0] for line in out.stdout.splitlines()]
+        assert [p for p in paths if p.startswith("embeddings.")] == shown, args

@@ -1306,12 +1306,14 @@ def _weights_table(
 
 
 def _weight_path(path: str, cells: int) -> str:
-    """A weight's key path as its table shows it: an embedding's token shortened in its
-    middle as a label is (`shortened`; a 300-letter token would otherwise widen the
-    column past the terminal), the rest as it is (JSON keeps the whole path)."""
+    """A weight's key path as its table shows it: an embedding's token as a label shows
+    it (`shown_token`: quoted where it could be misread, `embeddings.''` and
+    `embeddings.' '` for the empty and the space token; shortened in its middle, as a
+    300-letter token would otherwise widen the column past the terminal), the rest as
+    it is (JSON keeps the whole path)."""
     embedding, dot, token = path.partition(".")
     if embedding == "embeddings" and dot:
-        return f"{embedding}.{shortened(printable(token), cells)}"
+        return f"{embedding}.{shown_token(token, cells=cells)}"
     return printable(path)
 
 
@@ -2044,7 +2046,7 @@ def weights_diff_table(diffs: Sequence[WeightDiff], title: str, view: View = Vie
                 rows.append([Wrapped(i), *[""] * 6])
                 continue
             d, c = diffs[i], diffs[i].cells
-            path = printable(d.path) if token_cells is None else _weight_path(d.path, token_cells)
+            path = _weight_path(d.path, 10**9 if token_cells is None else token_cells)
             shapes = [shape_text(s.shape) for s in (c.a, c.b) if s is not None]
             sources = [s.text for s in (d.source_a, d.source_b) if s is not None]
             cells = f"{c.n_differing}/{c.size}" if d.status == DIFFERS else d.status
