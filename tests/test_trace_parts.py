@@ -226,28 +226,21 @@ def test_check_stores_only_the_steps_its_entries_check(monkeypatch: pytest.Monke
 def test_check_runs_once_more_for_all_its_misspelt_steps(
     monkeypatch: pytest.MonkeyPatch, tmp_yaml: Any
 ) -> None:
-    # Each misspelt step's suggestion is from every step of its variant's run: one run
-    # that stores them all serves every such entry (30 of them ran the model 31 times).
-    import trace_tf.runner
+    # Each misspelt step's suggestion is from every step of its variant's run, in order:
+    # one more run, storing none, serves every such entry (30 of them ran the model 31
+    # times, each storing every step).
     from trace_tf.config import read_document
 
-    calls: list[dict[str, Any]] = []
-
-    def counting_run(*a: Any, **kw: Any) -> Trace:
-        calls.append(kw)
-        return real(*a, **kw)
-
-    real = trace_tf.runner.run
-    monkeypatch.setattr(trace_tf.runner, "run", counting_run)
+    traces = _runs(monkeypatch)
     misspelt = ["encoder.0.self_attn.h0.scroes", "encoder.0.self_attn.h0.sclaed", "encoder.inptu"]
     entries = "".join(f"  - {{step: {s}, value: [[0]]}}\n" for s in misspelt * 2)
     model = "model: {d_model: 4}\nvocab: [a, b]\nsource: [a, b]\n"
     doc = read_document(tmp_yaml(f"{model}expect:\n{entries}"))
-    results = trace_tf.runner.check(doc)
+    results = check(doc)
     assert [r.problem for r in results] == [
         f"no such step (did you mean '{s}'?)"
         for s in ["encoder.0.self_attn.h0.scores", "encoder.0.self_attn.h0.scaled", "encoder.input"]
         * 2
     ]
-    assert len(calls) == 2  # the run of the entries' steps, then one of every step
-    assert calls[1].get("keep") is None
+    assert len(traces) == 2  # the run of the entries' steps, then one of every step
+    assert not traces[1].steps and len(traces[1].unstored) > 20

@@ -388,10 +388,10 @@ def check(
             doc.file, e.step, e.variant, False, None, e.atol, e.note, "", warned, rtol=e.rtol
         )
         if e.step not in trace:
-            # the nearest of every step, in the order computed (one run that stores them
-            # all, for every misspelt entry of the variant)
+            # the nearest of every step, in the order computed (one run that stores none,
+            # for every misspelt entry of the variant)
             if e.variant not in every:
-                every[e.variant] = list(run(configs[e.variant], "full").steps)
+                every[e.variant] = list(run(configs[e.variant], keep=lambda path: False).unstored)
             suggestion = suggest_path(e.step, every[e.variant])
             results.append(replace(entry, problem="no such step" + suggestion))
             continue

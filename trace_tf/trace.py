@@ -122,7 +122,8 @@ class Trace:
     def __init__(self) -> None:
         self.steps: dict[str, Step] = {}
         self.warnings: list[str] = []
-        self.unstored: set[str] = set()  # the paths of steps recorded but not stored (`keep`)
+        # the paths of steps recorded but not stored (`keep`), in the order recorded
+        self.unstored: dict[str, None] = {}
         # A KV-cached K or V (generate): by its path, the scope each row was computed in
         # ("t1.decoder.0.self_attn.h0."; its own scope for the new rows).
         self.computed_in: dict[str, tuple[str, ...]] = {}
@@ -150,7 +151,7 @@ class Trace:
 
     def paths(self) -> set[str]:
         """The path of every step this run recorded, stored or not."""
-        return set(self.steps) | self.unstored
+        return set(self.steps) | self.unstored.keys()
 
     def select(
         self, stage: str | None = None, layer: int | None = None, head: int | None = None
@@ -482,7 +483,7 @@ class Tracer:
             if self.part is None:
                 value = self._blocks.store(value)
         else:
-            self.trace.unstored.add(path)
+            self.trace.unstored[path] = None
         value.flags.writeable = False  # the engine never writes in place; make sure of it
         rec = _Recorded(weakref.ref(value), path, formula, tuple(names), row_labels, col_labels)
         self._recorded[id(value)] = rec
