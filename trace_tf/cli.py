@@ -650,9 +650,10 @@ def emit(
         return
     with _sink(c) as fh:
         if c.fmt == "json":
-            import json
+            from trace_tf.text import write_json
 
-            fh.write(json.dumps(data() if callable(data) else data, allow_nan=False) + "\n")
+            write_json(fh, data() if callable(data) else data)
+            fh.write("\n")
         else:
             from trace_tf.render import least_width, unpadded
 

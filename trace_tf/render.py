@@ -27,7 +27,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from trace_tf import __version__
-from trace_tf.text import exact, printable, shape_text
+from trace_tf.text import Each, exact, printable, shape_text
 from trace_tf.trace import Shown, Step
 
 if TYPE_CHECKING:
@@ -653,7 +653,7 @@ def trace_json(
         "trace_tf": __version__,
         "title": title,
         "tokens": {k: list(v) for k, v in tokens.items() if v is not None},
-        "steps": [step_json(s) for s in steps],
+        "steps": Each(step_json(s) for s in steps),  # (each made as it is written)
     }
     out.update(extra)
     return out
