@@ -244,3 +244,22 @@ def test_check_runs_once_more_for_all_its_misspelt_steps(
     ]
     assert len(traces) == 2  # the run of the entries' steps, then one of every step
     assert not traces[1].steps and len(traces[1].unstored) > 20
+
+
+@pytest.mark.parametrize("command", ["encode", "decode", "step --stage qkv", "generate --trace"])
+def test_a_terminal_resized_during_a_run_is_no_error(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts a run stores are those its view shows; the tables were laid out for
+    the terminal's width read again after the run, so a terminal widened meanwhile
+    asked for numbers never kept (an IndexError). One view serves both."""
+    import trace_tf.cli
+
+    widths = iter([60, *[400] * 100])  # the first read narrow, every later one wide
+    monkeypatch.setattr(trace_tf.cli, "screen_width", lambda: next(widths))
+    path = tmp_path / "wide.yaml"
+    path.write_text(json.dumps(_model()))
+    name, *options = command.split()
+    result = CliRunner().invoke(app, [name, str(path), *options])
+    assert result.exit_code == 0, result.stderr or result.exception
+    assert "…" in result.stdout  # elided, as the first width asked

@@ -721,12 +721,13 @@ def _show(
     trace: "Trace",
     steps: "list[Step]",
     c: Common,
-    body: "Callable[[], list[RenderableType]] | None" = None,
+    body: "Callable[[], list[RenderableType]]",
     inputs: "Sequence[Step]" = (),
     weights: "Mapping[str, Step] | None" = None,
 ) -> None:
-    """Tables, JSON, npz or csv of `steps`; with `inputs` (`step --inputs`), JSON and npz
-    also hold those (earlier steps, and arrays of `weights`) once each."""
+    """Tables (`body`: laid out by the view the run stored its parts for), JSON, npz or
+    csv of `steps`; with `inputs` (`step --inputs`), JSON and npz also hold those
+    (earlier steps, and arrays of `weights`) once each."""
     from trace_tf import render
     from trace_tf.config import Config
     from trace_tf.runner import conventions
@@ -757,16 +758,21 @@ def _show(
         emit(c, [], data, [*steps, *inputs])
         return
     head = render.header(cfg.title or cfg.file, conventions(cfg), trace.warnings)
-    items = body() if body is not None else [render.trace_view(steps, c.view())]
+    items = body()
     emit(c, [head, *items], data, steps)
 
 
 def _trace_command(command: str, config: str | None, c: Common) -> None:
+    from trace_tf import render
     from trace_tf.runner import require_model, run
 
     cfg = require_model(_load(config, c), command)
-    trace = run(cfg, command, part=_table_part(c, c.view()))
-    _show(cfg, trace, list(trace), c)
+    # One view for the run and its tables: the parts stored are those it shows (a
+    # terminal resized meanwhile would otherwise ask for numbers not kept).
+    view = c.view()
+    trace = run(cfg, command, part=_table_part(c, view))
+    steps = list(trace)
+    _show(cfg, trace, steps, c, lambda: [render.trace_view(steps, view)])
 
 
 def _table_part(c: Common, view: "View") -> "Callable[[np.ndarray], np.ndarray | Shown] | None":
