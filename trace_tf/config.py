@@ -1316,29 +1316,27 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # float32 rounds a positive number up to its smallest, 2^-149, from just above half of
 # it; half itself (ties to even) and below round to 0
 FLOAT32_ZERO = 2.0**-150
-# why float32, the model's dtype, cannot hold a given number: (problem, expected), each
-# bound exact, not rounded (the refused number is never within it)
-BEYOND_FLOAT32 = (
-    "beyond the range of float32, the model's dtype",
-    f"a number of magnitude at most {exact(FLOAT32_MAX)}, or float64",
-)
-_ZEROED = "below the range of float32, the model's dtype (it would be 0)"
-BELOW_FLOAT32 = (
-    _ZEROED,
-    f"0, or a number of magnitude above {exact(FLOAT32_ZERO)} (2^-150; float32 rounds less"
-    " to 0), or float64",
-)
-DIVISOR_BELOW_FLOAT32 = (_ZEROED, f"a number above {exact(FLOAT32_ZERO)} (2^-150), or float64")
 
 
 def outside_float32(value: float, *, divisor: bool = False) -> tuple[str, str] | None:
-    """Why float32 cannot hold `value`, a single given number, as (problem, expected):
-    it would be an infinity, or 0 where it is not (a divisor's 0: a division by 0).
-    None where float32 holds it."""
+    """Why float32, the model's dtype, cannot hold `value`, a given number, as (problem,
+    expected): it would be an infinity, or 0 where it is not (a divisor's 0: a division
+    by 0). None where float32 holds it. Each bound exact, not rounded: the refused
+    number is never within it."""
     if abs(value) > FLOAT32_MAX:
-        return BEYOND_FLOAT32
+        return (
+            "beyond the range of float32, the model's dtype",
+            f"a number of magnitude at most {exact(FLOAT32_MAX)}, or float64",
+        )
     if 0 < abs(value) <= FLOAT32_ZERO:
-        return DIVISOR_BELOW_FLOAT32 if divisor else BELOW_FLOAT32
+        zero = exact(FLOAT32_ZERO)
+        return (
+            "below the range of float32, the model's dtype (it would be 0)",
+            f"a number above {zero} (2^-150), or float64"
+            if divisor
+            else f"0, or a number of magnitude above {zero} (2^-150; float32 rounds less"
+            " to 0), or float64",
+        )
     return None
 
 
@@ -1606,14 +1604,13 @@ class _Validator:
             raise self.ctx.err(where, "not a finite number", float(arr[at]), "a finite number")
         if finite and given and self.dtype == "float32":
             magnitude = np.abs(arr)
-            if (magnitude > FLOAT32_MAX).any():
-                # (rounded to float32 it would be an infinity: no longer the number written)
-                where, at = _first(path, magnitude > FLOAT32_MAX)
-                raise self.beyond_float32(where, float(arr[at]))
-            zeroed = (magnitude <= FLOAT32_ZERO) & (arr != 0)
-            if zeroed.any():  # (rounded to float32 it would be 0: no longer the number written)
-                where, at = _first(path, zeroed)
-                raise self.below_float32(where, float(arr[at]))
+            # rounded to float32 an infinity, or 0: no longer the number written
+            for outside in (magnitude > FLOAT32_MAX, (magnitude <= FLOAT32_ZERO) & (arr != 0)):
+                if outside.any():
+                    where, at = _first(path, outside)
+                    why = outside_float32(float(arr[at]))
+                    assert why is not None
+                    raise self.ctx.err(where, why[0], float(arr[at]), why[1])
             self._subnormal(arr, magnitude, path)
         elif finite and given and not isinstance(value, np.ndarray):  # float64: one typed
             self._subnormal(arr, np.abs(arr), path)
@@ -1625,10 +1622,6 @@ class _Validator:
                 found_text=f"shape {shape_text(tuple(arr.shape), 'x')}",
             )
         return arr
-
-    def below_float32(self, path: str, value: float) -> InputError:
-        """A given number, not 0, that float32, the model's dtype, would round to 0."""
-        return self.ctx.err(path, BELOW_FLOAT32[0], value, BELOW_FLOAT32[1])
 
     def _subnormal(
         self, arr: np.ndarray, magnitude: np.ndarray, path: str, dtype: str | None = None
@@ -1657,10 +1650,6 @@ class _Validator:
             for p, v in self.subnormal.items()
             if not any(p.startswith(q + ".") for q in self.subnormal)
         )
-
-    def beyond_float32(self, path: str, value: float) -> InputError:
-        """A given number that float32, the model's dtype, would round to an infinity."""
-        return self.ctx.err(path, BEYOND_FLOAT32[0], value, BEYOND_FLOAT32[1])
 
     def _shape(self, value: Any, path: str) -> tuple[int, ...]:
         """Shape of a nested list of numbers; refuses ragged rows and non-numbers."""
