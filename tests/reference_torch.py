@@ -155,15 +155,21 @@ def normalise(x: Tensor, params: dict[str, Any], hp: Hyper) -> Tensor:
     raise ValueError(f"unknown norm {hp.norm!r}")
 
 
-def activation(x: Tensor, hp: Hyper) -> Tensor:
-    """relu, exact (erf) gelu, or the tanh approximation of gelu."""
-    if hp.activation == "relu":
+# The gated FFNs (Shazeer 2020, "GLU Variants Improve Transformer") and their gate.
+GATES = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def activation(x: Tensor, name: str) -> Tensor:
+    """relu, exact (erf) gelu, the tanh approximation of gelu, or silu (x sigmoid(x))."""
+    if name == "relu":
         return F.relu(x)
-    if hp.activation == "gelu":
+    if name == "gelu":
         return F.gelu(x, approximate="none")
-    if hp.activation == "gelu_tanh":
+    if name == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
-    raise ValueError(f"unknown activation {hp.activation!r}")
+    if name == "silu":
+        return F.silu(x)
+    raise ValueError(f"unknown activation {name!r}")
 
 
 # ---------------------------------------------------------------- attention
@@ -295,12 +301,19 @@ def multi_head_attention(
 
 
 def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
-    """act(x W_1 + b_1) W_2 + b_2 (paper 3.3). [n, d_model] -> [n, d_model]"""
+    """act(x W_1 + b_1) W_2 + b_2 (paper 3.3); gated, as Meta's llama
+    w2(silu(w1(x)) * w3(x)): (act(x W_1 + b_1) * (x W_3 + b_3)) W_2 + b_2.
+    [n, d_model] -> [n, d_model]"""
     d, d_ff = hp.d_model, hp.d_ff
     hidden = tr.rec(
         f"{path}.hidden", x @ param(ffn, "W_1", (d, d_ff)) + param(ffn, "b_1", (d_ff,), 0.0)
     )
-    act = tr.rec(f"{path}.act", activation(hidden, hp))
+    act = tr.rec(f"{path}.act", activation(hidden, GATES.get(hp.activation, hp.activation)))
+    if hp.activation in GATES:
+        up = tr.rec(
+            f"{path}.up", x @ param(ffn, "W_3", (d, d_ff)) + param(ffn, "b_3", (d_ff,), 0.0)
+        )
+        act = tr.rec(f"{path}.gated", act * up)
     return tr.rec(f"{path}.out", act @ param(ffn, "W_2", (d_ff, d)) + param(ffn, "b_2", (d,), 0.0))
 
 

@@ -76,6 +76,7 @@ ENC_DEC = (
 )
 DEC_ONLY = "model: {d_model: 4, encoder_layers: 0, decoder_layers: 1}\nvocab: [a, b]\ntarget: [a]\n"
 PRE = BASE.replace("n_heads: 2", "n_heads: 2\n  norm_position: pre")
+GATED = SIZES.replace("d_ff: 6", "d_ff: 6\n  activation: swiglu")
 
 
 def _indent(body: str, n: int) -> str:
@@ -214,6 +215,23 @@ SHAPES = [
         "weights.encoder.0.ffn.b_2",
         "b_2",
         "shape 4 (d_model)",
+        "shape 2",
+    ),
+    # a gated FFN's up projection (model.activation swiglu / geglu)
+    wrong_shape(
+        "ffn-W_3",
+        ffn(f"W_3: {M22}", GATED),
+        "weights.encoder.0.ffn.W_3",
+        "W_3",
+        "shape 4 x 6 (d_model x d_ff)",
+        "shape 2 x 2",
+    ),
+    wrong_shape(
+        "ffn-b_3",
+        ffn(f"b_3: {V2}", GATED.replace("swiglu", "geglu")),
+        "weights.encoder.0.ffn.b_3",
+        "b_3",
+        "shape 6 (d_ff)",
         "shape 2",
     ),
     wrong_shape(
@@ -831,6 +849,14 @@ UNKNOWN_KEYS = [
         "expected one of: sinusoidal, learned, relative, rope, none, found the string 'sinusodal'",
     ),
     case(
+        "activation-choice",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  activation: swiglue"),
+        "model.activation",
+        4,
+        "not a valid choice (did you mean 'swiglu'?)",
+        "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, found the string 'swiglue'",
+    ),
+    case(
         "choice-abbreviated",  # by spelling alone 'Sine' is nearer 'none'
         BASE.replace("n_heads: 2", "n_heads: 2\n  positional: Sine"),
         "model.positional",
@@ -1203,6 +1229,26 @@ STRUCTURE = [
         "weights.output.W",
         "output",
         "model.tie_embeddings is on",
+    ),
+    *(
+        case(
+            f"ffn-{k}-not-gated",
+            ffn(f"{k}: {value}", SIZES.replace("d_ff: 6", f"d_ff: 6\n  activation: {act}")),
+            f"weights.encoder.0.ffn.{k}",
+            k,
+            f"{k} is the up projection of a gated FFN, but model.activation is {act}",
+            f"expected model.activation: swiglu or geglu, or no {k}",
+            f"found model.activation: {act}",
+        )
+        for k, value, act in (("W_3", M22, "relu"), ("b_3", V2, "silu"))
+    ),
+    case(
+        "ffn-W_3-with-relu-by-set",
+        ffn(f"W_3: {M22}", GATED),
+        "weights.encoder.0.ffn.W_3",
+        "W_3",
+        "but model.activation is relu (model.activation set by --set)",
+        args=("encode", "{file}", "--set", "model.activation=relu"),
     ),
     case(
         "positional-when-not-learned",

@@ -444,8 +444,8 @@ def _expected_by_kind(cfg: Config) -> dict[str, int]:
         inner = da if m.score == "additive" else dk
         kinds["attention"] += H * (Lq * inner * Lk + Lq * Lk * dv)  # scores, A V
 
-    def ffn(L: int) -> None:
-        kinds["ffn"] += 2 * L * d * dff
+    def ffn(L: int) -> None:  # W_1 and W_2, and a gated FFN's W_3
+        kinds["ffn"] += (3 if m.activation in ("swiglu", "geglu") else 2) * L * d * dff
 
     L_src = len(cfg.source) if m.encoder_layers and cfg.source is not None else 0
     L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
@@ -491,7 +491,7 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     the product of its output's shape and the inner size, the last axis of the first
     array it was computed from; every other step counts 0."""
     products = {"q", "q_raw", "k", "k_raw", "v", "q_a", "k_a", "q_b", "scores", "context",
-                "wo", "hidden", "out", "logits"}  # fmt: skip
+                "wo", "hidden", "up", "out", "logits"}  # fmt: skip
     for name, cfg in EVERY_OPTION.items():
         trace = run(cfg)
         ledger = cost.ledger(cfg)

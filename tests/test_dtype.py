@@ -31,6 +31,11 @@ SHAPES = [
     ),
     dict(d_model=6, n_heads=3, positional="rope", activation="gelu_tanh"),
     dict(d_model=4, n_heads=2, decoder_layers=1, positional="learned", tie_embeddings=True),
+    # gated FFNs: the up projection and the gate's product in float32 too
+    dict(
+        d_model=6, n_heads=2, decoder_layers=1, activation="swiglu", norm="rms", norm_position="pre"
+    ),
+    dict(d_model=4, n_heads=2, d_ff=5, activation="geglu"),
 ]
 
 

@@ -21,6 +21,16 @@ SHAPES = [
     dict(d_model=5, n_heads=2, d_k=3, d_v=4, d_ff=7, decoder_layers=1, biases=False),
     dict(d_model=4, n_heads=1, encoder_layers=0, decoder_layers=2, activation="gelu"),
     dict(d_model=6, n_heads=2, decoder_layers=1, activation="gelu_tanh", positional="learned"),
+    # gated FFNs (Shazeer 2020): SwiGLU pre-norm RMSNorm (as LLaMA), GeGLU post-norm;
+    # and SiLU as a plain activation
+    dict(
+        d_model=6, n_heads=2, decoder_layers=1, norm_position="pre", norm="rms", activation="swiglu"
+    ),
+    dict(d_model=4, n_heads=2, d_ff=5, decoder_layers=1, activation="geglu"),
+    dict(
+        d_model=4, n_heads=1, encoder_layers=0, decoder_layers=2, activation="swiglu", biases=False
+    ),
+    dict(d_model=5, n_heads=1, d_ff=3, activation="silu"),
     dict(
         d_model=6,
         n_heads=2,

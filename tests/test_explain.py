@@ -54,6 +54,14 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "bilinear": _model("bilinear", d_model=4, n_heads=1),
     "gaussian_dot": _model("gaussian", d_model=4, n_heads=2, decoder_layers=1, encoder_layers=0),
     "dot_wide": _model("dot", d_model=16, n_heads=2, d_ff=20),
+    "swiglu_pre_rms": _model(
+        d_model=4, n_heads=2, d_ff=3, decoder_layers=1, norm_position="pre", norm="rms",
+        activation="swiglu",
+    ),
+    "geglu_no_biases": _model(d_model=4, n_heads=1, d_ff=5, activation="geglu", biases=False),
+    "silu_decoder_only": _model(
+        d_model=4, n_heads=2, encoder_layers=0, decoder_layers=1, activation="silu"
+    ),
     "relative_fused_pads": _model(
         d_model=4, n_heads=2, decoder_layers=1, positional="relative", fused=True,
         pad=True, src_len=4, tgt_len=3,

@@ -70,6 +70,16 @@ SHAPES = [
     dict(d_model=8, n_heads=4, pad=True, src_len=5, tgt_len=3),
     dict(d_model=6, n_heads=2, positional="none", tie_embeddings=True, embed_scale="sqrt_d_model"),
     dict(d_model=5, n_heads=2, d_k=3, d_v=4, biases=False, fused=True, final_norm=True),
+    # a gated FFN (SwiGLU), pre-norm RMSNorm, decoder-only: the layout of LLaMA
+    dict(
+        d_model=4,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        activation="swiglu",
+    ),
 ]
 ROPE = [
     dict(d_model=6, n_heads=2, positional="rope"),

@@ -52,7 +52,9 @@ def shapes(draw: st.DrawFn, **fixed: Any) -> dict[str, Any]:
         "decoder_layers": draw(st.integers(0, 2)),
         "norm_position": draw(st.sampled_from(["post", "pre"])),
         "norm": draw(st.sampled_from(["layer", "rms"])),
-        "activation": draw(st.sampled_from(["relu", "gelu", "gelu_tanh"])),
+        "activation": draw(
+            st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"])
+        ),
         "positional": draw(st.sampled_from(["sinusoidal", "learned", "rope", "none"])),
         "biases": draw(st.booleans()),
         "fused": draw(st.booleans()),

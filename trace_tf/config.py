@@ -105,7 +105,10 @@ SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
     "gaussian": ("w",),
 }
 ALL_SCORE_WEIGHTS = ("W_a_q", "W_a_k", "v_a", "W_b", "w")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+# The gated feed-forward networks (Shazeer 2020) and the activation of their gate:
+# (act(X W_1 + b_1) ⊙ (X W_3 + b_3)) W_2 + b_2.
+GATES = {"swiglu": "silu", "geglu": "gelu"}
 
 
 # ---------------------------------------------------------------------------
@@ -145,6 +148,16 @@ class ModelConfig:
     init_std: float = 1.0
     tie_embeddings: bool = False
     dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
+
+    @property
+    def gated(self) -> bool:
+        """Whether the FFN is gated (swiglu, geglu): it then has an up projection W_3."""
+        return self.activation in GATES
+
+    @property
+    def act(self) -> str:
+        """The activation applied to H = X W_1 + b_1 (a gated FFN's gate: silu or gelu)."""
+        return GATES.get(self.activation, self.activation)
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,11 +204,13 @@ class AttentionWeights:
 
 @dataclass(frozen=True, eq=False)
 class FFNWeights:
-    W_1: np.ndarray  # [d_model, d_ff]
+    W_1: np.ndarray  # [d_model, d_ff]; a gated FFN's gate projection
     b_1: np.ndarray | None  # [d_ff]
     W_2: np.ndarray  # [d_ff, d_model]
     b_2: np.ndarray | None  # [d_model]
     norm: NormWeights
+    W_3: np.ndarray | None = None  # [d_model, d_ff]: a gated FFN's up projection only
+    b_3: np.ndarray | None = None  # [d_ff]
 
 
 @dataclass(frozen=True, eq=False)
@@ -360,7 +375,7 @@ class Config:
                     out[f"{base}.norm.beta"] = aw.norm.beta
                 base = f"weights.{stack}.{l}.ffn"
                 f = layer.ffn
-                for k in ("W_1", "b_1", "W_2", "b_2"):
+                for k in ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2"):
                     if getattr(f, k) is not None:
                         out[f"{base}.{k}"] = getattr(f, k)
                 out[f"{base}.norm.gamma"] = f.norm.gamma
@@ -2705,17 +2720,37 @@ class _Validator:
 
     def ffn(self, value: Any, path: str, m: ModelConfig) -> FFNWeights:
         p = f"weights.{path}"
-        f = self.mapping(value, p, ("W_1", "b_1", "W_2", "b_2", "norm"))
+        f = self.mapping(value, p, ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2", "norm"))
+        if not m.gated:
+            for key in ("W_3", "b_3"):
+                if f.get(key) is not None:
+                    self.refuse_up(f"{p}.{key}", key, m)
         return FFNWeights(
             W_1=self.weight(
                 f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, m.d_ff), "d_model x d_ff"
             ),
             b_1=self.bias(f, "b_1", f"{p}.b_1", m.d_ff, "d_ff"),
+            W_3=self.weight(
+                f, "W_3", f"{p}.W_3", f"{path}.W_3", (m.d_model, m.d_ff), "d_model x d_ff"
+            )
+            if m.gated
+            else None,
+            b_3=self.bias(f, "b_3", f"{p}.b_3", m.d_ff, "d_ff"),
             W_2=self.weight(
                 f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model), "d_ff x d_model"
             ),
             b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
             norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model),
+        )
+
+    def refuse_up(self, where: str, key: str, m: ModelConfig) -> NoReturn:
+        """W_3 or b_3, the up projection of a gated FFN, where the FFN is not gated."""
+        raise self.ctx.err(
+            where,
+            f"{key} is the up projection of a gated FFN, but model.activation is "
+            f"{m.activation}" + self.ctx.set_by("model.activation"),
+            expected=f"model.activation: {' or '.join(GATES)}, or no {key}",
+            found_text=f"model.activation: {m.activation}",
         )
 
     def layers(

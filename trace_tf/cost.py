@@ -144,6 +144,8 @@ COSTS: dict[str, tuple[Product | Free, ...]] = {
     "rms": (FREE,),
     "hidden": (Product("ffn", "L·d_model·d_ff", x_w),),
     "act": (FREE,),
+    "up": (Product("ffn", "L·d_model·d_ff", x_w),),  # a gated FFN's second product
+    "gated": (FREE,),  # act ⊙ U, elementwise
     "out": (Product("ffn", "L·d_ff·d_model", x_w),),
     "final_norm": (FREE,),
     "output": (FREE,),

@@ -1210,9 +1210,18 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     f = ctx.f
     h = float(ctx.get(step.inputs[0])[cell])
-    kind = ctx.cfg.model.activation
+    kind = ctx.cfg.model.act  # a gated FFN's: its gate's
     hn = f.num(h)
-    if kind == "relu":
+    if kind == "silu":
+        e = _exp(-h)
+        total = _div(h, 1.0 + e)
+        chain = [
+            f"H{_idx(cell)} σ(H{_idx(cell)})",
+            f"H{_idx(cell)} / (1 + e^(−H{_idx(cell)}))",
+            f"{hn} / (1 + e^({f.num(-h)}))",
+            f"{hn} / (1 + {f.num(e)})",
+        ]
+    elif kind == "relu":
         total = h if h > 0 or math.isnan(h) else 0.0  # numpy.maximum keeps a NaN
         chain = [f"max(0, H{_idx(cell)})", f"max(0, {hn})"]
     elif kind == "gelu":
@@ -1230,6 +1239,18 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"0.5 × {f.fac(h)} × (1 + tanh({f.num(c)} × ({hn} + 0.044715 × {f.fac(h)}³)))",
         ]
     return _Parts(chain, total, [f"H = {step.inputs[0]}"], {"H": [h]})
+
+
+def _gated(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A gated FFN's act ⊙ U: one product of the gate's entry and the up projection's."""
+    a_name, u_name = step.inputs
+    a, u = float(ctx.get(a_name)[cell]), float(ctx.get(u_name)[cell])
+    return _Parts(
+        [f"act{_idx(cell)} × U{_idx(cell)}", f"{ctx.f.num(a)} × {ctx.f.fac(u)}"],
+        a * u,
+        [f"act = {a_name}", f"U = {u_name}"],
+        {f"act{_idx(cell)}": [a], f"U{_idx(cell)}": [u]},
+    )
 
 
 def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
@@ -1392,6 +1413,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "norm_out": _norm_out,
     "hidden": _linear,
     "act": _act,
+    "up": _linear,
+    "gated": _gated,
     "out": _linear,
     "final_norm": _norm,
     "output": _output,

@@ -51,6 +51,15 @@ def _operands(x: Array, W: Array, b: Array | None) -> tuple[Array, ...]:
     return (x, W) if b is None else (x, W, b)
 
 
+# The `act` step's formula, by the activation applied to H (ModelConfig.act).
+ACTIVATION_FORMULAS = {
+    "relu": "ReLU(H)",
+    "gelu": "GELU(H) (exact, erf)",
+    "gelu_tanh": "GELU(H) (tanh approx.)",
+    "silu": "SiLU(H) = H σ(H)",
+}
+
+
 def named(text: str) -> tuple[str, str]:
     """A constant as a formula names it, and its value said after the formula, so that
     `S / sqrt(d_k)` is not read as equal to it: "sqrt(d_k) ≈ 1.73205" ->
@@ -394,24 +403,29 @@ def multi_head_attention(
 
 
 def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
-    """act(x W_1 + b_1) W_2 + b_2 (eq. 2). [L, d] -> [L, d_ff] -> [L, d]"""
+    """act(x W_1 + b_1) W_2 + b_2 (eq. 2); gated (swiglu, geglu; Shazeer 2020):
+    (act(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2. [L, d] -> [L, d_ff] -> [L, d]"""
     hidden = tr.rec(
         "hidden",
         ops.linear(x, fw.W_1, fw.b_1),
         "H = X W_1" + _plus(fw.b_1, "b_1"),
         *_operands(x, fw.W_1, fw.b_1),
     )
-    act_name = {
-        "relu": "ReLU(H)",
-        "gelu": "GELU(H) (exact, erf)",
-        "gelu_tanh": "GELU(H) (tanh approx.)",
-    }
-    act = tr.rec("act", ops.ACTIVATIONS[m.activation](hidden), act_name[m.activation], hidden)
+    act = tr.rec("act", ops.ACTIVATIONS[m.act](hidden), ACTIVATION_FORMULAS[m.act], hidden)
+    down, name = act, "act"  # what W_2 projects back to d_model
+    if fw.W_3 is not None:  # gated: the activation gates an up projection of x
+        up = tr.rec(
+            "up",
+            ops.linear(x, fw.W_3, fw.b_3),
+            "U = X W_3" + _plus(fw.b_3, "b_3"),
+            *_operands(x, fw.W_3, fw.b_3),
+        )
+        down, name = tr.rec("gated", act * up, "act ⊙ U", act, up), "gated"
     return tr.rec(
         "out",
-        ops.linear(act, fw.W_2, fw.b_2),
-        "act W_2" + _plus(fw.b_2, "b_2"),
-        *_operands(act, fw.W_2, fw.b_2),
+        ops.linear(down, fw.W_2, fw.b_2),
+        f"{name} W_2" + _plus(fw.b_2, "b_2"),
+        *_operands(down, fw.W_2, fw.b_2),
     )
 
 

@@ -138,7 +138,23 @@ def gelu_tanh(x: Array) -> Array:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
-ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+def sigmoid(x: Array) -> Array:
+    """σ(x) = 1 / (1 + e^−x), elementwise, in a form that never overflows: with
+    e = e^−|x| (at most 1), 1 / (1 + e) for x >= 0 and e / (1 + e) below 0."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def silu(x: Array) -> Array:
+    """SiLU (swish): x σ(x), elementwise (Elfwing et al. 2017; the gate of SwiGLU).
+
+    σ is the stable one, so x = −1000 gives −0 with no overflow. As in torch, −inf
+    gives −inf · 0 = NaN and +inf gives inf (the tracer names where they appear)."""
+    with np.errstate(invalid="ignore"):  # −inf · 0: NaN, said by the tracer
+        return x * sigmoid(x)
+
+
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 
 
 def row_mean_var(x: Array) -> tuple[Array, Array]:

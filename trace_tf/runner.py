@@ -217,9 +217,15 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ),
         (
             "activation",
-            {"relu": "ReLU", "gelu": "GELU (exact, erf)", "gelu_tanh": "GELU (tanh approximation)"}[
-                m.activation
-            ],
+            {
+                "relu": "ReLU",
+                "gelu": "GELU (exact, erf)",
+                "gelu_tanh": "GELU (tanh approximation)",
+                "silu": "SiLU, x σ(x)",
+                "swiglu": "SwiGLU, gated: (SiLU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2",
+                "geglu": "GeGLU, gated: (GELU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2, "
+                "GELU exact (erf)",
+            }[m.activation],
         ),
         (
             "masks",
