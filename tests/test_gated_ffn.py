@@ -252,3 +252,38 @@ def test_explain_writes_out_silu_and_the_gated_product() -> None:
     assert e["agrees"] and e["result"] == a * u
     e = _invoke("explain", "encoder.0.ffn.up", "--cell", "1,2", *gated)
     assert e["agrees"] and "W_3[:,2]" in e["lines"][0]
+
+
+@pytest.mark.parametrize(("activation", "hidden_act"), [("swiglu", "silu"), ("geglu", "gelu")])
+def test_the_ffn_is_hugging_face_s_llama_mlp_with_its_weights_transposed(
+    activation: str, hidden_act: str
+) -> None:
+    """README: gate_proj, up_proj, down_proj are W_1, W_3, W_2, each `.weight` transposed."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    hf = transformers.LlamaConfig(
+        hidden_size=4, intermediate_size=6, num_attention_heads=2, num_key_value_heads=2,
+        hidden_act=hidden_act, mlp_bias=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    mlp = LlamaMLP(hf).double().eval()
+
+    def linear(layer: torch.nn.Linear) -> tuple[list[Any], list[Any]]:
+        return layer.weight.detach().numpy().T.tolist(), layer.bias.detach().numpy().tolist()
+
+    (W_1, b_1), (W_3, b_3), (W_2, b_2) = map(linear, (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    data = {
+        "model": {"d_model": 4, "d_ff": 6, "n_heads": 2, "encoder_layers": 0,
+                  "decoder_layers": 1, "norm_position": "pre", "norm": "rms",
+                  "activation": activation},
+        "vocab": ["a", "b"],
+        "target": [[1.0, -2.0, 0.5, 3.0], [0.25, 1.5, -1.0, 2.0]],
+        "weights": {"decoder": [{"ffn": {"W_1": W_1, "b_1": b_1, "W_3": W_3, "b_3": b_3,
+                                         "W_2": W_2, "b_2": b_2}}]},
+    }  # fmt: skip
+    trace = run(config_from(data), "decode")
+    x = torch.tensor(trace.value("decoder.0.ffn.norm"))  # pre-norm: what the FFN reads
+    with torch.no_grad():
+        want = mlp(x).numpy()
+    np.testing.assert_allclose(trace.value("decoder.0.ffn.out"), want, rtol=0, atol=1e-12)
