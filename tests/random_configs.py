@@ -20,6 +20,7 @@ import numpy as np
 # the generated files also exercise the defaults of whatever reads them.
 DEFAULTS: dict[str, Any] = {
     "positional": "sinusoidal",
+    "rope_pairs": "adjacent",
     "norm_position": "post",
     "norm": "layer",
     "activation": "relu",
@@ -44,6 +45,7 @@ def random_config(
     norm: str = "layer",
     activation: str = "relu",
     positional: str = "sinusoidal",
+    rope_pairs: str = "adjacent",
     biases: bool = True,
     fused: bool = False,
     src_len: int = 3,
@@ -150,6 +152,7 @@ def random_config(
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {
         "positional": positional,
+        "rope_pairs": rope_pairs,
         "norm_position": norm_position,
         "norm": norm,
         "activation": activation,

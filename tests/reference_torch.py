@@ -43,6 +43,7 @@ class Hyper:
     decoder_layers: int
     positional: str
     pe_base: float
+    rope_pairs: str  # positional rope: columns (2i, 2i+1) "adjacent" or (i, i + d_k/2) "halves"
     max_len: int
     embed_scale: float
     norm_position: str
@@ -76,6 +77,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         decoder_layers=int(model.get("decoder_layers", 0)),
         positional=model.get("positional", "sinusoidal"),
         pe_base=float(model.get("pe_base", 10000)),
+        rope_pairs=model.get("rope_pairs", "adjacent"),
         max_len=int(model.get("max_len", 128)),
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
         norm_position=norm_position,
@@ -130,6 +132,36 @@ def sinusoidal(length: int, d: int, base: float = 10000.0) -> Tensor:
     two_i = (col // 2 * 2).to(DTYPE)  # 0, 0, 2, 2, 4, ...: the 2i shared by a sin/cos pair
     angle = pos / base ** (two_i / d)  # [length, d]
     return torch.where(col % 2 == 0, torch.sin(angle), torch.cos(angle))
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """[-x2, x1] for x = [x1, x2] split into halves (Hugging Face's `rotate_half`). [n, 2h]"""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x: Tensor, base: float, pairs: str) -> Tensor:
+    """Row pos of x turned by RoPE (RoFormer, Su et al. 2021), angle θ_i = pos / base^(2i/d)
+    for pair i < d // 2 (Hugging Face's inv_freq); an odd d's last column unturned. [n, d]
+
+    adjacent: columns (2i, 2i+1) as the complex number x_2i + i·x_2i+1, times e^(iθ_i)
+    (RoFormer section 3.4.2; Meta's LLaMA reference code). halves: columns (i, i + d/2), as
+    Hugging Face's apply_rotary_pos_emb, x·cos + rotate_half(x)·sin with cos and sin of
+    [θ, θ] (GPT-NeoX, LlamaForCausalLM)."""
+    n, d = x.shape
+    h = d // 2
+    inv_freq = 1.0 / base ** (torch.arange(0, 2 * h, 2, dtype=DTYPE) / d)
+    theta = torch.arange(n, dtype=DTYPE)[:, None] * inv_freq[None, :]  # [n, h]
+    turned, rest = x[:, : 2 * h], x[:, 2 * h :]
+    if pairs == "adjacent":
+        z = torch.view_as_complex(turned.reshape(n, h, 2).contiguous())
+        out = torch.view_as_real(z * torch.polar(torch.ones_like(theta), theta)).reshape(n, 2 * h)
+    elif pairs == "halves":
+        emb = torch.cat((theta, theta), dim=-1)  # [n, 2h]
+        out = turned * emb.cos() + rotate_half(turned) * emb.sin()
+    else:
+        raise ValueError(f"unknown rope_pairs {pairs!r}")
+    return torch.cat((out, rest), dim=1)
 
 
 def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool) -> Tensor:
@@ -250,11 +282,17 @@ def attention_head(
     tr: Trace,
     path: str,
     rel: Tensor | None = None,
+    rotary: bool = False,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
-    position biases, lecture 000 section 6.2). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
-    q = tr.rec(f"{path}.q", x_q @ w["W_q"] + w["b_q"])  # [n_q, d_k]
-    k = tr.rec(f"{path}.k", x_kv @ w["W_k"] + w["b_k"])  # [n_kv, d_k]
+    position biases, lecture 000 section 6.2; `rotary`: q and k turned by RoPE, the query
+    and key rows at positions 0, 1, ...). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
+    k = x_kv @ w["W_k"] + w["b_k"]  # [n_kv, d_k]
+    if rotary:
+        q = rope(tr.rec(f"{path}.q_raw", q), hp.pe_base, hp.rope_pairs)
+        k = rope(tr.rec(f"{path}.k_raw", k), hp.pe_base, hp.rope_pairs)
+    q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
     scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
@@ -287,8 +325,9 @@ def multi_head_attention(
     # sequence, with no offset j − i to the queries
     relative = hp.positional == "relative" and path.endswith("self_attn")
     tables = relative_bias_table(block, hp) if relative else [None] * hp.n_heads
+    rotary = hp.positional == "rope" and path.endswith("self_attn")  # RoPE, likewise
     heads = [
-        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n])
+        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary)
         for n, w in enumerate(head_weights(block, hp))
     ]
     concat = tr.rec(f"{path}.concat", torch.cat(heads, dim=1))  # [n_q, H*d_v]
@@ -404,7 +443,7 @@ def embed_sequence(
         x = x + tr.rec(f"{name}.pe", sinusoidal(length, hp.d_model, hp.pe_base))
     elif hp.positional == "learned":  # rows 0..L-1 of the table both stacks share
         x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
-    elif hp.positional not in ("none", "relative"):  # relative: biases in self-attention
+    elif hp.positional not in ("none", "relative", "rope"):  # the others act in self-attention
         raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
     return tr.rec(f"{name}.input", x), is_pad
 

@@ -857,6 +857,21 @@ UNKNOWN_KEYS = [
         "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, found the string 'swiglue'",
     ),
     case(
+        "rope-pairs-misspelt",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: rope\n  rope_pairs: halfs"),
+        "model.rope_pairs",
+        "rope_pairs",
+        "not a valid choice (did you mean 'halves'?)",
+        "expected one of: adjacent, halves, found the string 'halfs'",
+    ),
+    case(
+        "rope-pairs-not-text",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  positional: rope\n  rope_pairs: 2"),
+        "model.rope_pairs",
+        "rope_pairs",
+        "expected one of: adjacent, halves, found the number 2",
+    ),
+    case(
         "choice-abbreviated",  # by spelling alone 'Sine' is nearer 'none'
         BASE.replace("n_heads: 2", "n_heads: 2\n  positional: Sine"),
         "model.positional",

@@ -156,6 +156,45 @@ def test_rope_turns_each_pair_by_the_stated_angle(tmp_yaml: Any) -> None:
     np.testing.assert_allclose(value(data, "encoder.0.self_attn.h1.k"), turned, atol=1e-12)
     # self-attention only: cross-attention's keys are the encoder output's, unturned
     assert "decoder.0.cross_attn.h0.k_raw" not in {s["path"] for s in data["steps"]}
+    assert formula(data, "encoder.0.self_attn.h1.k") == "K = RoPE(K_raw, pos), pairs (2i, 2i+1)"
+
+
+def test_rope_halves_turns_column_i_with_column_i_plus_half(tmp_yaml: Any) -> None:
+    # d_k 4 (halves: pairs (0, 2) and (1, 3), Hugging Face's rotate_half)
+    args = ("--set", "model.positional=rope", "--set", "model.rope_pairs=halves")
+    data = traced(tmp_yaml, *args, "--set", "model.d_k=4")
+    positions = data["conventions"]["positions"]
+    assert "pair (i, i+d_k/2) turned by pos · 10000^(−2i/d_k) radians" in positions
+    assert "rotate_half" in positions and "odd" not in positions
+    assert "pair (i, i+d_k/2)" in table_header(tmp_yaml, *args, "--set", "model.d_k=4")
+    for path in ("decoder.0.self_attn.h0.q", "encoder.0.self_attn.h1.k"):
+        of = "Q_raw" if path.endswith("q") else "K_raw"
+        assert formula(data, path) == f"{path[-1].upper()} = RoPE({of}, pos), pairs (i, i+d_k/2)"
+        raw = value(data, path + "_raw")
+        turned = raw.copy()
+        for i in range(2):
+            theta = np.arange(3) * 10000.0 ** (-2 * i / 4)
+            a, b = raw[:, i], raw[:, i + 2]
+            turned[:, i] = a * np.cos(theta) - b * np.sin(theta)
+            turned[:, i + 2] = b * np.cos(theta) + a * np.sin(theta)
+        np.testing.assert_allclose(value(data, path), turned, atol=1e-12)
+    # odd d_k 3: pair (0, 1) turned, the last column left, as with adjacent pairs
+    odd = traced(tmp_yaml, *args)
+    assert odd["conventions"]["positions"].endswith("; odd d_k: the last column is not turned")
+    raw = value(odd, "encoder.0.self_attn.h1.k_raw")
+    k = value(odd, "encoder.0.self_attn.h1.k")
+    np.testing.assert_array_equal(k[:, 2], raw[:, 2])
+    theta = np.arange(3) * 1.0
+    np.testing.assert_allclose(k[:, 0], raw[:, 0] * np.cos(theta) - raw[:, 1] * np.sin(theta))
+
+
+def test_rope_pairs_without_rope_is_accepted_and_changes_nothing(tmp_yaml: Any) -> None:
+    # as pe_base without its positional, or d_a without the additive score: read, unused
+    plain = traced(tmp_yaml)
+    halves = traced(tmp_yaml, "--set", "model.rope_pairs=halves")
+    assert halves["conventions"].pop("overrides") == "keys set: model.rope_pairs"
+    assert halves["conventions"] == plain["conventions"]
+    assert [s["value"] for s in halves["steps"]] == [s["value"] for s in plain["steps"]]
 
 
 def test_rope_angle_denominator_is_d_k_not_d_model(tmp_yaml: Any) -> None:

@@ -50,6 +50,15 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         "model": {"d_model": 6, "n_heads": 2, "d_k": 3, "d_v": 2, "activation": "gelu_tanh",
                   "positional": "rope", "final_norm": True, "temperature": 0.5},
     },
+    "rope_halves_cross": _model(
+        d_model=8, n_heads=2, decoder_layers=1, positional="rope", rope_pairs="halves",
+        pad=True, src_len=4, tgt_len=3,
+    ),
+    "rope_halves_odd_dk": {
+        **_model(d_model=6, n_heads=2, d_k=5, d_v=2),
+        "model": {"d_model": 6, "n_heads": 2, "d_k": 5, "d_v": 2, "positional": "rope",
+                  "rope_pairs": "halves", "pe_base": 10},
+    },
     "additive_cross": _model("additive", d_model=4, n_heads=2, decoder_layers=1),
     "bilinear": _model("bilinear", d_model=4, n_heads=1),
     "gaussian_dot": _model("gaussian", d_model=4, n_heads=2, decoder_layers=1, encoder_layers=0),

@@ -50,6 +50,7 @@ class Reference:
         self.scale = m.get("scale", math.sqrt(self.dk) if self.score == "scaled_dot" else 1.0)
         self.pos = m.get("positional", "sinusoidal")
         self.base = m.get("pe_base", 10000)
+        self.halves = m.get("rope_pairs", "adjacent") == "halves"
         self.vocab = data["vocab"]
         self.pad = data["tokens"].get("pad")
         self.w: Arrays = {}  # every weight, by its path below `weights`
@@ -88,13 +89,18 @@ class Reference:
         self.a[p] = out
         return out
 
+    def pair(self, i: int) -> tuple[int, int]:
+        """RoPE's pair i: columns (2i, 2i+1), or (i, i + d_k/2) with rope_pairs halves."""
+        return (i, i + self.dk // 2) if self.halves else (2 * i, 2 * i + 1)
+
     def rope(self, x: np.ndarray) -> np.ndarray:
         out = x.copy()
         for i in range(self.dk // 2):
             theta = np.arange(len(x)) * self.base ** (-2 * i / self.dk)
-            a, b = x[:, 2 * i], x[:, 2 * i + 1]
-            out[:, 2 * i] = a * np.cos(theta) - b * np.sin(theta)
-            out[:, 2 * i + 1] = a * np.sin(theta) + b * np.cos(theta)
+            ca, cb = self.pair(i)
+            a, b = x[:, ca], x[:, cb]
+            out[:, ca] = a * np.cos(theta) - b * np.sin(theta)
+            out[:, cb] = a * np.sin(theta) + b * np.cos(theta)
         return out
 
     def attention(
@@ -239,6 +245,13 @@ CASES = {
     "gaussian_decoder_only_rope_odd_d_k": _case(
         {"d_model": 6, "n_heads": 2, "d_k": 3, "encoder_layers": 0, "decoder_layers": 2,
          "positional": "rope", "score": "gaussian"}, None, ["S", "a", "P", "b"]),
+    "rope_halves_pre_rms_decoder_only": _case(
+        {"d_model": 8, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 2,
+         "positional": "rope", "rope_pairs": "halves", "norm_position": "pre", "norm": "rms"},
+        None, ["S", "a", "b", "c"]),
+    "rope_halves_odd_d_k_cross": _case(
+        {"d_model": 6, "n_heads": 2, "d_k": 5, "decoder_layers": 1, "positional": "rope",
+         "rope_pairs": "halves", "pe_base": 10}, ["a", "b", "P"], ["S", "a", "b"]),
     "pre_no_final_norm_embed_scale": _case(
         {"d_model": 4, "n_heads": 2, "decoder_layers": 2, "encoder_layers": 2,
          "norm_position": "pre", "final_norm": False, "embed_scale": "sqrt_d_model"},
@@ -280,13 +293,14 @@ def _expected_operands(ref: Reference, path: str, stage: str, cell: tuple[int, .
     if stage in ("q", "k", "v", "q_raw", "k_raw", "q_a", "k_a", "q_b", "hidden", "out", "wo",
                  "logits") and "rotates" not in stage:  # fmt: skip
         if stage in ("q", "k") and path + "_raw" in a:  # RoPE: the rotation of a pair
-            p = j // 2 * 2
             raw = a[path + "_raw"][i]
-            if p + 1 == ref.dk:  # odd d_k: the last column has no pair and is not turned
-                return {f"{stage}_raw[{i},{p}]": raw[p : p + 1]}
-            theta = i * ref.base ** (-p / ref.dk)
-            return {"θ": np.array([theta]), f"{stage}_raw[{i},{p}]": raw[p:p + 1],
-                    f"{stage}_raw[{i},{p + 1}]": raw[p + 1:p + 2]}  # fmt: skip
+            if j == ref.dk - 1 and ref.dk % 2:  # odd d_k: the last column is in no pair
+                return {f"{stage}_raw[{i},{j}]": raw[j : j + 1]}
+            n = next(n for n in range(ref.dk // 2) if j in ref.pair(n))  # the pair of column j
+            ca, cb = ref.pair(n)
+            theta = i * ref.base ** (-2 * n / ref.dk)
+            return {"θ": np.array([theta]), f"{stage}_raw[{i},{ca}]": raw[ca:ca + 1],
+                    f"{stage}_raw[{i},{cb}]": raw[cb:cb + 1]}  # fmt: skip
         x, w = arr(inputs[0]), arr(inputs[1])
         return {"row": x[i], "col": w[:, j]}
     if stage == "scores" and ref.score == "additive":

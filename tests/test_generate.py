@@ -91,6 +91,18 @@ ROPE = [
         positional="rope",
         norm_position="pre",
     ),
+    # halves: pairs (i, i + d_k/2), Hugging Face's rotate_half; LLaMA's pre-norm RMSNorm
+    dict(
+        d_model=8,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="rope",
+        rope_pairs="halves",
+        norm_position="pre",
+        norm="rms",
+    ),
+    dict(d_model=6, n_heads=2, positional="rope", rope_pairs="halves", pad=True, src_len=4),
 ]
 
 
@@ -135,7 +147,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES + RELATIVE, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE, ids=_ids)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -202,7 +214,7 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
                 assert np.abs(bx.probs - by.probs).max() <= 1e-12
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], RELATIVE[0]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0]], ids=_ids)
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)
     raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: four iterations

@@ -130,6 +130,14 @@ NUMPY_CASES = {
             None, ["S", "a"],
         )
     ),
+    "rope_halves_pre_rms": _no_eos(
+        _case(
+            {"d_model": 8, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 2,
+             "positional": "rope", "rope_pairs": "halves", "norm_position": "pre",
+             "norm": "rms"},
+            None, ["S", "a"],
+        )
+    ),
 }  # fmt: skip
 
 
@@ -337,6 +345,36 @@ def test_a_kept_row_whose_origin_is_unknown_is_refused_not_misread() -> None:
 # ---------------------------------------------------------------------------
 # Positions start.. of a cached iteration's new row, and the relative bias
 # ---------------------------------------------------------------------------
+
+
+def test_generate_explain_of_a_cached_halves_k_row_turns_column_i_with_i_plus_half(
+    tmp_yaml: Any,
+) -> None:
+    """halves (Hugging Face's rotate_half), d_k 4: column 1 of a key pairs with column 3,
+    by θ = pos · 10000^(−2/4). Row 2 of t3's K, kept since t2 (position 2): k_raw[0,1] cos θ
+    − k_raw[0,3] sin θ, k_raw that of a numpy forward pass (Reference) on t3's prefix."""
+    data = _no_eos(_case({"d_model": 4, "n_heads": 1, "encoder_layers": 0, "decoder_layers": 1,
+                          "positional": "rope", "rope_pairs": "halves"}, None, ["S"]))  # fmt: skip
+    path = tmp_yaml(json.dumps(data))
+    code, out, err = _invoke(
+        "generate", path, "--greedy", "--max-tokens", "4", "--explain",
+        "t3.decoder.0.self_attn.h0.k", "--cell", "2,1", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    e = json.loads(out)
+    assert e["lines"][:2] == [
+        "t3.decoder.0.self_attn.h0.k[2,1] = t2.decoder.0.self_attn.h0.k[2,1]",
+        "  = k_raw[0,1] cos θ − k_raw[0,3] sin θ",
+    ], e["lines"]
+    assert "row 2 is cached: computed at t2.decoder.0.self_attn.h0.k and kept since" in e["where"]
+    theta = 2 * 10000 ** (-2 / 4)
+    assert e["operands"]["θ"] == [pytest.approx(theta, rel=1e-15)]
+    ref = Reference({**data, "target": ["S", *e["generated"][:2]]})  # positions 0..2
+    k_raw = ref.a["decoder.0.self_attn.h0.k_raw"][2]
+    assert e["operands"]["k_raw[0,1]"] == [pytest.approx(k_raw[1], rel=1e-12)]
+    assert e["operands"]["k_raw[0,3]"] == [pytest.approx(k_raw[3], rel=1e-12)]
+    want = k_raw[1] * math.cos(theta) - k_raw[3] * math.sin(theta)
+    assert math.isclose(e["value"], want, rel_tol=1e-12) and e["agrees"]
 
 
 def test_positions_of_a_cached_row_by_hand() -> None:

@@ -117,13 +117,52 @@ def test_rope_rotates_pairs_by_position() -> None:
     )
 
 
-def test_rope_relative_position_identity() -> None:
-    """<R_m q, R_n k> depends only on n - m (000, RoPE section)."""
+def test_rope_halves_turns_column_i_with_column_i_plus_half_by_hand() -> None:
+    """halves (GPT-NeoX, LLaMA, HF rotate_half): out_i = x_i cos θ_i − x_{i+h} sin θ_i,
+    out_{i+h} = x_{i+h} cos θ_i + x_i sin θ_i, θ_i = pos · base^(−2i/d), h = d/2."""
+    x = np.array([[1.0, 2.0, 3.0, 4.0]] * 2)
+    got = ops.rope(x, np.array([0, 1]), 10000.0, "halves")
+    np.testing.assert_array_equal(got[0], x[0])
+    c0, s0, c1, s1 = math.cos(1), math.sin(1), math.cos(0.01), math.sin(0.01)
+    want = [1 * c0 - 3 * s0, 2 * c1 - 4 * s1, 3 * c0 + 1 * s0, 4 * c1 + 2 * s1]
+    np.testing.assert_allclose(got[1], want, rtol=1e-15, atol=1e-15)
+    # odd d 5: pairs (0, 2), (1, 3) (h = 2); column 4 left as it is
+    x5 = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    got5 = ops.rope(x5, np.array([1]), 100.0, "halves")
+    t1 = 100 ** (-2 / 5)
+    want5 = [math.cos(1) - 3 * math.sin(1), 2 * math.cos(t1) - 4 * math.sin(t1),
+             3 * math.cos(1) + math.sin(1), 4 * math.cos(t1) + 2 * math.sin(t1), 5.0]  # fmt: skip
+    np.testing.assert_allclose(got5[0], want5, rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("pairs", ["adjacent", "halves"])
+def test_rope_is_complex_multiplication_of_each_pair_by_e_to_the_i_theta(pairs: str) -> None:
+    """Pair i = (a, b) as the complex number a + i·b, times e^(iθ_i) (RoFormer 3.4.2): the
+    columns (2i, 2i+1) for adjacent, (i, i + d/2) for halves; so halves is adjacent with
+    the columns permuted, i ↔ 2i and i + d/2 ↔ 2i + 1."""
+    rng = np.random.default_rng(5)
+    x, pos, d = rng.standard_normal((4, 8)), np.array([0, 3, 7, 100]), 8
+    theta = pos[:, None] * 50.0 ** (-np.arange(0, d, 2) / d)  # [4, 4]
+    a, b = (x[:, 0::2], x[:, 1::2]) if pairs == "adjacent" else (x[:, :4], x[:, 4:])
+    z = (a + 1j * b) * np.exp(1j * theta)
+    got = ops.rope(x, pos, 50.0, pairs)
+    got_a, got_b = (got[:, 0::2], got[:, 1::2]) if pairs == "adjacent" else (got[:, :4], got[:, 4:])
+    np.testing.assert_allclose(got_a, z.real, atol=1e-14)
+    np.testing.assert_allclose(got_b, z.imag, atol=1e-14)
+    interleave = np.ravel(np.stack([np.arange(4), np.arange(4, 8)], axis=1))  # 0, 4, 1, 5, ...
+    halves, adjacent = ops.rope(x, pos, 50.0, "halves"), ops.rope(x[:, interleave], pos, 50.0)
+    np.testing.assert_array_equal(halves[:, interleave], adjacent)
+
+
+@pytest.mark.parametrize("pairs", ["adjacent", "halves"])
+def test_rope_relative_position_identity(pairs: str) -> None:
+    """<R_m q, R_n k> depends only on n - m (000, RoPE section), for either pairing."""
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((1, 6)), rng.standard_normal((1, 6))
 
     def score(m: int, n: int) -> float:
-        return float(ops.rope(q, np.array([m]))[0] @ ops.rope(k, np.array([n]))[0])
+        rq, rk = ops.rope(q, np.array([m]), pairs=pairs), ops.rope(k, np.array([n]), pairs=pairs)
+        return float(rq[0] @ rk[0])
 
     assert score(2, 5) == pytest.approx(score(10, 13), abs=1e-12)
     assert score(0, 3) == pytest.approx(score(7, 10), abs=1e-12)

@@ -56,6 +56,7 @@ def shapes(draw: st.DrawFn, **fixed: Any) -> dict[str, Any]:
             st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"])
         ),
         "positional": draw(st.sampled_from(["sinusoidal", "learned", "rope", "none"])),
+        "rope_pairs": draw(st.sampled_from(["adjacent", "halves"])),
         "biases": draw(st.booleans()),
         "fused": draw(st.booleans()),
         "src_len": draw(st.integers(1, 5)),

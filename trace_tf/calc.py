@@ -115,7 +115,8 @@ def pe_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
             return tr.rec(
                 "pe",
                 angles,
-                f"θ[pos, i] = pos · {exact(base)}^(−2i/d): pair (2i, 2i+1) rotates by θ",
+                f"θ[pos, i] = pos · {exact(base)}^(−2i/d): pair i, columns (2i, 2i+1) or (i, i+d/2), "
+                "rotates by θ",
             )
     with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
         return tr.rec(

@@ -49,6 +49,7 @@ MODEL_KEYS = [
     "decoder_layers",
     "positional",
     "pe_base",
+    "rope_pairs",
     "max_len",
     "embed_scale",
     "norm_position",
@@ -87,6 +88,10 @@ OP_KINDS = ("attention", "norm", "pe")
 # The command that runs each single operation (also step, explain, check, diff)
 OP_COMMANDS = {"attention": "attend", "norm": "norm", "pe": "pe"}
 POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
+# RoPE's pairings, each with the columns of its pair i as formulas and the header write
+# them: (2i, 2i+1) (RoFormer, lecture 000) or (i, i + d_k/2) (GPT-NeoX, LLaMA, Hugging
+# Face's rotate_half); pair i turns by pos · base^(−2i/d_k) in both (ops.rope_pairs)
+ROPE_PAIRS = {"adjacent": "(2i, 2i+1)", "halves": "(i, i+d_k/2)"}
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
 # Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).
 BOUNDED_POSITIONAL = {
@@ -131,6 +136,7 @@ class ModelConfig:
     decoder_layers: int = 0
     positional: str = "sinusoidal"
     pe_base: float = 10000.0
+    rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     max_len: int = 128
     embed_scale: float = 1.0
     embed_scale_text: str = "1"  # as written, for the conventions header
@@ -2188,6 +2194,9 @@ class _Validator:
             decoder_layers=dec,
             positional=self.choice(m.get("positional", "sinusoidal"), p + "positional", POSITIONAL),
             pe_base=self.number(m.get("pe_base", 10000), p + "pe_base", positive=True),
+            rope_pairs=self.choice(
+                m.get("rope_pairs", "adjacent"), p + "rope_pairs", tuple(ROPE_PAIRS)
+            ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             embed_scale=embed_scale,
             embed_scale_text=embed_text,

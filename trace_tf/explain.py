@@ -554,7 +554,8 @@ def _kept(explainer: Explainer) -> Explainer:
 
 
 def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """RoPE: pair (2p, 2p+1) of row pos turned by θ = pos · base^(−2p/d)."""
+    """RoPE: pair p of row pos, columns (a, b) (adjacent (2p, 2p+1), halves (p, p + d/2)),
+    turned by θ = pos · base^(−2p/d)."""
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
@@ -571,12 +572,15 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             [f"{r} = {raw_name}"],
             {f"{r}[{i},{j}]": [v]},
         )
-    p, base = j // 2, ctx.cfg.model.pe_base
-    theta = ctx.f.shown(pos * _pow(base, -2 * p / d))  # (written, like cos θ and sin θ)
-    a, b = float(raw[i, 2 * p]), float(raw[i, 2 * p + 1])
+    m = ctx.cfg.model
+    first, second = ops.rope_pairs(d, m.rope_pairs)
+    p = int(np.flatnonzero((first == j) | (second == j))[0])
+    ca, cb = int(first[p]), int(second[p])
+    theta = ctx.f.shown(pos * _pow(m.pe_base, -2 * p / d))  # (written, like cos θ and sin θ)
+    a, b = float(raw[i, ca]), float(raw[i, cb])
     c, s = ctx.f.shown(_cos(theta)), ctx.f.shown(_sin(theta))
-    lhs = f"{r}[{i},{2 * p}]", f"{r}[{i},{2 * p + 1}]"
-    if j % 2 == 0:
+    lhs = f"{r}[{i},{ca}]", f"{r}[{i},{cb}]"
+    if j == ca:
         sym = f"{lhs[0]} cos θ − {lhs[1]} sin θ"
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(c)} − {ctx.f.fac(b)}×{ctx.f.fac(s)}"
         total = a * c - b * s
@@ -588,8 +592,8 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         [sym, nums],
         total,
         [
-            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(base)}^(−{2 * p}/{d}) = {ctx.f.num(theta)} rad "
-            f"(position {pos}, pair {p}: columns {2 * p}, {2 * p + 1})",
+            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
+            f"{ctx.f.num(theta)} rad (position {pos}, pair {p}: columns {ca}, {cb}, {m.rope_pairs})",
             f"{r} = {raw_name}",
         ],
         {lhs[0]: [a], lhs[1]: [b], "θ": [theta]},
@@ -1320,7 +1324,10 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         return _Parts(
             [f"{i} · {exact(base)}^(−{2 * j}/{d})"],
             total,
-            [f"position {i} turns the pair (columns {2 * j}, {2 * j + 1}) by this angle (radians)"],
+            [
+                f"position {i} turns pair {j} by this angle (radians): columns {2 * j}, "
+                f"{2 * j + 1}, or {j}, {j + d // 2} with model.rope_pairs halves"
+            ],
             {"pos": [float(i)]},
         )
     return _sinusoid(ctx, i, j, d, base)

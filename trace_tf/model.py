@@ -19,6 +19,7 @@ import numpy as np
 
 from trace_tf import ops
 from trace_tf.config import (
+    ROPE_PAIRS,
     TIED_OUTPUT,
     AttentionWeights,
     Config,
@@ -66,6 +67,11 @@ def named(text: str) -> tuple[str, str]:
     ("sqrt(d_k)", ",  sqrt(d_k) ≈ 1.73205"); a plain number, "30" -> ("30", "")."""
     name, *value = re.split(" [=≈] ", text, maxsplit=1)
     return name, f",  {text}" if value else ""
+
+
+def rope_formula(of: str, m: ModelConfig) -> str:
+    """`RoPE(Q_raw, pos), pairs (2i, 2i+1)`: the rotation of `of`, naming its column pairs."""
+    return f"RoPE({of}, pos), pairs {ROPE_PAIRS[m.rope_pairs]}"
 
 
 def norm_formula(m: ModelConfig, of: str) -> str:
@@ -219,7 +225,10 @@ def attention_head(
     )
     if rotary:
         q = tr.rec(
-            "q", ops.rope(q, start + np.arange(len(q)), m.pe_base), "Q = RoPE(Q_raw, pos)", q
+            "q",
+            ops.rope(q, start + np.arange(len(q)), m.pe_base, m.rope_pairs),
+            "Q = " + rope_formula("Q_raw", m),
+            q,
         )
     if cache is not None and not cache.grows and cache.k is not None and cache.v is not None:
         # Cross-attention after the first iteration: the encoder's K and V, cached.
@@ -236,8 +245,8 @@ def attention_head(
     k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
     if rotary:
         k_raw = tr.rec("k_raw", k, k_formula, *k_inputs)  # the new rows only
-        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base)
-        k_formula, k_inputs = "K = RoPE(K_raw, pos)", (k_raw,)
+        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base, m.rope_pairs)
+        k_formula, k_inputs = "K = " + rope_formula("K_raw", m), (k_raw,)
     v = project(x_kv, hw.W_v, hw.b_v)
     v_formula = f"V = {src} W_v" + _plus(hw.b_v, "b_v")
     if cache is not None:

@@ -267,20 +267,38 @@ def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_], dtype: DTypeLike = np.
     return np.broadcast_to(row, (n_q, is_pad.shape[0])).copy()
 
 
-def rope(x: Array, positions: NDArray[np.integer], base: float = 10000.0) -> Array:
-    """Rotary position embedding (Su et al. 2021, RoFormer convention). [L, d] -> [L, d]
+def rope(
+    x: Array, positions: NDArray[np.integer], base: float = 10000.0, pairs: str = "adjacent"
+) -> Array:
+    """Rotary position embedding (Su et al. 2021). [L, d] -> [L, d]
 
-    Each pair of columns (2i, 2i+1) of row `pos` is rotated by the angle
-    pos * base^(-2i/d); for an odd d the last column is left as it is.
+    Pair i of row `pos`, the columns (a, b) = rope_pairs(d, pairs)[i], is rotated by the
+    angle θ = pos * base^(-2i/d): a cos θ − b sin θ into column a, a sin θ + b cos θ
+    into column b. For an odd d the last column is left as it is.
     """
-    half = x.shape[-1] // 2
+    first, second = rope_pairs(x.shape[-1], pairs)
     angles = rope_angles(positions, x.shape[-1], base)  # [L, d/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
-    even, odd = x[:, 0 : 2 * half : 2], x[:, 1 : 2 * half : 2]
+    a, b = x[:, first], x[:, second]
     out = x.copy()
-    out[:, 0 : 2 * half : 2] = even * cos - odd * sin
-    out[:, 1 : 2 * half : 2] = even * sin + odd * cos
+    out[:, first] = a * cos - b * sin
+    out[:, second] = a * sin + b * cos
     return out
+
+
+def rope_pairs(d: int, pairs: str = "adjacent") -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """The columns RoPE turns together, pair i being (first[i], second[i]), i < d // 2:
+
+    adjacent (2i, 2i+1), RoFormer's and lecture 000's; halves (i, i + d//2), GPT-NeoX's,
+    LLaMA's and Hugging Face's `rotate_half`. An odd d's last column is in no pair.
+    -> ([d // 2], [d // 2])
+    """
+    i = np.arange(d // 2)
+    if pairs == "halves":
+        return i, i + d // 2
+    if pairs != "adjacent":
+        raise ValueError(f"unknown RoPE pairing {pairs!r}")  # (config.py refuses it first)
+    return 2 * i, 2 * i + 1
 
 
 def moments(x: Array, axis: int | tuple[int, ...]) -> tuple[Array, Array]:

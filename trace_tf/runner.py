@@ -10,7 +10,16 @@ import numpy as np
 
 from trace_tf import model, ops
 from trace_tf.calc import attention_labels, op_arrays, run_op
-from trace_tf.config import OP_COMMANDS, TIED_OUTPUT, Config, Document, OpConfig, Source, build
+from trace_tf.config import (
+    OP_COMMANDS,
+    ROPE_PAIRS,
+    TIED_OUTPUT,
+    Config,
+    Document,
+    OpConfig,
+    Source,
+    build,
+)
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.text import counted, exact, shape_text
 from trace_tf.trace import Shown, Step, Trace, Tracer
@@ -166,7 +175,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 (
                     "operation",
                     f"RoPE rotation angles θ[pos,i] = pos · {exact(p['base'])}^(−2i/d) in radians: "
-                    "pair (2i, 2i+1) of q and k turns by θ",
+                    "pair i of q and k turns by θ, columns (2i, 2i+1), or (i, i+d/2) with "
+                    "model.rope_pairs: halves",
                 )
             ]
         return [("operation", f"{p['kind']} positional encoding, base {exact(p['base'])}")]
@@ -182,8 +192,9 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({counted(m.max_len, 'row')}), added",
-        "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair (2i, 2i+1) "
-        f"turned by pos · {exact(m.pe_base)}^(−2i/d_k) radians"
+        "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair "
+        f"{ROPE_PAIRS[m.rope_pairs]} turned by pos · {exact(m.pe_base)}^(−2i/d_k) radians"
+        + (" (halves: Hugging Face's rotate_half)" if m.rope_pairs == "halves" else "")
         + ("; odd d_k: the last column is not turned" if m.d_k % 2 else ""),
         "relative": "relative bias B[i,j] = b_rel[j − i] added to the scaled scores, "
         "its own table per layer and head (rel_bias), self-attention only, offsets "

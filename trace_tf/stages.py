@@ -114,7 +114,8 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "q",
         (f"{_HEAD}.q",),
-        "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1) turned by pos · base^(−2i/d_k))",
+        "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
+        "halves, turned by pos · base^(−2i/d_k))",
         "L_q × d_k",
         "what each position looks for (one head)",
     ),
