@@ -30,7 +30,6 @@ The conventions mapped:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,20 +40,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import config_from, readme_python
+from conftest import readme_python
+from hf_common import assert_matches, decode_json, hf_greedy, invoke_json, prompt_for, traced
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
-from typer.testing import CliRunner
 
-from trace_tf.cli import app
-from trace_tf.config import Config
-from trace_tf.runner import run
-from trace_tf.trace import Trace
-
-RTOL = ATOL = 1e-12
 GATED = {"silu": "swiglu", "gelu": "geglu"}
 
-runner = CliRunner()
 
 # LlamaConfig's sizes and options (vocab_size, hidden_size, ...), each model's own
 SHAPES: list[dict[str, Any]] = [
@@ -310,21 +302,6 @@ def largest_error(expected: dict[str, np.ndarray], value: Callable[[str], np.nda
     )
 
 
-def assert_matches(expected: dict[str, np.ndarray], value: Callable[[str], np.ndarray]) -> None:
-    for path, want in expected.items():
-        np.testing.assert_allclose(value(path), want, rtol=RTOL, atol=ATOL, err_msg=path)
-
-
-def traced(raw: dict[str, Any]) -> Trace:
-    cfg = config_from(raw)
-    assert isinstance(cfg, Config) and cfg.drawn == ()
-    return run(cfg, "decode")
-
-
-def prompt_for(model: LlamaForCausalLM, seed: int, length: int = 5) -> list[int]:
-    return np.random.default_rng(seed).integers(model.config.vocab_size, size=length).tolist()
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_every_hidden_state_head_and_logit_matches_llama(shape: dict[str, Any], seed: int) -> None:
@@ -394,27 +371,6 @@ def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]
 # ------------------------------------------------------------ generate --greedy
 
 
-def invoke_json(*args: str) -> dict[str, Any]:
-    result = runner.invoke(app, [*args, "--format", "json"])
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.stdout))
-
-
-@torch.no_grad()
-def hf_greedy(model: LlamaForCausalLM, prompt: list[int], n: int, eos: int | None) -> list[int]:
-    """The tokens `generate(do_sample=False)` adds to `prompt`."""
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=n,
-        eos_token_id=eos,
-        pad_token_id=0,
-    )
-    return [int(t) for t in out[0, len(prompt) :]]
-
-
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=_ids)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path: Path) -> None:
@@ -446,12 +402,6 @@ def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path:
 
 def readme_recipe() -> str:
     return readme_python("From Hugging Face LLaMA")
-
-
-def decode_json(config: str) -> Callable[[str], np.ndarray]:
-    """`trace-tf decode CONFIG --format json`: a step's value by its path."""
-    steps = {s["path"]: s["value"] for s in invoke_json("decode", config)["steps"]}
-    return lambda path: np.asarray(steps[path], dtype=np.float64)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
