@@ -36,6 +36,7 @@ def random_config(
     *,
     d_model: int,
     n_heads: int,
+    n_kv_heads: int | None = None,
     d_k: int | None = None,
     d_v: int | None = None,
     d_ff: int | None = None,
@@ -66,6 +67,8 @@ def random_config(
     With positional learned or relative, `max_len` (default: 2 more than the longer
     sequence) sets the rows of the learned table or the reach of the relative offsets;
     relative gives each self-attention head a table of 2·max_len − 1 biases.
+    `n_kv_heads` below n_heads: grouped-query attention, W_k/W_v/b_k/b_v fused
+    n_kv_heads heads wide, or per K/V head in `kv_heads`.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -90,10 +93,43 @@ def random_config(
         values: list[float] = (0.5 * rng.standard_normal(2 * rows - 1)).tolist()
         return values
 
+    n_kv = n_kv_heads if n_kv_heads is not None else n_heads
+    grouped = n_kv < n_heads
+
+    def grouped_projections() -> dict[str, Any]:
+        """W_q (b_q) of the n_heads query heads, W_k, W_v (b_k, b_v) of the n_kv K/V heads:
+        fused, n_heads or n_kv heads wide, or per head in `heads` and `kv_heads`."""
+        block: dict[str, Any] = {}
+        for listed, n, widths in (
+            ("heads", n_heads, {"q": dk}),
+            ("kv_heads", n_kv, {"k": dk, "v": dv}),
+        ):
+            if fused:
+                for p, w in widths.items():
+                    block[f"W_{p}"] = matrix(d_model, n * w)
+                    if biases:
+                        block[f"b_{p}"] = vector(n * w)
+                continue
+            heads = []
+            for _ in range(n):
+                head: dict[str, Any] = {f"W_{p}": matrix(d_model, w) for p, w in widths.items()}
+                if biases:
+                    head.update({f"b_{p}": vector(w) for p, w in widths.items()})
+                heads.append(head)
+            block[listed] = heads
+        return block
+
     def attention_block(relative: bool = False) -> dict[str, Any]:
         widths = {"q": dk, "k": dk, "v": dv}
         block: dict[str, Any] = {}
-        if fused:
+        if grouped:  # the query heads' W_q, the K/V heads' W_k and W_v (and rel_bias after)
+            block = grouped_projections()
+            if relative and fused:
+                block["rel_bias"] = [rel_bias() for _ in range(n_heads)]
+            elif relative:
+                for head in block["heads"]:
+                    head["rel_bias"] = rel_bias()
+        elif fused:
             for p, w in widths.items():
                 block[f"W_{p}"] = matrix(d_model, n_heads * w)
                 if biases:
@@ -145,6 +181,7 @@ def random_config(
     model: dict[str, Any] = {
         "d_model": d_model,
         "n_heads": n_heads,
+        **({"n_kv_heads": n_kv} if n_kv_heads is not None else {}),
         "encoder_layers": encoder_layers,
         "decoder_layers": decoder_layers,
     }
@@ -198,10 +235,12 @@ def random_config(
 def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
     """A copy of `cfg` with every fused attention block in per-head form:
     head h takes columns h*d_k..(h+1)*d_k of W_q, W_k, b_q, b_k (h*d_v.. for W_v, b_v)
-    and row h of rel_bias."""
+    and row h of rel_bias; under grouped-query attention K/V head j (in `kv_heads`)
+    takes columns j*d_k.. of W_k, b_k (j*d_v.. of W_v, b_v)."""
     cfg = copy.deepcopy(cfg)
     model = cfg["model"]
     n_heads = int(model.get("n_heads", 1))
+    n_kv = int(model.get("n_kv_heads", n_heads))
     d_k = int(model.get("d_k", model["d_model"] // n_heads))
     d_v = int(model.get("d_v", d_k))
     widths = {"q": d_k, "k": d_k, "v": d_v}
@@ -212,16 +251,20 @@ def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
                 if block is None or "heads" in block:
                     continue
                 heads: list[dict[str, Any]] = [{} for _ in range(n_heads)]
+                kv_heads: list[dict[str, Any]] = [{} for _ in range(n_kv)]
                 for p, w in widths.items():
+                    # grouped-query attention: K/V head j's columns of W_k, W_v to kv_heads
+                    into = kv_heads if p in ("k", "v") and n_kv < n_heads else heads
                     for kind in ("W", "b"):
                         key = f"{kind}_{p}"
                         if key not in block:
                             continue
                         fused = np.asarray(block.pop(key), dtype=float)
-                        for h, head in enumerate(heads):
+                        for h, head in enumerate(into):
                             head[key] = fused[..., h * w : (h + 1) * w].tolist()
                 if "rel_bias" in block:  # row h of the fused table
                     for h, row in enumerate(block.pop("rel_bias")):
                         heads[h]["rel_bias"] = row
-                layer[name] = {"heads": heads, **block}
+                kv = {"kv_heads": kv_heads} if n_kv < n_heads else {}
+                layer[name] = {"heads": heads, **kv, **block}
     return cfg

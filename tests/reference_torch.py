@@ -36,6 +36,7 @@ class Hyper:
 
     d_model: int
     n_heads: int
+    n_kv_heads: int  # grouped-query attention: query head h reads K/V head h // (H / H_kv)
     d_k: int
     d_v: int
     d_ff: int
@@ -70,6 +71,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
     return Hyper(
         d_model=d_model,
         n_heads=n_heads,
+        n_kv_heads=int(model.get("n_kv_heads", n_heads)),
         d_k=d_k,
         d_v=int(model.get("d_v", d_k)),
         d_ff=int(model.get("d_ff", 4 * d_model)),
@@ -211,6 +213,8 @@ def head_weights(block: dict[str, Any], hp: Hyper) -> list[dict[str, Tensor]]:
     """Each head's W_q, W_k, W_v, b_q, b_k, b_v, from the per-head or the fused form (SPEC 2)."""
     d, dk, dv, n_heads = hp.d_model, hp.d_k, hp.d_v, hp.n_heads
     widths = {"q": dk, "k": dk, "v": dv}
+    if hp.n_kv_heads < n_heads:  # grouped-query attention: K and V are the K/V heads'
+        widths = {"q": dk}
     if "heads" in block:
         if len(block["heads"]) != n_heads:
             raise ValueError(f"expected {n_heads} heads, found {len(block['heads'])}")
@@ -237,6 +241,33 @@ def head_weights(block: dict[str, Any], hp: Hyper) -> list[dict[str, Tensor]]:
         }
         for h in range(n_heads)
     ]
+
+
+def kv_projections(x_kv: Tensor, block: dict[str, Any], hp: Hyper) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention, as Hugging Face's LlamaAttention: K and V of the n_kv_heads
+    K/V heads (per K/V head in `kv_heads`, or fused n_kv_heads·d_k wide), then repeat_kv:
+    each repeated for the H / H_kv query heads of its group. -> [H, n_kv, d_k], [H, n_kv, d_v]"""
+    d, dk, dv, n = hp.d_model, hp.d_k, hp.d_v, hp.n_kv_heads
+    if "kv_heads" in block:
+        k = torch.stack(
+            [
+                x_kv @ param(e, "W_k", (d, dk)) + param(e, "b_k", (dk,), 0.0)
+                for e in block["kv_heads"]
+            ]
+        )
+        v = torch.stack(
+            [
+                x_kv @ param(e, "W_v", (d, dv)) + param(e, "b_v", (dv,), 0.0)
+                for e in block["kv_heads"]
+            ]
+        )
+    else:  # [n_kv, n·w] -> [n, n_kv, w], as HF's .view(..., n, head_dim).transpose(1, 2)
+        k = x_kv @ param(block, "W_k", (d, n * dk)) + param(block, "b_k", (n * dk,), 0.0)
+        v = x_kv @ param(block, "W_v", (d, n * dv)) + param(block, "b_v", (n * dv,), 0.0)
+        k = k.view(-1, n, dk).transpose(0, 1)
+        v = v.view(-1, n, dv).transpose(0, 1)
+    group = hp.n_heads // n  # repeat_kv: [n, L, w] -> [n·group, L, w], kv head j at j·group..
+    return k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
 
 
 def relative_bias_table(block: dict[str, Any], hp: Hyper) -> list[Tensor]:
@@ -283,17 +314,18 @@ def attention_head(
     path: str,
     rel: Tensor | None = None,
     rotary: bool = False,
+    kv: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
     position biases, lecture 000 section 6.2; `rotary`: q and k turned by RoPE, the query
     and key rows at positions 0, 1, ...). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
     q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
-    k = x_kv @ w["W_k"] + w["b_k"]  # [n_kv, d_k]
+    k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
     if rotary:
         q = rope(tr.rec(f"{path}.q_raw", q), hp.pe_base, hp.rope_pairs)
         k = rope(tr.rec(f"{path}.k_raw", k), hp.pe_base, hp.rope_pairs)
     q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
-    v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"])  # [n_kv, d_v]
+    v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"] if kv is None else kv[1])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
     scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
     sdpa_mask = mask
@@ -326,8 +358,13 @@ def multi_head_attention(
     relative = hp.positional == "relative" and path.endswith("self_attn")
     tables = relative_bias_table(block, hp) if relative else [None] * hp.n_heads
     rotary = hp.positional == "rope" and path.endswith("self_attn")  # RoPE, likewise
+    if hp.n_kv_heads < hp.n_heads:  # grouped-query attention: K, V per K/V head, repeated
+        k, v = kv_projections(x_kv, block, hp)
+        kvs: list[tuple[Tensor, Tensor] | None] = [(k[n], v[n]) for n in range(hp.n_heads)]
+    else:
+        kvs = [None] * hp.n_heads
     heads = [
-        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary)
+        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n])
         for n, w in enumerate(head_weights(block, hp))
     ]
     concat = tr.rec(f"{path}.concat", torch.cat(heads, dim=1))  # [n_q, H*d_v]

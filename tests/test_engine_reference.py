@@ -108,6 +108,36 @@ SHAPES = [
         rope_pairs="halves",
         fused=True,
     ),
+    # grouped-query attention (Ainslie et al. 2023; Hugging Face's repeat_kv): multi-query
+    # (one K/V head), decoder-only pre-norm RMSNorm, RoPE by halves, SwiGLU (LLaMA's shape);
+    # encoder-decoder with cross-attention, 2 K/V heads of 4, fused, padded; per-head
+    # kv_heads with relative biases (test_dtype runs each shape in float32 too)
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        activation="swiglu",
+        biases=False,
+        tgt_len=5,
+    ),
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=2,
+        decoder_layers=2,
+        fused=True,
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+    ),
+    dict(d_model=6, n_heads=3, n_kv_heads=1, d_k=4, d_v=3, decoder_layers=1, positional="relative"),
     # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
     dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
 ]

@@ -70,6 +70,8 @@ SHAPES = [
     dict(d_model=8, n_heads=4, pad=True, src_len=5, tgt_len=3),
     dict(d_model=6, n_heads=2, positional="none", tie_embeddings=True, embed_scale="sqrt_d_model"),
     dict(d_model=5, n_heads=2, d_k=3, d_v=4, biases=False, fused=True, final_norm=True),
+    # grouped-query attention: 2 K/V heads for 4 query heads, self- and cross-attention
+    dict(d_model=8, n_heads=4, n_kv_heads=2, pad=True, src_len=5, tgt_len=3),
     # a gated FFN (SwiGLU), pre-norm RMSNorm, decoder-only: the layout of LLaMA
     dict(
         d_model=4,
@@ -103,6 +105,19 @@ ROPE = [
         norm="rms",
     ),
     dict(d_model=6, n_heads=2, positional="rope", rope_pairs="halves", pad=True, src_len=4),
+    # multi-query attention (one K/V head for 4 query heads), LLaMA's layout otherwise
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="rope",
+        rope_pairs="halves",
+        norm_position="pre",
+        norm="rms",
+        activation="swiglu",
+    ),
 ]
 
 

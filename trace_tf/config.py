@@ -38,10 +38,14 @@ from trace_tf.loader import (
 from trace_tf.text import Typed, counted, exact, root_text, shape_text, typed, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
+# The weights of a K/V head: under grouped-query attention, in `kv_heads` (or fused
+# n_kv_heads heads wide), shared by the query heads of its group.
+KV_KEYS = ("W_k", "W_v", "b_k", "b_v")
 
 MODEL_KEYS = [
     "d_model",
     "n_heads",
+    "n_kv_heads",
     "d_k",
     "d_v",
     "d_ff",
@@ -129,6 +133,9 @@ class ModelConfig:
 
     d_model: int
     n_heads: int = 1
+    # grouped-query attention: query head h reads K/V head h // (n_heads / n_kv_heads);
+    # 0 (not given) is n_heads, one K/V head per query head (multi-head attention)
+    n_kv_heads: int = 0
     d_k: int = 0
     d_v: int = 0
     d_ff: int = 0
@@ -154,6 +161,24 @@ class ModelConfig:
     init_std: float = 1.0
     tie_embeddings: bool = False
     dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
+
+    def __post_init__(self) -> None:
+        if not self.n_kv_heads:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head: 1 for multi-head attention, n_heads for multi-query."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def grouped(self) -> bool:
+        """Grouped-query attention: fewer K/V heads than query heads, each shared."""
+        return self.n_kv_heads < self.n_heads
+
+    def kv_head(self, h: int) -> int:
+        """The K/V head query head h reads (Hugging Face's repeat_kv)."""
+        return h // self.group
 
     @property
     def gated(self) -> bool:
@@ -368,12 +393,18 @@ class Config:
                     if aw is None:
                         continue
                     base = f"weights.{stack}.{l}.{block}"
+                    kv_keys = KV_KEYS if self.model.grouped else ()
                     for h, hw in enumerate(aw.heads):
                         for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias"):
-                            if getattr(hw, k) is not None:
+                            if getattr(hw, k) is not None and k not in kv_keys:
                                 out[f"{base}.heads.{h}.{k}"] = getattr(hw, k)
                         for k, arr in hw.score.arrays().items():
                             out[f"{base}.heads.{h}.{k}"] = arr
+                    for j in range(self.model.n_kv_heads if kv_keys else 0):
+                        hw = aw.heads[j * self.model.group]  # K/V head j's first query head
+                        for k in kv_keys:
+                            if getattr(hw, k) is not None:
+                                out[f"{base}.kv_heads.{j}.{k}"] = getattr(hw, k)
                     out[f"{base}.W_o"] = aw.W_o
                     if aw.b_o is not None:
                         out[f"{base}.b_o"] = aw.b_o
@@ -2143,6 +2174,15 @@ class _Validator:
             )
         d_model = self.integer(m["d_model"], p + "d_model", 1)
         n_heads = self.integer(m.get("n_heads", 1), p + "n_heads", 1)
+        n_kv_heads = self.integer(m.get("n_kv_heads", n_heads), p + "n_kv_heads", 1)
+        if n_kv_heads > n_heads or n_heads % n_kv_heads:
+            raise self.ctx.err(
+                p + "n_kv_heads",
+                f"n_kv_heads {n_kv_heads} does not divide n_heads {n_heads}: each K/V head "
+                "serves the same number of query heads",
+                expected=f"a whole number from 1 to {n_heads} dividing n_heads {n_heads}",
+                found_text=str(n_kv_heads),
+            )
         if "d_k" in m:
             d_k = self.integer(m["d_k"], p + "d_k", 1)
         else:
@@ -2187,6 +2227,7 @@ class _Validator:
         config = ModelConfig(
             d_model=d_model,
             n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
             d_k=d_k,
             d_v=d_v,
             d_ff=d_ff,
@@ -2414,9 +2455,8 @@ class _Validator:
 
         out: dict[str, Source] = {}
         for key, value in cfg.named_arrays().items():
-            block, sep, rest = key.partition(".heads.")
-            h, _, name = rest.partition(".")
-            whole = f"{block}.{name}"
+            sep, whole, h = head_part(key) or ("", "", "")
+            name = whole.rsplit(".", 1)[-1]
             partly = self.ctx.given(key).partly if key in self.ctx.made else ()
             entries = f"; entries set by {', '.join(partly)}" if partly else ""
             if key in drawn:
@@ -2594,17 +2634,32 @@ class _Validator:
         self, value: Any, path: str, m: ModelConfig, relative: bool = False
     ) -> AttentionWeights:
         """Per-head or fused attention weights; fused W_q/W_k/W_v are split by columns,
-        a fused rel_bias (`relative`: a self-attention of positional relative) by rows."""
+        a fused rel_bias (`relative`: a self-attention of positional relative) by rows.
+
+        Grouped-query attention (model.n_kv_heads < n_heads): W_k, W_v, b_k, b_v are
+        the K/V heads' (fused n_kv_heads·d_k wide, or per K/V head in `kv_heads`), and
+        each query head's HeadWeights holds its K/V head's arrays themselves, shared."""
         p = f"weights.{path}"
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
         per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
-        a = self.mapping(value, p, ("heads", *per_head, "W_o", "b_o", "norm"))
+        a = self.mapping(value, p, ("heads", "kv_heads", *per_head, "W_o", "b_o", "norm"))
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
+        kv_keys = KV_KEYS if m.grouped else ()  # held by the K/V heads, not the query heads
         fused_keys = [k for k in per_head if a.get(k) is not None]
-        heads_raw = a.get("heads")
-        if heads_raw is not None and fused_keys and isinstance(heads_raw, list):
+        heads_raw, kv_raw = a.get("heads"), a.get("kv_heads")
+        if kv_raw is not None and not m.grouped:
+            raise self.ctx.err(
+                f"{p}.kv_heads",
+                f"kv_heads is for grouped-query attention, and model.n_kv_heads is n_heads "
+                f"({H})" + self.ctx.set_by("model.n_kv_heads", "model.n_heads"),
+                expected="W_k/W_v in heads: [...] or fused, or model.n_kv_heads below n_heads",
+                found_text="kv_heads",
+            )
+        for listed, entries in (("heads", heads_raw), ("kv_heads", kv_raw)):
+            if entries is None or not fused_keys or not isinstance(entries, list):
+                continue
             # Fused projections may still come with per-head score weights.
-            for h, entry in enumerate(heads_raw):
+            for h, entry in enumerate(entries):
                 given = [k for k in per_head if isinstance(entry, dict) and k in entry]
                 if given:
                     # fused ones from a weights_file, when the error names the YAML's head
@@ -2617,12 +2672,12 @@ class _Validator:
                         else ""
                     )
                     raise self.ctx.err(
-                        f"{p}.heads.{h}.{given[0]}",
-                        "one form per block: per-head 'heads' and fused weights are both given"
-                        + source,
-                        expected="either heads: [...] or fused W_q/W_k/W_v (and rel_bias) "
+                        f"{p}.{listed}.{h}.{given[0]}",
+                        f"one form per block: per-head '{listed}' and fused weights are both "
+                        "given" + source,
+                        expected=f"either {listed}: [...] or fused W_q/W_k/W_v (and rel_bias) "
                         "(with fused weights, heads may hold only score weights)",
-                        found_text=f"fused {', '.join(fused_keys)} beside heads.{h}.{given[0]}",
+                        found_text=f"fused {', '.join(fused_keys)} beside {listed}.{h}.{given[0]}",
                     )
         sizes = {"W_q": dk, "W_k": dk, "W_v": dv, "b_q": dk, "b_k": dk, "b_v": dv}
         names = {k: "d_v" if k.endswith("v") else "d_k" for k in sizes}
@@ -2639,31 +2694,41 @@ class _Validator:
             )
             self.given_fused.append(f"{path}.rel_bias")
         for k in (k for k in fused_keys if k in projections):
-            shape = (d, H * sizes[k]) if k.startswith("W") else (H * sizes[k],)
-            dims = f"n_heads·{names[k]}"
+            n, count = (m.n_kv_heads, "n_kv_heads") if k in kv_keys else (H, "n_heads")
+            shape = (d, n * sizes[k]) if k.startswith("W") else (n * sizes[k],)
+            dims = f"{count}·{names[k]}"
             dims = f"d_model x {dims}" if k.startswith("W") else dims
             fused[k] = self.array(a[k], f"{p}.{k}", shape, dims=dims)
             self.given_fused.append(f"{path}.{k}")
-        if heads_raw is not None and not isinstance(heads_raw, list):
-            raise self.ctx.err(
-                f"{p}.heads", "not a list", heads_raw, f"a list of {H} (one entry per head)"
-            )
-        heads_list = heads_raw or []
-        if len(heads_list) > H:
-            raise self.ctx.err(
-                f"{p}.heads.{H}",
-                f"more heads than model.n_heads ({H})",
-                expected=f"at most {counted(H, 'head')}",
-                found_text=f"{len(heads_list)} heads",
-            )
-        heads = []
-        for h in range(H):
+
+        def part(k: str, h: int) -> np.ndarray:
+            """Head h's columns of a fused weight (entries of a bias): a contiguous copy,
+            as numpy multiplies a strided view by another loop than BLAS, and the fused
+            form must give the per-head numbers bit for bit."""
+            cols = slice(h * sizes[k], (h + 1) * sizes[k])
+            return np.ascontiguousarray(fused[k][:, cols] if k.startswith("W") else fused[k][cols])
+
+        def projection(entry: dict[str, Any], k: str, listed: str, h: int) -> np.ndarray | None:
+            """Head h's W_q/W_k/... (or K/V head h's, `listed` kv_heads): fused, given or drawn."""
+            if k in fused:
+                return part(k, h)
+            at, draw_at = f"{p}.{listed}.{h}.{k}", f"{path}.{listed}.{h}.{k}"
+            if k.startswith("W"):
+                return self.weight(entry, k, at, draw_at, (d, sizes[k]), f"d_model x {names[k]}")
+            return self.bias(entry, k, at, sizes[k], names[k])
+
+        kv: list[dict[str, np.ndarray | None]] = []  # the K/V heads' arrays (grouped only)
+        if m.grouped:
+            kv_entries = self.head_entries(kv_raw, f"{p}.kv_heads", m.n_kv_heads, kv_keys)
+            kv = [
+                {k: projection(kd, k, "kv_heads", j) for k in kv_keys}
+                for j, kd in enumerate(kv_entries)
+            ]
+        heads: list[HeadWeights] = []
+        for h, hd in enumerate(
+            self.head_entries(heads_raw, f"{p}.heads", H, (*per_head, *ALL_SCORE_WEIGHTS), m)
+        ):
             hp = f"{p}.heads.{h}"
-            hd = self.mapping(
-                heads_list[h] if h < len(heads_list) else None,
-                hp,
-                (*per_head, *ALL_SCORE_WEIGHTS),
-            )
             arrays: dict[str, np.ndarray | None] = {}
             if "rel_bias" in fused:  # head h's row, a contiguous copy
                 arrays["rel_bias"] = np.ascontiguousarray(fused["rel_bias"][h])
@@ -2679,25 +2744,9 @@ class _Validator:
                 )
             elif relative:
                 arrays["rel_bias"] = self.draw(f"{path}.heads.{h}.rel_bias", (n_offsets,))
-            for k, size in sizes.items():
-                if k in fused:
-                    cols = slice(h * size, (h + 1) * size)
-                    # Contiguous copies: numpy multiplies a strided view by another loop
-                    # than BLAS, and the fused form must give the per-head numbers bit for bit.
-                    arrays[k] = np.ascontiguousarray(
-                        fused[k][:, cols] if k.startswith("W") else fused[k][cols]
-                    )
-                elif k.startswith("W"):
-                    arrays[k] = self.weight(
-                        hd,
-                        k,
-                        f"{hp}.{k}",
-                        f"{path}.heads.{h}.{k}",
-                        (d, size),
-                        f"d_model x {names[k]}",
-                    )
-                else:
-                    arrays[k] = self.bias(hd, k, f"{hp}.{k}", size, names[k])
+            for k in sizes:
+                # a shared K/V head's arrays are the same objects in each of its query heads
+                arrays[k] = kv[m.kv_head(h)][k] if k in kv_keys else projection(hd, k, "heads", h)
             sw = self.score_weights(hd, hp, m.score, dk, dk, m.d_a, f"{path}.heads.{h}")
             heads.append(HeadWeights(**arrays, score=sw))  # type: ignore[arg-type]
         return AttentionWeights(
@@ -2708,6 +2757,47 @@ class _Validator:
             b_o=self.bias(a, "b_o", f"{p}.b_o", d, "d_model"),
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
         )
+
+    def head_entries(
+        self,
+        raw: Any,
+        path: str,
+        n: int,
+        allowed: Sequence[str],
+        grouped: ModelConfig | None = None,
+    ) -> list[dict[str, Any]]:
+        """The n entries of a `heads` (or `kv_heads`) list, each a mapping of `allowed`
+        keys (an empty one where the list is short). `grouped`: the model, when these are
+        the query heads of grouped-query attention, whose W_k/W_v/b_k/b_v are refused."""
+        what = "K/V head" if path.endswith("kv_heads") else "head"
+        of = "model.n_kv_heads" if what == "K/V head" else "model.n_heads"
+        if raw is not None and not isinstance(raw, list):
+            raise self.ctx.err(path, "not a list", raw, f"a list of {n} (one entry per {what})")
+        entries = raw or []
+        if len(entries) > n:
+            raise self.ctx.err(
+                f"{path}.{n}",
+                f"more {what}s than {of} ({n})",
+                expected=f"at most {counted(n, what)}",
+                found_text=f"{len(entries)} {what}s",
+            )
+        out = []
+        for h in range(n):
+            entry = entries[h] if h < len(entries) else None
+            if grouped is not None and grouped.grouped and isinstance(entry, dict):
+                given = [k for k in KV_KEYS if k in entry]
+                if given:
+                    m = grouped
+                    raise self.ctx.err(
+                        f"{path}.{h}.{given[0]}",
+                        f"under grouped-query attention (model.n_kv_heads {m.n_kv_heads} < "
+                        f"n_heads {m.n_heads}) {given[0]} belongs to the K/V heads",
+                        expected=f"{given[0]} in kv_heads.{m.kv_head(h)} (or fused, "
+                        f"n_kv_heads·{'d_v' if given[0].endswith('v') else 'd_k'} wide)",
+                        found_text=f"{given[0]} in heads.{h}",
+                    )
+            out.append(self.mapping(entry, f"{path}.{h}", allowed))
+        return out
 
     def refuse_rel_bias(self, where: str, m: ModelConfig, path: str) -> NoReturn:
         """A rel_bias where the model has none: a cross-attention (its keys are another
@@ -2868,6 +2958,17 @@ class _Validator:
                     + quoted(vocab[j]),
                     expected=f"that entry set there: embeddings.{vocab[j]}.{i}=VALUE",
                 )
+
+
+def head_part(key: str) -> tuple[str, str, str] | None:
+    """A per-head weight's key split: `weights.<block>.heads.<h>.<name>` (or
+    `kv_heads.<h>`) -> ("heads", `weights.<block>.<name>`, h), the list, the fused
+    weight it is a part of, and the head; None for a key of no head."""
+    found = re.fullmatch(r"(.*)\.((?:kv_)?heads)\.(\d+)\.([^.]+)", key)
+    if found is None:
+        return None
+    block, listed, h, name = found.groups()
+    return listed, f"{block}.{name}", h
 
 
 def _astype(value: Any, dtype: np.dtype[Any]) -> Any:

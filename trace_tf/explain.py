@@ -25,7 +25,7 @@ from rich.text import Text
 
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
-from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source
+from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.model import target_of
 from trace_tf.runner import named_arrays
@@ -479,7 +479,9 @@ def _fused_source(ctx: _Ctx, name: str) -> tuple[str, int] | None:
     src = ctx.cfg.sources.get(name) if isinstance(ctx.cfg, Config) else None
     if src is None or src.fused is None:
         return None
-    return src.fused, int(name.partition(".heads.")[2].partition(".")[0])
+    part = head_part(name)
+    assert part is not None
+    return src.fused, int(part[2])
 
 
 def _linear(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:

@@ -432,8 +432,8 @@ def size(cfg: Config, s: Settings, traced: bool) -> int:
     m = cfg.model
     longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
     decoder_only = replace(m, encoder_layers=0)
-    # K and V (self and cross) of every layer and head, per live beam.
-    kv = 2 * m.decoder_layers * m.n_heads * longest * (m.d_k + m.d_v)
+    # K and V (self and cross) of every layer and K/V head, per live beam.
+    kv = 2 * m.decoder_layers * m.n_kv_heads * longest * (m.d_k + m.d_v)
     if s.cache:  # one new row per iteration, plus the cached K, V and a row of scores
         iteration = trace_size(decoder_only, 1, len(cfg.vocab)) + kv + 2 * longest
     else:

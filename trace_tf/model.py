@@ -161,7 +161,7 @@ class HeadCache:
 
 @dataclass
 class KVCache:
-    """The decoder's KV cache: per layer, a HeadCache per self- and cross-attention head,
+    """The decoder's KV cache: per layer, a HeadCache per self- and cross-attention K/V head,
     and the tokens whose keys are cached (positions 0..length-1)."""
 
     self_attn: list[list[HeadCache]]
@@ -170,11 +170,11 @@ class KVCache:
 
     @classmethod
     def empty(cls, cfg: Config) -> KVCache:
+        kv_heads = range(cfg.model.n_kv_heads)  # one cache per K/V head, shared by its group
         return cls(
-            self_attn=[[HeadCache(True) for _ in lw.self_attn.heads] for lw in cfg.decoder],
+            self_attn=[[HeadCache(True) for _ in kv_heads] for _ in cfg.decoder],
             cross_attn=[
-                [HeadCache(False) for _ in lw.cross_attn.heads] if lw.cross_attn else []
-                for lw in cfg.decoder
+                [HeadCache(False) for _ in kv_heads] if lw.cross_attn else [] for lw in cfg.decoder
             ],
         )
 
@@ -198,6 +198,91 @@ def project(x: Array, W: Array, b: Array | None) -> Array:
     return ops.linear(x, W, b)
 
 
+@dataclass(frozen=True, eq=False)
+class KeysValues:
+    """One K/V head's K and V (and K_raw, with RoPE), with the formula and inputs each
+    step records. Grouped-query attention computes them once, in the first query head
+    of the group, and records the same arrays in each of its query heads."""
+
+    k: Array  # [L_k, d_k], after RoPE when rope
+    v: Array  # [L_k, d_v]
+    k_formula: str
+    v_formula: str
+    k_inputs: tuple[Array, ...]
+    v_inputs: tuple[Array, ...]
+    k_raw: Array | None = None  # rope: the new rows of X W_k (+ b_k), before the rotation
+    k_raw_formula: str = ""
+    scopes: tuple[str, ...] | None = None  # KV-cached: the scope each row was computed in
+
+    def record(self, tr: Tracer, shared: str = "") -> KeysValues:
+        """Record K_raw, K and V in the current scope, each formula followed by `shared`
+        (", K/V head 1 (shared by h2, h3)"); -> the arrays as recorded."""
+        k_inputs, k_raw = self.k_inputs, self.k_raw
+        if k_raw is not None:
+            k_raw = tr.rec("k_raw", k_raw, self.k_raw_formula + shared, *k_inputs)
+            k_inputs = (k_raw,)
+        k = tr.rec("k", self.k, self.k_formula + shared, *k_inputs, rows="keys")
+        v = tr.rec("v", self.v, self.v_formula + shared, *self.v_inputs, rows="keys")
+        if self.scopes is not None:
+            tr.computed_in("k", self.scopes)
+            tr.computed_in("v", self.scopes)
+        return KeysValues(
+            k,
+            v,
+            self.k_formula,
+            self.v_formula,
+            self.k_inputs,
+            self.v_inputs,
+            k_raw,
+            self.k_raw_formula,
+            self.scopes,
+        )
+
+
+def keys_values(
+    x_kv: Array,
+    hw: HeadWeights,
+    m: ModelConfig,
+    rotary: bool,
+    src: str,
+    start: int,
+    cache: HeadCache | None = None,
+    scope: str = "",
+) -> KeysValues:
+    """K = X W_k + b_k (rotated from position `start`, with RoPE) and V = X W_v + b_v of
+    one K/V head, not yet recorded. [L_k, d] -> [L_k, d_k], [L_k, d_v]
+
+    With a `cache`, self-attention computes K and V for the new rows only, at
+    positions start.. after the cached ones, keeps them as computed in `scope` and
+    returns [cached; new]; cross-attention computes K and V of the encoder output
+    once and reuses them."""
+    k_formula = f"K = {src} W_k" + _plus(hw.b_k, "b_k")
+    v_formula = f"V = {src} W_v" + _plus(hw.b_v, "b_v")
+    if cache is not None and not cache.grows and cache.k is not None and cache.v is not None:
+        # Cross-attention after the first iteration: the encoder's K and V, cached.
+        cached = " (cached)"
+        return KeysValues(
+            cache.k, cache.v, k_formula + cached, v_formula + cached, (), (), scopes=cache.scopes
+        )
+    k = project(x_kv, hw.W_k, hw.b_k)
+    k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
+    k_raw, k_raw_formula = None, ""
+    if rotary:
+        k_raw, k_raw_formula = k, k_formula  # the new rows only
+        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base, m.rope_pairs)
+        k_formula = "K = " + rope_formula("K_raw", m)
+    v = project(x_kv, hw.W_v, hw.b_v)
+    scopes = None
+    if cache is not None:
+        if start:  # the keys and values of positions 0..start-1 come from the cache
+            k_formula = f"K = [cached K, 0..{start - 1}; {k_formula.removeprefix('K = ')}]"
+            v_formula = f"V = [cached V, 0..{start - 1}; {v_formula.removeprefix('V = ')}]"
+        k, v = cache.extend(k, v, scope)
+        scopes = cache.scopes
+    v_inputs = _operands(x_kv, hw.W_v, hw.b_v)
+    return KeysValues(k, v, k_formula, v_formula, k_inputs, v_inputs, k_raw, k_raw_formula, scopes)
+
+
 def attention_head(
     x_q: Array,
     x_kv: Array,
@@ -207,15 +292,19 @@ def attention_head(
     rotary: bool,
     tr: Tracer = NULL_TRACER,
     cache: HeadCache | None = None,
-) -> Array:
+    *,
+    start: int = 0,
+    kv: KeysValues | None = None,
+    shared: str = "",
+) -> tuple[Array, KeysValues]:
     """softmax(Q Kᵀ / scale + B + M) V for one head (eq. 1; B, the relative position
     bias of 000 section 6.2, with positional relative). [L_q, d] x [L_k, d] -> [L_q, d_v]
 
-    With a `cache`, self-attention computes K and V for the new rows only, at
-    positions t.. after the t cached ones, and attends over [cached; new];
-    cross-attention computes K and V of the encoder output once and reuses them."""
+    The query rows sit at positions start.. (after the cached ones, with a KV cache).
+    K and V are computed here (`keys_values`, with the K/V head's `cache`), or are `kv`,
+    which another query head of the same K/V head computed (grouped-query attention);
+    -> the head's output, and its K and V as recorded, for the other query heads."""
     src = "X" if x_q is x_kv else "Enc"
-    start = cache.length if cache is not None and cache.grows else 0  # position of row 0
     q_formula = "Q = X W_q" + _plus(hw.b_q, "b_q")
     q = tr.rec(
         "q_raw" if rotary else "q",
@@ -230,39 +319,13 @@ def attention_head(
             "Q = " + rope_formula("Q_raw", m),
             q,
         )
-    if cache is not None and not cache.grows and cache.k is not None and cache.v is not None:
-        # Cross-attention after the first iteration: the encoder's K and V, cached.
-        cached = " (cached)"
-        k = tr.rec("k", cache.k, f"K = {src} W_k" + _plus(hw.b_k, "b_k") + cached, rows="keys")
-        v = tr.rec("v", cache.v, f"V = {src} W_v" + _plus(hw.b_v, "b_v") + cached, rows="keys")
-        tr.computed_in("k", cache.scopes)
-        tr.computed_in("v", cache.scopes)
-        return attend(
-            q, k, v, mask, m.scale, m.scale_text, m.temperature, tr, score=m.score, sw=hw.score
-        )
-    k = project(x_kv, hw.W_k, hw.b_k)
-    k_formula = f"K = {src} W_k" + _plus(hw.b_k, "b_k")
-    k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
-    if rotary:
-        k_raw = tr.rec("k_raw", k, k_formula, *k_inputs)  # the new rows only
-        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base, m.rope_pairs)
-        k_formula, k_inputs = "K = " + rope_formula("K_raw", m), (k_raw,)
-    v = project(x_kv, hw.W_v, hw.b_v)
-    v_formula = f"V = {src} W_v" + _plus(hw.b_v, "b_v")
-    if cache is not None:
-        if start:  # the keys and values of positions 0..start-1 come from the cache
-            k_formula = f"K = [cached K, 0..{start - 1}; {k_formula.removeprefix('K = ')}]"
-            v_formula = f"V = [cached V, 0..{start - 1}; {v_formula.removeprefix('V = ')}]"
-        k, v = cache.extend(k, v, tr.path(""))
-    k = tr.rec("k", k, k_formula, *k_inputs, rows="keys")
-    v = tr.rec("v", v, v_formula, *_operands(x_kv, hw.W_v, hw.b_v), rows="keys")
-    if cache is not None:
-        tr.computed_in("k", cache.scopes)
-        tr.computed_in("v", cache.scopes)
-    return attend(
+    if kv is None:
+        kv = keys_values(x_kv, hw, m, rotary, src, start, cache, tr.path(""))
+    kv = kv.record(tr, shared)
+    out = attend(
         q,
-        k,
-        v,
+        kv.k,
+        kv.v,
         mask,
         m.scale,
         m.scale_text,
@@ -273,6 +336,7 @@ def attention_head(
         rel_bias=hw.rel_bias,
         start=start,
     )
+    return out, kv
 
 
 # Each score function records its pieces and returns S [L_q, L_k] (003, 004).
@@ -391,12 +455,33 @@ def multi_head_attention(
     tr: Tracer = NULL_TRACER,
     cache: Sequence[HeadCache] | None = None,
 ) -> Array:
-    """Concat(head_1..head_H) W_o + b_o (section 3.2.2). [L_q, d] x [L_k, d] -> [L_q, d]"""
+    """Concat(head_1..head_H) W_o + b_o (section 3.2.2). [L_q, d] x [L_k, d] -> [L_q, d]
+
+    Grouped-query attention (Ainslie et al. 2023): query head h reads K/V head
+    h // (H / H_kv), whose K and V its group's first head computes (with the K/V
+    head's `cache`) and the others reuse; H_kv = H is the paper's multi-head attention."""
+    first = cache[0] if cache is not None else None
+    start = first.length if first is not None and first.grows else 0  # position of row 0
+    kvs: dict[int, KeysValues] = {}  # by K/V head, once computed
     heads = []
     for h, hw in enumerate(aw.heads):
+        j = m.kv_head(h)
         with tr.scope(f"h{h}"):
-            c = cache[h] if cache is not None else None
-            heads.append(attention_head(x_q, x_kv, hw, mask, m, rotary, tr, c))
+            c = cache[j] if cache is not None else None
+            out, kvs[j] = attention_head(
+                x_q,
+                x_kv,
+                hw,
+                mask,
+                m,
+                rotary,
+                tr,
+                c,
+                start=start,
+                kv=kvs.get(j),
+                shared=_shared(m, j),
+            )
+            heads.append(out)
     concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
     return tr.rec(
         "wo",
@@ -404,6 +489,15 @@ def multi_head_attention(
         "concat W_o" + _plus(aw.b_o, "b_o"),
         *_operands(concat, aw.W_o, aw.b_o),
     )
+
+
+def _shared(m: ModelConfig, j: int) -> str:
+    """`, K/V head 1 (shared by h2, h3)`: what a K or V formula adds under grouped-query
+    attention; nothing under multi-head attention."""
+    if not m.grouped:
+        return ""
+    group = range(j * m.group, (j + 1) * m.group)
+    return f", K/V head {j} (shared by {', '.join(f'h{h}' for h in group)})"
 
 
 # ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from trace_tf.config import (
     TIED_OUTPUT,
     Config,
     Document,
+    ModelConfig,
     OpConfig,
     Source,
     build,
@@ -205,7 +206,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     rows = [
         (
             "model",
-            f"d_model {m.d_model}, {m.n_heads} head(s) of d_k {m.d_k} / d_v {m.d_v}, d_ff {m.d_ff}, "
+            f"d_model {m.d_model}, {heads_text(m)} of d_k {m.d_k} / d_v {m.d_v}, d_ff {m.d_ff}, "
             f"{m.encoder_layers} encoder + {m.decoder_layers} decoder layer(s)",
         ),
         (
@@ -269,6 +270,21 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         variant = f"variant {quoted(cfg.variant)}; " if cfg.variant is not None else ""
         rows.append(("overrides", variant + "keys set: " + ", ".join(cfg.overrides)))
     return rows
+
+
+def heads_text(m: ModelConfig) -> str:
+    """`2 head(s)`; under grouped-query attention which K/V head each query head reads:
+    `4 heads, 2 K/V heads (grouped: h0,h1 → kv0; h2,h3 → kv1)`."""
+    if not m.grouped:
+        return f"{m.n_heads} head(s)"
+    if m.n_heads <= 8:
+        groups = "; ".join(
+            ",".join(f"h{h}" for h in range(j * m.group, (j + 1) * m.group)) + f" → kv{j}"
+            for j in range(m.n_kv_heads)
+        )
+    else:
+        groups = f"h → kv h // {m.group}"
+    return f"{m.n_heads} heads, {counted(m.n_kv_heads, 'K/V head')} (grouped: {groups})"
 
 
 def score_text(score: str, d_a: int) -> str:
