@@ -364,7 +364,7 @@ def fresh_process_ratio(repeat: int) -> float:
     its memory cost."""
     tracer = ShapeTracer()  # the shape of every step, for "storing"
     model.run_full(load(config_data(**SIZES["large"])), tracer)
-    shapes = json.dumps([shape for _, shape, _ in tracer.shapes])
+    shapes = json.dumps([shape for _, shape, _, _ in tracer.shapes])
     times: dict[str, list[float]] = {"untraced": [], "traced": [], "storing": [], "tables": []}
     kernel: dict[str, list[float]] = {kind: [] for kind in times}
     for _ in range(repeat):

@@ -71,6 +71,14 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "silu_decoder_only": _model(
         d_model=4, n_heads=2, encoder_layers=0, decoder_layers=1, activation="silu"
     ),
+    # grouped-query attention: K/V heads shared (fused, and per K/V head in kv_heads)
+    "gqa_fused_cross_rope": _model(
+        d_model=8, n_heads=4, n_kv_heads=2, decoder_layers=1, positional="rope", fused=True,
+        pad=True, src_len=4, tgt_len=3,
+    ),
+    "mqa_kv_heads_additive": _model(
+        "additive", d_model=6, n_heads=3, n_kv_heads=1, encoder_layers=0, decoder_layers=1,
+    ),
     "relative_fused_pads": _model(
         d_model=4, n_heads=2, decoder_layers=1, positional="relative", fused=True,
         pad=True, src_len=4, tgt_len=3,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class Free:
 
 
 FREE = Free()
+SHARED = "— (a shared K/V head's: computed in its group's first head)"
 
 # Every stage a model records (the keys of stages.STAGES), each with the ways it is
 # computed: exactly one must fit each recorded step, or `ledger` stops. A stage the
@@ -177,11 +179,14 @@ class Cost:
 
 @dataclass
 class ShapeTracer(Tracer):
-    """Keeps each step's path, shape and the shapes of its inputs; no values."""
+    """Keeps each step's path, shape and the shapes of its inputs; no values. And
+    whether the step's array was recorded before (`again`): grouped-query attention
+    records a K/V head's K and V, computed once, in each query head of its group."""
 
-    shapes: list[tuple[str, tuple[int, ...], tuple[tuple[int, ...], ...]]] = field(
+    shapes: list[tuple[str, tuple[int, ...], tuple[tuple[int, ...], ...], bool]] = field(
         default_factory=list
     )
+    _seen: dict[int, weakref.ref[np.ndarray]] = field(default_factory=dict)
 
     def rec(
         self,
@@ -192,16 +197,21 @@ class ShapeTracer(Tracer):
         cols: Labels | str = None,
         rows: Labels | str = None,
     ) -> np.ndarray:
-        self.shapes.append((self.path(name), value.shape, tuple(np.shape(x) for x in inputs)))
+        seen = self._seen.get(id(value))
+        again = seen is not None and seen() is value  # (an id alone may be a dead array's)
+        self._seen[id(value)] = weakref.ref(value)
+        shapes = tuple(np.shape(x) for x in inputs)
+        self.shapes.append((self.path(name), value.shape, shapes, again))
         return value
 
 
 def ledger(cfg: Config) -> list[Cost]:
-    """Every step the model computes, in order, with its multiply-adds."""
+    """Every step the model computes, in order, with its multiply-adds; a product
+    recorded again (a shared K or V) counts once, where it was computed."""
     tr = ShapeTracer()
     with np.errstate(all="ignore"):  # the numbers are not shown: their overflow is no news
         model.run_full(cfg, tr)
-    return [cost_of(path, shape, inputs) for path, shape, inputs in tr.shapes]
+    return [cost_of(path, shape, inputs, again) for path, shape, inputs, again in tr.shapes]
 
 
 def classify(
@@ -220,9 +230,13 @@ def classify(
     return fits[0]
 
 
-def cost_of(path: str, shape: Shape, inputs: Sequence[Shape]) -> Cost:
+def cost_of(path: str, shape: Shape, inputs: Sequence[Shape], again: bool = False) -> Cost:
+    """The step's cost; `again`: its array was recorded before (a K/V head's K or V in
+    another query head of its group), and a product is not made twice."""
     way, terms = classify(path, shape, inputs)
     stage = path.rsplit(".", 1)[-1]
+    if again and (isinstance(way, Product) or way.of is not None):  # (a rotation neither)
+        return Cost(path, stage, "elementwise", shape, SHARED, (), 0)
     kind = way.kind if isinstance(way, Product) else "elementwise"
     return Cost(path, stage, kind, shape, way.formula, terms, math.prod(terms) if terms else 0)
 
