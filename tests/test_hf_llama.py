@@ -24,8 +24,10 @@ The conventions mapped:
   transposed.
 - RoPE pairs column i with i + head_dim/2 (`rotate_half`): `rope_pairs: halves`.
 - Grouped-query attention (num_key_value_heads < num_attention_heads): query head h
-  reads key/value head h // (heads / kv heads) (`repeat_kv`); trace-tf has one K and
-  V per head, so each shared K/V projection is given to every head of its group.
+  reads key/value head h // (heads / kv heads) (`repeat_kv`); trace-tf's
+  `model.n_kv_heads` does the same, so k_proj.weight transposed is the fused W_k as
+  is. The old recipe, each shared K/V projection given to every head of its group
+  (`duplicated=True`), must still give the same numbers.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from conftest import readme_python
 from hf_common import assert_matches, decode_json, hf_greedy, invoke_json, prompt_for, traced
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
+
+from trace_tf.errors import InputError
 
 GATED = {"silu": "swiglu", "gelu": "geglu"}
 
@@ -133,18 +137,26 @@ def head_dim(model: LlamaForCausalLM) -> int:
     return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
 
 
-def to_config(model: LlamaForCausalLM, prompt: list[int]) -> dict[str, Any]:
-    """README's mapping, as nested config data with the weights in the YAML's fused form."""
+def to_config(
+    model: LlamaForCausalLM, prompt: list[int], duplicated: bool = False
+) -> dict[str, Any]:
+    """README's mapping, as nested config data with the weights in the YAML's fused form:
+    grouped-query attention natively (n_kv_heads), or, `duplicated`, as before there was
+    n_kv_heads: each K/V head's columns given to every query head of its group."""
     c = model.config
     p = {k: v.numpy() for k, v in model.state_dict().items()}
     vocab, d, H = vocab_of(model), head_dim(model), c.num_attention_heads
     group = H // c.num_key_value_heads
 
     def shared(W: np.ndarray) -> np.ndarray:
-        """A K or V projection's columns (kv head j: j·d..) given to each query head."""
+        """A K or V projection's columns (kv head j: j·d..), given to each query head."""
+        if not duplicated:
+            return W
         return np.concatenate([W[:, (h // group) * d : (h // group + 1) * d] for h in range(H)], 1)
 
     def shared_bias(b: np.ndarray) -> np.ndarray:
+        if not duplicated:
+            return b
         return np.concatenate([b[(h // group) * d : (h // group + 1) * d] for h in range(H)])
 
     layers = []
@@ -188,6 +200,7 @@ def to_config(model: LlamaForCausalLM, prompt: list[int]) -> dict[str, Any]:
         "model": {
             "d_model": c.hidden_size,
             "n_heads": H,
+            "n_kv_heads": H if duplicated else c.num_key_value_heads,
             "d_k": d,
             "d_v": d,
             "d_ff": c.intermediate_size,
@@ -343,29 +356,59 @@ def layer_norm(raw: dict[str, Any]) -> None:
     raw["model"]["norm"] = "layer"
 
 
-def kv_heads_interleaved(raw: dict[str, Any]) -> None:
-    """Query head h given K/V head h % kv heads instead of h // group."""
+def kv_heads_reversed(raw: dict[str, Any]) -> None:
+    """The K/V heads' columns of W_k and W_v in the wrong order (kv head 0 read by h2, h3)."""
     a = raw["weights"]["decoder"][0]["self_attn"]
-    H, d = raw["model"]["n_heads"], raw["model"]["d_k"]
+    n, d = raw["model"]["n_kv_heads"], raw["model"]["d_k"]
     for key in ("W_k", "W_v"):
         W = np.asarray(a[key])
-        blocks = [W[:, h * d : (h + 1) * d] for h in range(H)]
-        a[key] = np.concatenate(blocks[::2] + blocks[1::2], axis=1).tolist()
+        blocks = [W[:, j * d : (j + 1) * d] for j in range(n)]
+        a[key] = np.concatenate(blocks[::-1], axis=1).tolist()
+
+
+def multi_head(raw: dict[str, Any]) -> None:
+    """n_kv_heads left out: the GQA weights (2 K/V heads wide) read as 4 heads' weights."""
+    del raw["model"]["n_kv_heads"]
 
 
 @pytest.mark.parametrize(
-    "mutate", [swap_q_k, gate_up_swapped, rope_adjacent, layer_norm, kv_heads_interleaved]
+    "mutate", [swap_q_k, gate_up_swapped, rope_adjacent, layer_norm, kv_heads_reversed]
 )
 def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]], None]) -> None:
-    """Each plausible conversion mistake makes the comparison above fail."""
+    """Each plausible conversion mistake makes the comparison above fail (or, W_q and
+    W_k swapped under grouped-query attention, their widths refused)."""
     model = llama(SHAPES[2], 3)
     prompt = prompt_for(model, 3)
     raw = to_config(model, prompt)
     mutate(raw)
     with float64_llama():
         expected = hf_outputs(model, prompt)
-    with pytest.raises(AssertionError):
+    with pytest.raises((AssertionError, InputError)):
         assert_matches(expected, traced(raw).value)
+
+
+def test_left_out_n_kv_heads_is_an_error_that_names_the_fused_width() -> None:
+    model = llama(SHAPES[2], 3)
+    raw = to_config(model, prompt_for(model, 3))
+    multi_head(raw)
+    with pytest.raises(InputError, match=r"W_k.*n_heads·d_k"):
+        traced(raw)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3]], ids=_ids)
+def test_the_duplicated_kv_recipe_gives_the_native_numbers(shape: dict[str, Any]) -> None:
+    """Before n_kv_heads, README gave each query head its K/V head's columns: the same
+    model, every step equal to the native one's (bit for bit) and to LLaMA's."""
+    model = llama(shape, 6)
+    prompt = prompt_for(model, 6)
+    native, old = to_config(model, prompt), to_config(model, prompt, duplicated=True)
+    assert native["model"]["n_kv_heads"] < old["model"]["n_kv_heads"]
+    a, b = traced(native), traced(old)
+    assert list(a.steps) == list(b.steps)
+    for path in a.steps:
+        assert np.array_equal(a.value(path), b.value(path)), path
+    with float64_llama():
+        assert_matches(hf_outputs(model, prompt), b.value)
 
 
 # ------------------------------------------------------------ generate --greedy

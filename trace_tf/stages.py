@@ -124,14 +124,14 @@ STAGES: tuple[Stage, ...] = (
         (f"{_HEAD}.k",),
         "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated)",
         "L_k × d_k",
-        "what each position is found by",
+        "what each position is found by (with model.n_kv_heads: its K/V head's, shared)",
     ),
     Stage(
         "v",
         (f"{_HEAD}.v",),
         "X W_v + b_v  (cross-attention: X = encoder.output)",
         "L_k × d_v",
-        "what each position hands over when attended to",
+        "what each position hands over when attended to (with model.n_kv_heads: shared)",
     ),
     Stage(
         "q_a",
