@@ -268,3 +268,20 @@ def test_fused_kv_beside_kv_heads_is_one_form_per_block(tmp_path: Path) -> None:
 def test_more_kv_heads_than_n_kv_heads(tmp_path: Path) -> None:
     data = {**SMALL, "weights": {"decoder": [{"self_attn": {"kv_heads": [{}, {}, {}]}}]}}
     _bad(tmp_path, data, "kv_heads.2", "more K/V heads than model.n_kv_heads (2)")
+
+
+def test_generate_explain_of_a_cached_row_of_a_shared_k(tmp_path: Path) -> None:
+    """h3 reads K/V head 1, computed (and cached) in h2's scope: row 0 of t2's h3.k
+    was computed at t0 in h2, from K/V head 1's W_k."""
+    path = _write(tmp_path, SMALL)
+    code, out, err = _invoke(
+        "generate", path, "--max-tokens", "3", "--explain", "t2.decoder.0.self_attn.h3.k",
+        "--cell", "0,0", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    where = data["where"]
+    assert "row 0 is cached: computed at t0.decoder.0.self_attn.h2.k and kept since" in where
+    assert "weights.decoder.0.self_attn.kv_heads.1.W_k" in " ".join(where)
+    x, w = np.array(data["operands"]["x0"]), np.array(data["operands"]["W_k[:,0]"])
+    assert data["agrees"] and data["value"] == pytest.approx(float(x @ w), rel=1e-12)

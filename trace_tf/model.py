@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -226,17 +226,7 @@ class KeysValues:
         if self.scopes is not None:
             tr.computed_in("k", self.scopes)
             tr.computed_in("v", self.scopes)
-        return KeysValues(
-            k,
-            v,
-            self.k_formula,
-            self.v_formula,
-            self.k_inputs,
-            self.v_inputs,
-            k_raw,
-            self.k_raw_formula,
-            self.scopes,
-        )
+        return replace(self, k=k, v=v, k_raw=k_raw)
 
 
 def keys_values(
