@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -198,7 +198,7 @@ def project(x: Array, W: Array, b: Array | None) -> Array:
     return ops.linear(x, W, b)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class KeysValues:
     """One K/V head's K and V (and K_raw, with RoPE), with the formula and inputs each
     step records. Grouped-query attention computes them once, in the first query head
@@ -214,19 +214,18 @@ class KeysValues:
     k_raw_formula: str = ""
     scopes: tuple[str, ...] | None = None  # KV-cached: the scope each row was computed in
 
-    def record(self, tr: Tracer, shared: str = "") -> KeysValues:
+    def record(self, tr: Tracer, shared: str = "") -> None:
         """Record K_raw, K and V in the current scope, each formula followed by `shared`
-        (", K/V head 1 (shared by h2, h3)"); -> the arrays as recorded."""
-        k_inputs, k_raw = self.k_inputs, self.k_raw
-        if k_raw is not None:
-            k_raw = tr.rec("k_raw", k_raw, self.k_raw_formula + shared, *k_inputs)
-            k_inputs = (k_raw,)
-        k = tr.rec("k", self.k, self.k_formula + shared, *k_inputs, rows="keys")
-        v = tr.rec("v", self.v, self.v_formula + shared, *self.v_inputs, rows="keys")
+        (", K/V head 1 (shared by h2, h3)"), and go on with the arrays as recorded."""
+        k_inputs = self.k_inputs
+        if self.k_raw is not None:
+            self.k_raw = tr.rec("k_raw", self.k_raw, self.k_raw_formula + shared, *k_inputs)
+            k_inputs = (self.k_raw,)
+        self.k = tr.rec("k", self.k, self.k_formula + shared, *k_inputs, rows="keys")
+        self.v = tr.rec("v", self.v, self.v_formula + shared, *self.v_inputs, rows="keys")
         if self.scopes is not None:
             tr.computed_in("k", self.scopes)
             tr.computed_in("v", self.scopes)
-        return replace(self, k=k, v=v, k_raw=k_raw)
 
 
 def keys_values(
@@ -311,7 +310,7 @@ def attention_head(
         )
     if kv is None:
         kv = keys_values(x_kv, hw, m, rotary, src, start, cache, tr.path(""))
-    kv = kv.record(tr, shared)
+    kv.record(tr, shared)
     out = attend(
         q,
         kv.k,
@@ -452,25 +451,25 @@ def multi_head_attention(
     head's `cache`) and the others reuse; H_kv = H is the paper's multi-head attention."""
     first = cache[0] if cache is not None else None
     start = first.length if first is not None and first.grows else 0  # position of row 0
-    kvs: dict[int, KeysValues] = {}  # by K/V head, once computed
     heads = []
-    for h, hw in enumerate(aw.heads):
-        j = m.kv_head(h)
-        with tr.scope(f"h{h}"):
-            c = cache[j] if cache is not None else None
-            out, kvs[j] = attention_head(
-                x_q,
-                x_kv,
-                hw,
-                mask,
-                m,
-                rotary,
-                tr,
-                c,
-                start=start,
-                kv=kvs.get(j),
-                shared=_shared(m, j),
-            )
+    for j in range(m.n_kv_heads):  # K/V head j, read by query heads j·group..
+        c = cache[j] if cache is not None else None
+        kv, shared = None, _shared(m, j)  # computed by the group's first query head
+        for h in range(j * m.group, (j + 1) * m.group):
+            with tr.scope(f"h{h}"):
+                out, kv = attention_head(
+                    x_q,
+                    x_kv,
+                    aw.heads[h],
+                    mask,
+                    m,
+                    rotary,
+                    tr,
+                    c,
+                    start=start,
+                    kv=kv,
+                    shared=shared,
+                )
             heads.append(out)
     concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
     return tr.rec(
