@@ -285,3 +285,20 @@ def test_generate_explain_of_a_cached_row_of_a_shared_k(tmp_path: Path) -> None:
     assert "weights.decoder.0.self_attn.kv_heads.1.W_k" in " ".join(where)
     x, w = np.array(data["operands"]["x0"]), np.array(data["operands"]["W_k[:,0]"])
     assert data["agrees"] and data["value"] == pytest.approx(float(x @ w), rel=1e-12)
+
+
+def test_under_float32_the_query_heads_of_a_group_still_share_one_w_k() -> None:
+    """float32 converts every weight; a K/V head's W_k, held by each query head of its
+    group, must stay one array (once converted), named by its K/V head."""
+    raw = random_config(np.random.default_rng(5), **GROUPED[1])  # type: ignore[arg-type]
+    cfg = config_from(raw, dtype="float32")
+    assert isinstance(cfg, Config)
+    heads = cfg.encoder[0].self_attn.heads
+    assert heads[2].W_k is heads[3].W_k and heads[2].W_k.dtype == np.float32
+    assert heads[1].W_k is not heads[2].W_k
+    trace = run(cfg, "full")
+    assert (
+        trace["encoder.0.self_attn.h3.k"].inputs[1] == "weights.encoder.0.self_attn.kv_heads.1.W_k"
+    )
+    e = explain(cfg, trace, trace["encoder.0.self_attn.h3.v"], (0, 1))
+    assert e.agrees and "K/V head 1's" in "\n".join(e.where)

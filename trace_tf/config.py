@@ -2437,10 +2437,11 @@ class _Validator:
         # Drawn and given numbers are read in float64 (the same numbers whatever the
         # dtype), then rounded once; the expected values of `expect` stay as written.
         dt = np.dtype(m.dtype)
+        done: dict[int, np.ndarray] = {}  # (the arrays converted are alive until the end)
         return replace(
             config,
             **{
-                f.name: _astype(getattr(config, f.name), dt)
+                f.name: _astype(getattr(config, f.name), dt, done)
                 for f in fields(config)
                 if f.name not in ("model", "expect", "sources", "notes")
             },
@@ -2971,23 +2972,28 @@ def head_part(key: str) -> tuple[str, str, str] | None:
     return listed, f"{block}.{name}", h
 
 
-def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
-    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`.
+def _astype(value: Any, dtype: np.dtype[Any], done: dict[int, np.ndarray] | None = None) -> Any:
+    """Every array inside `value` (arrays, tuples, mappings, weight dataclasses) in `dtype`;
+    an array met twice (a K/V head's W_k in each query head of its group) becomes one
+    array, converted once (`done`: by the id of the array, what it became).
 
     A given number beyond float32 was refused; a drawn one (init_std 1e39) becomes an
     infinity, which the run reports as an overflow, naming the step."""
+    done = {} if done is None else done
     if isinstance(value, np.ndarray):
         if value.dtype.kind != "f":
             return value
-        with np.errstate(over="ignore"):
-            return value.astype(dtype)
+        if id(value) not in done:
+            with np.errstate(over="ignore"):
+                done[id(value)] = value.astype(dtype)
+        return done[id(value)]
     if isinstance(value, tuple):
-        return tuple(_astype(v, dtype) for v in value)
+        return tuple(_astype(v, dtype, done) for v in value)
     if isinstance(value, Mapping):
-        return {k: _astype(v, dtype) for k, v in value.items()}
+        return {k: _astype(v, dtype, done) for k, v in value.items()}
     if is_dataclass(value) and not isinstance(value, type):
         return replace(
-            value, **{f.name: _astype(getattr(value, f.name), dtype) for f in fields(value)}
+            value, **{f.name: _astype(getattr(value, f.name), dtype, done) for f in fields(value)}
         )
     return value
 
