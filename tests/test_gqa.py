@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from trace_tf import cost, model
 from trace_tf.cli import app
-from trace_tf.config import Config
+from trace_tf.config import Config, ModelConfig
 from trace_tf.explain import explain
-from trace_tf.runner import run
+from trace_tf.runner import heads_text, run
 
 runner = CliRunner()
 
@@ -173,6 +173,16 @@ def test_the_header_says_which_kv_head_each_query_head_reads(tmp_path: Path) -> 
     code, out, err = _invoke("decode", _write(tmp_path, SMALL))
     assert code == 0, err
     assert "4 heads, 2 K/V heads (grouped: h0,h1 → kv0; h2,h3 → kv1)" in " ".join(out.split())
+
+
+def test_the_header_of_many_heads_states_the_rule() -> None:
+    assert heads_text(ModelConfig(d_model=64, n_heads=32, n_kv_heads=8)) == (
+        "32 heads, 8 K/V heads (grouped: head h → K/V head h // 4)"
+    )
+    assert heads_text(ModelConfig(d_model=8, n_heads=4, n_kv_heads=1)) == (
+        "4 heads, 1 K/V head (grouped: h0,h1,h2,h3 → kv0)"
+    )
+    assert heads_text(ModelConfig(d_model=8, n_heads=4)) == "4 head(s)"
 
 
 def test_weights_lists_each_kv_weight_once_and_set_writes_over_a_copy(tmp_path: Path) -> None:

@@ -282,8 +282,8 @@ def heads_text(m: ModelConfig) -> str:
             ",".join(f"h{h}" for h in range(j * m.group, (j + 1) * m.group)) + f" → kv{j}"
             for j in range(m.n_kv_heads)
         )
-    else:
-        groups = f"h → kv h // {m.group}"
+    else:  # too many to list: the rule
+        groups = f"head h → K/V head h // {m.group}"
     return f"{m.n_heads} heads, {counted(m.n_kv_heads, 'K/V head')} (grouped: {groups})"
 
 
