@@ -458,7 +458,8 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
         width = ctx.get(name).shape[-1]
         first = h * width
         given = _part_source(ctx, name, source)
-        head = "K/V head" if name.split(".")[-3] == "kv_heads" else "head"  # (grouped-query)
+        part = head_part(name)
+        head = "K/V head" if part is not None and part[0] == "kv_heads" else "head"
         return source, first + j, f" ({head} {h}'s {first}..{first + width - 1}; {given})"
     return name, j, ctx.source(name)
 
