@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "activation": "relu",
     "embed_scale": 1,
     "tie_embeddings": False,
+    "embed_norm": False,
 }
 WORDS = [f"t{i}" for i in range(6)]
 BOS, EOS, PAD = "t0", "t1", "PAD"
@@ -55,6 +56,7 @@ def random_config(
     tie_embeddings: bool = False,
     embed_scale: float | str = 1,
     final_norm: bool | None = None,
+    embed_norm: bool = False,
     scale: float | str | None = None,
     max_len: int | None = None,
 ) -> dict[str, Any]:
@@ -69,6 +71,7 @@ def random_config(
     relative gives each self-attention head a table of 2·max_len − 1 biases.
     `n_kv_heads` below n_heads: grouped-query attention, W_k/W_v/b_k/b_v fused
     n_kv_heads heads wide, or per K/V head in `kv_heads`.
+    `embed_norm` normalises each stack's embeddings before its first layer.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -195,6 +198,7 @@ def random_config(
         "activation": activation,
         "embed_scale": embed_scale,
         "tie_embeddings": tie_embeddings,
+        "embed_norm": embed_norm,
     }
     model.update({key: value for key, value in chosen.items() if value != DEFAULTS[key]})
 
@@ -207,6 +211,10 @@ def random_config(
         for stack, n_layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
             if n_layers:
                 weights[f"{stack}_final_norm"] = norm_params()
+    if embed_norm:
+        for stack, n_layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+            if n_layers:
+                weights[f"{stack}_embed_norm"] = norm_params()
     if positional in ("learned", "relative"):
         model["max_len"] = rows  # more than used: only rows 0..L-1, offsets ±(L-1) are read
     if positional == "learned":

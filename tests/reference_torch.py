@@ -49,6 +49,7 @@ class Hyper:
     embed_scale: float
     norm_position: str
     final_norm: bool
+    embed_norm: bool  # the norm of the embeddings before layer 0 (BERT)
     norm: str
     norm_eps: float
     activation: str
@@ -84,6 +85,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
         norm_position=norm_position,
         final_norm=bool(model.get("final_norm", norm_position == "pre")),
+        embed_norm=bool(model.get("embed_norm", False)),
         norm=model.get("norm", "layer"),
         norm_eps=float(model.get("norm_eps", 1e-5)),
         activation=model.get("activation", "relu"),
@@ -463,7 +465,8 @@ def embed_sequence(
     name: str, sequence: Any, cfg: dict[str, Any], hp: Hyper, tr: Trace
 ) -> tuple[Tensor, list[bool]]:
     """Embedding lookup (or the given numeric matrix) x embed_scale + positions (paper 3.4, 3.5).
-    Returns what layer 0 sees [n, d_model] and which positions hold the pad token."""
+    Returns what layer 0 sees [n, d_model] (with embed_norm: the input normalised, as
+    BERT's embedding LayerNorm) and which positions hold the pad token."""
     tokens = token_list(sequence)
     if tokens is None:
         embed = tensor(sequence)
@@ -482,7 +485,11 @@ def embed_sequence(
         x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
     elif hp.positional not in ("none", "relative", "rope"):  # the others act in self-attention
         raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
-    return tr.rec(f"{name}.input", x), is_pad
+    x = tr.rec(f"{name}.input", x)
+    if hp.embed_norm:
+        norm = cfg.get("weights", {}).get(f"{name}_embed_norm", {})
+        x = tr.rec(f"{name}.embed_norm", normalise(x, norm, hp))
+    return x, is_pad
 
 
 def output_weight(cfg: dict[str, Any], hp: Hyper) -> Tensor:

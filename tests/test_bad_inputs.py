@@ -254,6 +254,15 @@ SHAPES = [
         for k in ("gamma", "beta")
     ),
     wrong_shape(
+        "decoder-embed-norm",
+        DEC_ONLY.replace("decoder_layers: 1", "decoder_layers: 1, embed_norm: true")
+        + f"weights:\n  decoder_embed_norm: {{beta: {V2}}}\n",
+        "weights.decoder_embed_norm.beta",
+        "decoder_embed_norm",
+        "shape 4 (d_model)",
+        "shape 2",
+    ),
+    wrong_shape(
         "decoder-final-norm",
         ENC_DEC.replace("decoder_layers: 1", "decoder_layers: 1\n  final_norm: true")
         + f"weights:\n  decoder_final_norm: {{gamma: {V2}}}\n",
@@ -1236,6 +1245,29 @@ STRUCTURE = [
         "weights.decoder_final_norm",
         "decoder_final_norm",
         "the model has no such stack",
+    ),
+    case(
+        "embed-norm-when-off",
+        BASE + "weights:\n  encoder_embed_norm: {gamma: [1, 1, 1, 1]}\n",
+        "weights.encoder_embed_norm",
+        7,
+        "an embedding norm is given but model.embed_norm is off",
+        "expected no encoder_embed_norm",
+    ),
+    case(
+        "embed-norm-of-a-missing-stack",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  embed_norm: true")
+        + "weights:\n  decoder_embed_norm: {beta: [0, 0, 0, 0]}\n",
+        "weights.decoder_embed_norm",
+        "decoder_embed_norm",
+        "an embedding norm is given but the model has no such stack",
+    ),
+    case(
+        "embed-norm-not-a-boolean",
+        BASE.replace("n_heads: 2", "n_heads: 2\n  embed_norm: 'yes please'"),
+        "model.embed_norm",
+        4,
+        "embed_norm",
     ),
     case(
         "output-W-with-tied-embeddings",

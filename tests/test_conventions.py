@@ -121,6 +121,40 @@ def test_the_norm_row_says_whether_a_final_norm_runs(
         np.testing.assert_allclose(value(data, "decoder.output"), expected, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("on", [False, True])
+def test_the_norm_row_says_whether_the_embeddings_are_normalised(
+    tmp_yaml: Any, kind: str, on: bool
+) -> None:
+    sets = ["--set", f"model.embed_norm={on}", "--set", f"model.norm={kind}"]
+    sets += ["--set", "model.norm_eps=0.5", "--set", "weights.decoder_embed_norm.beta=[1, 0, 0, 2]"]
+    data = traced(tmp_yaml, *(sets if on else sets[:4]))
+    assert ("embedding norm on" in data["conventions"]["norm"]) == on
+    paths = [s["path"] for s in data["steps"]]
+    for stack in ("encoder", "decoder"):
+        assert (f"{stack}.embed_norm" in paths) == on
+        # layer 0 reads the normalised embeddings: X = E + PE, then Norm(X) (BERT)
+        x = value(data, f"{stack}.embed") + value(data, f"{stack}.pe")
+        np.testing.assert_allclose(value(data, f"{stack}.input"), x, atol=1e-12)
+        if not on:
+            continue
+        f = layer_norm if kind == "layer" else rms_norm
+        beta = np.array([1, 0, 0, 2]) if stack == "decoder" else 0  # gamma ones by default
+        expected = f(x, 0.5) + beta
+        np.testing.assert_allclose(value(data, f"{stack}.embed_norm"), expected, atol=1e-12)
+        assert paths.index(f"{stack}.input") < paths.index(f"{stack}.embed_norm")
+        assert paths.index(f"{stack}.embed_norm") < paths.index(f"{stack}.0.self_attn.h0.q")
+        assert "what layer 0 reads" in formula(data, f"{stack}.embed_norm")
+        assert "ε = 0.5" in formula(data, f"{stack}.embed_norm")
+        # the first projection reads it: post-norm's residual is Norm(X) + attention
+        np.testing.assert_allclose(
+            value(data, f"{stack}.0.self_attn.residual"),
+            expected + value(data, f"{stack}.0.self_attn.wo"),
+            atol=1e-12,
+        )
+    assert_same_header(tmp_yaml, data, *(sets if on else sets[:4]), "--format", "table")
+
+
 def test_sinusoidal_positions_use_the_stated_base(tmp_yaml: Any) -> None:
     data = traced(tmp_yaml, "--set", "model.pe_base=100")
     assert "base 100" in data["conventions"]["positions"]

@@ -138,6 +138,20 @@ SHAPES = [
         tgt_len=4,
     ),
     dict(d_model=6, n_heads=3, n_kv_heads=1, d_k=4, d_v=3, decoder_layers=1, positional="relative"),
+    # the embeddings normalised before layer 0 (model.embed_norm): BERT's shape (encoder-only,
+    # post-norm LayerNorm, learned positions, GELU) and a decoder-only pre-norm RMSNorm; and
+    # encoder-decoder with padding
+    dict(d_model=8, n_heads=2, positional="learned", activation="gelu", embed_norm=True),
+    dict(
+        d_model=6,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        embed_norm=True,
+    ),
+    dict(d_model=4, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, embed_norm=True),
     # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
     dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
 ]

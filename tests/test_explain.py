@@ -83,6 +83,14 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         d_model=4, n_heads=2, decoder_layers=1, positional="relative", fused=True,
         pad=True, src_len=4, tgt_len=3,
     ),
+    # model.embed_norm: LayerNorm (BERT's shape) and RMSNorm in both stacks
+    "embed_norm_bert": _model(
+        d_model=6, n_heads=2, positional="learned", activation="gelu", embed_norm=True
+    ),
+    "embed_norm_rms_cross": _model(
+        d_model=4, n_heads=2, decoder_layers=1, norm_position="pre", norm="rms",
+        embed_norm=True, pad=True, src_len=3, tgt_len=3,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

@@ -82,6 +82,17 @@ SHAPES = [
         norm="rms",
         activation="swiglu",
     ),
+    # model.embed_norm: the new rows' embeddings normalised on their own under the cache
+    dict(d_model=6, n_heads=2, positional="learned", embed_norm=True, pad=True, src_len=4),
+    dict(
+        d_model=4,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        embed_norm=True,
+    ),
 ]
 ROPE = [
     dict(d_model=6, n_heads=2, positional="rope"),

@@ -58,6 +58,7 @@ MODEL_KEYS = [
     "embed_scale",
     "norm_position",
     "final_norm",
+    "embed_norm",
     "norm",
     "norm_eps",
     "activation",
@@ -149,6 +150,7 @@ class ModelConfig:
     embed_scale_text: str = "1"  # as written, for the conventions header
     norm_position: str = "post"
     final_norm: bool = False
+    embed_norm: bool = False  # the norm of E·scale + PE before layer 0 (BERT, BLOOM)
     norm: str = "layer"
     norm_eps: float = 1e-5
     activation: str = "relu"
@@ -353,6 +355,8 @@ class Config:
     decoder: tuple[LayerWeights, ...]
     encoder_final_norm: NormWeights | None
     decoder_final_norm: NormWeights | None
+    encoder_embed_norm: NormWeights | None  # with model.embed_norm
+    decoder_embed_norm: NormWeights | None
     positional: np.ndarray | None  # [max_len, d_model] when learned
     output_W: np.ndarray | None  # [d_model, vocab]
     output_b: np.ndarray | None  # [vocab]
@@ -417,7 +421,12 @@ class Config:
                         out[f"{base}.{k}"] = getattr(f, k)
                 out[f"{base}.norm.gamma"] = f.norm.gamma
                 out[f"{base}.norm.beta"] = f.norm.beta
-        for name in ("encoder_final_norm", "decoder_final_norm"):
+        for name in (
+            "encoder_final_norm",
+            "decoder_final_norm",
+            "encoder_embed_norm",
+            "decoder_embed_norm",
+        ):
             nw: NormWeights | None = getattr(self, name)
             if nw is not None:
                 out[f"weights.{name}.gamma"] = nw.gamma
@@ -1456,12 +1465,13 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     if m.positional == "relative":  # rel_bias and biased (as steps, RoPE's q_raw and k_raw's)
         attn += H * 2 * L * L
     ffn = L * (2 * dff + 3 * d + 2)
-    stack = 5 * L * d + L * L + 2 * L  # embed, pe, input, final norm, output; the mask
+    # embed, pe, input, embedding norm, final norm, output (norms' statistics); the mask
+    stack = 6 * L * d + L * L + 4 * L
     stacks = (enc > 0) + (dec > 0)
     numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
     # The steps, each charged OBJECT_COST: per head at most 14, per block 6, per FFN 7,
-    # per stack 6; the cross mask, logits and probs.
-    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * 6 + 3
+    # per stack 9; the cross mask, logits and probs.
+    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * 9 + 3
     return numbers + OBJECT_COST * steps
 
 
@@ -2243,6 +2253,7 @@ class _Validator:
             embed_scale_text=embed_text,
             norm_position=norm_position,
             final_norm=self.boolean(m.get("final_norm", norm_position == "pre"), p + "final_norm"),
+            embed_norm=self.boolean(m.get("embed_norm", False), p + "embed_norm"),
             norm=self.choice(m.get("norm", "layer"), p + "norm", NORM_KINDS),
             norm_eps=self.number(m.get("norm_eps", 1e-5), p + "norm_eps", minimum=0),
             activation=self.choice(m.get("activation", "relu"), p + "activation", ACTIVATIONS),
@@ -2278,7 +2289,7 @@ class _Validator:
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
         ffn = 2 * d * dff + dff + 3 * d
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
-        total = blocks * attn + (enc + dec) * ffn + 4 * d  # + the final norms
+        total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
         if m.positional == "relative":  # a table per self-attention head
             total += (enc + dec) * H * (2 * m.max_len - 1)
@@ -2369,6 +2380,8 @@ class _Validator:
                 "decoder",
                 "encoder_final_norm",
                 "decoder_final_norm",
+                "encoder_embed_norm",
+                "decoder_embed_norm",
                 "positional",
                 "output",
             ),
@@ -2377,8 +2390,10 @@ class _Validator:
         decoder = self.layers(
             w.get("decoder"), "decoder", m.decoder_layers, m, cross=m.encoder_layers > 0
         )
-        enc_final = self.final_norm(w, "encoder_final_norm", m, m.encoder_layers > 0)
-        dec_final = self.final_norm(w, "decoder_final_norm", m, m.decoder_layers > 0)
+        enc_final = self.stack_norm(w, "encoder_final_norm", m, m.encoder_layers > 0)
+        dec_final = self.stack_norm(w, "decoder_final_norm", m, m.decoder_layers > 0)
+        enc_embed = self.stack_norm(w, "encoder_embed_norm", m, m.encoder_layers > 0)
+        dec_embed = self.stack_norm(w, "decoder_embed_norm", m, m.decoder_layers > 0)
         positional = None
         if m.positional == "learned":
             positional = self.weight(
@@ -2413,6 +2428,8 @@ class _Validator:
             decoder=decoder,
             encoder_final_norm=enc_final,
             decoder_final_norm=dec_final,
+            encoder_embed_norm=enc_embed,
+            decoder_embed_norm=dec_embed,
             positional=positional,
             output_W=output_W,
             output_b=output_b,
@@ -2894,16 +2911,24 @@ class _Validator:
             )
         return tuple(out)
 
-    def final_norm(
+    def stack_norm(
         self, w: dict[str, Any], key: str, m: ModelConfig, has_stack: bool
     ) -> NormWeights | None:
-        if m.final_norm and has_stack:
+        """A stack's final norm (`encoder_final_norm`) or embedding norm
+        (`decoder_embed_norm`): its weights when the model has it, else None; given
+        weights for a norm the model does not have are refused."""
+        final = key.endswith("_final_norm")
+        switch = "model.final_norm" if final else "model.embed_norm"
+        if has_stack and (m.final_norm if final else m.embed_norm):
             return self.norm(w.get(key), f"weights.{key}", m.d_model)
         if w.get(key) is not None:
-            reason = "model.final_norm is off" if has_stack else "the model has no such stack"
-            cause = self.ctx.set_by("model.final_norm", "model.norm_position") if has_stack else ""
+            reason = f"{switch} is off" if has_stack else "the model has no such stack"
+            cause = ""
+            if has_stack:
+                cause = self.ctx.set_by(switch, *(["model.norm_position"] if final else []))
+            what = "a final norm" if final else "an embedding norm"
             raise self.ctx.err(
-                f"weights.{key}", f"a final norm is given but {reason}{cause}", expected="no " + key
+                f"weights.{key}", f"{what} is given but {reason}{cause}", expected="no " + key
             )
         return None
 

@@ -149,6 +149,7 @@ COSTS: dict[str, tuple[Product | Free, ...]] = {
     "up": (Product("ffn", "L·d_model·d_ff", x_w),),  # a gated FFN's second product
     "gated": (FREE,),  # act ⊙ U, elementwise
     "out": (Product("ffn", "L·d_ff·d_model", x_w),),
+    "embed_norm": (FREE,),
     "final_norm": (FREE,),
     "output": (FREE,),
     "logits": (Product("output", "L·d_model·V", x_w),),

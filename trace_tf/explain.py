@@ -416,7 +416,7 @@ def _first_position(ctx: _Ctx, path: str) -> int:
 def _symbol(name: str) -> str:
     """A short symbol for an input: x for what a layer reads, else its last part."""
     last = name.rsplit(".", 1)[-1]
-    if last in ("input", "norm", "final_norm", "output", "residual", "x"):
+    if last in ("input", "norm", "embed_norm", "final_norm", "output", "residual", "x"):
         return "x"
     if name == TIED_OUTPUT:
         return "Eᵀ"
@@ -1427,6 +1427,7 @@ EXPLAINERS: dict[str, Explainer] = {
     "up": _linear,
     "gated": _gated,
     "out": _linear,
+    "embed_norm": _norm,
     "final_norm": _norm,
     "output": _output,
     "logits": _linear,

@@ -527,9 +527,17 @@ def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRA
 
 
 def normalize(
-    x: Array, nw: NormWeights, m: ModelConfig, name: str, tr: Tracer = NULL_TRACER
+    x: Array,
+    nw: NormWeights,
+    m: ModelConfig,
+    name: str,
+    tr: Tracer = NULL_TRACER,
+    of: str = "x",
+    note: str = "",
 ) -> Array:
-    """LayerNorm or RMSNorm of each row, its statistics recorded under `name`. [L, d] -> [L, d]"""
+    """LayerNorm or RMSNorm of each row, its statistics recorded under `name`. [L, d] -> [L, d]
+
+    `of` names x in the formula (`X` for the embeddings), `note` follows it."""
     with tr.scope(name):
         if m.norm == "rms":
             r = tr.rec(
@@ -542,7 +550,8 @@ def normalize(
             var = tr.rec("var", var, "biased variance of each row (÷ d)", x)
             out = ops.standardize(x, mean, var, nw.gamma, nw.beta, m.norm_eps)
     kind = "RMSNorm" if m.norm == "rms" else "LayerNorm"
-    return tr.rec(name, out, f"{kind}(x) = " + norm_formula(m, "x"), x, nw.gamma, nw.beta)
+    formula = f"{kind}({of}) = " + norm_formula(m, of) + note
+    return tr.rec(name, out, formula, x, nw.gamma, nw.beta)
 
 
 def add_and_norm(
@@ -635,13 +644,21 @@ def _final(x: Array, nw: NormWeights | None, m: ModelConfig, tr: Tracer) -> Arra
     return x if nw is None else normalize(x, nw, m, "final_norm", tr)
 
 
+def _embed_norm(x: Array, nw: NormWeights | None, m: ModelConfig, tr: Tracer) -> Array:
+    """Norm(X), X = E · scale + PE, before the first layer (BERT's embedding LayerNorm;
+    model.embed_norm): layer 0 then reads it, not `input`. [L, d] -> [L, d]"""
+    if nw is None:
+        return x
+    return normalize(x, nw, m, "embed_norm", tr, "X", ";  what layer 0 reads")
+
+
 def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
     """The encoder stack on `source`. -> [L_src, d]"""
     m, seq = cfg.model, cfg.source
     assert seq is not None
     labels = seq.labels
     with tr.scope("encoder", rows=labels, keys=labels):
-        x = embed(cfg, seq, tr)
+        x = _embed_norm(embed(cfg, seq, tr), cfg.encoder_embed_norm, m, tr)
         pads = padding(cfg, seq)
         mask = None
         if pads is not None:
@@ -679,7 +696,8 @@ def decoder(
         keys = Sequence_(tokens=cache.tokens + target.tokens)
     src_labels = cfg.source.labels if cfg.source is not None else None
     with tr.scope("decoder", rows=labels, keys=keys.labels):
-        x = embed(cfg, target, tr, start)
+        # with a KV cache, the new rows only: a norm of each row on its own
+        x = _embed_norm(embed(cfg, target, tr, start), cfg.decoder_embed_norm, m, tr)
         L = len(target)
         # The decoder's self-attention is always causal (3.2.3), also for one token;
         # with a cache, the single newest row sees every key, so its row is all zeros.

@@ -212,6 +212,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         (
             "norm",
             f"{m.norm_position}-norm, {norm_kind}, ε = {exact(m.norm_eps)}"
+            + (", embedding norm on" if m.embed_norm else "")
             + (", final norm on" if m.final_norm else ""),
         ),
         (

@@ -77,7 +77,15 @@ STAGES: tuple[Stage, ...] = (
         ("<stack>.input",),
         "X = E · embed_scale + PE",
         "L × d_model",
-        "what layer 0 reads",
+        "what layer 0 reads (with model.embed_norm: what embed_norm normalises for it)",
+    ),
+    Stage(
+        "embed_norm",
+        ("<stack>.embed_norm",),
+        "Norm(X)",
+        "L × d_model",
+        "the embeddings normalised before the first layer (BERT), what layer 0 reads",
+        "with model.embed_norm: true",
     ),
     Stage(
         "mask",
@@ -250,7 +258,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "mean",
-        ("<stack>.<l>.<sub>.norm.mean", "<stack>.final_norm.mean", "norm.mean"),
+        (
+            "<stack>.<l>.<sub>.norm.mean",
+            "<stack>.embed_norm.mean",
+            "<stack>.final_norm.mean",
+            "norm.mean",
+        ),
         "mean over the normalised axis",
         "L × 1 (batch: 1 × d, instance: B × C × 1)",
         "the centre the norm subtracts: a row's features (layer), a column (batch)",
@@ -258,7 +271,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "var",
-        ("<stack>.<l>.<sub>.norm.var", "<stack>.final_norm.var", "norm.var"),
+        (
+            "<stack>.<l>.<sub>.norm.var",
+            "<stack>.embed_norm.var",
+            "<stack>.final_norm.var",
+            "norm.var",
+        ),
         "mean((x − mean)²) over the normalised axis (biased: ÷ n)",
         "L × 1 (batch: 1 × d, instance: B × C × 1)",
         "the spread the norm divides by (after ε and the square root)",
@@ -266,7 +284,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "rms",
-        ("<stack>.<l>.<sub>.norm.rms", "<stack>.final_norm.rms", "norm.rms"),
+        (
+            "<stack>.<l>.<sub>.norm.rms",
+            "<stack>.embed_norm.rms",
+            "<stack>.final_norm.rms",
+            "norm.rms",
+        ),
         "√(mean(x²) + ε)",
         "L × 1",
         "RMSNorm: the size each row is divided by",
@@ -367,7 +390,8 @@ STAGES: tuple[Stage, ...] = (
 # What each group of SPEC section 3 selects (trace.GROUPS holds the predicates).
 GROUP_MEANINGS = {
     "qkv": "q, k, v of every head (and q_raw, k_raw with rope)",
-    "add_norm": "residual and norm, with the norm's mean, var or rms; final_norm; all of `norm`'s steps",
+    "add_norm": "residual and norm, with the norm's mean, var or rms; embed_norm and final_norm; "
+    "all of `norm`'s steps",
     "ffn": "everything under <stack>.<l>.ffn",
     "cross": "everything under decoder.<l>.cross_attn",
     "attention": "everything under self_attn, cross_attn and attn, and the masks",

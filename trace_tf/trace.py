@@ -101,7 +101,7 @@ GROUPS: dict[str, Callable[[str], bool]] = {
     "qkv": lambda p: p.rsplit(".", 1)[-1] in {"q", "k", "v", "q_raw", "k_raw"},
     # ... and every step of the norm calculator, as `attention` holds attend's
     "add_norm": lambda p: bool(
-        re.search(r"(^|\.)(residual|norm|final_norm)(\.(mean|var|rms))?$", p)
+        re.search(r"(^|\.)(residual|norm|embed_norm|final_norm)(\.(mean|var|rms))?$", p)
         or p.startswith("norm.")
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
