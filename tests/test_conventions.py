@@ -136,6 +136,7 @@ def test_the_norm_row_says_whether_the_embeddings_are_normalised(
         # layer 0 reads the normalised embeddings: X = E + PE, then Norm(X) (BERT)
         x = value(data, f"{stack}.embed") + value(data, f"{stack}.pe")
         np.testing.assert_allclose(value(data, f"{stack}.input"), x, atol=1e-12)
+        assert ("normalised next (embed_norm)" in formula(data, f"{stack}.input")) == on
         if not on:
             continue
         f = layer_norm if kind == "layer" else rms_norm

@@ -72,16 +72,6 @@ SHAPES = [
     dict(d_model=5, n_heads=2, d_k=3, d_v=4, biases=False, fused=True, final_norm=True),
     # grouped-query attention: 2 K/V heads for 4 query heads, self- and cross-attention
     dict(d_model=8, n_heads=4, n_kv_heads=2, pad=True, src_len=5, tgt_len=3),
-    # a gated FFN (SwiGLU), pre-norm RMSNorm, decoder-only: the layout of LLaMA
-    dict(
-        d_model=4,
-        n_heads=2,
-        encoder_layers=0,
-        decoder_layers=2,
-        norm_position="pre",
-        norm="rms",
-        activation="swiglu",
-    ),
     # model.embed_norm: the new rows' embeddings normalised on their own under the cache
     dict(d_model=6, n_heads=2, positional="learned", embed_norm=True, pad=True, src_len=4),
     dict(
@@ -92,6 +82,16 @@ SHAPES = [
         norm_position="pre",
         norm="rms",
         embed_norm=True,
+    ),
+    # a gated FFN (SwiGLU), pre-norm RMSNorm, decoder-only: the layout of LLaMA
+    dict(
+        d_model=4,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        activation="swiglu",
     ),
 ]
 ROPE = [

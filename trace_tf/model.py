@@ -104,6 +104,8 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
     name, where = named(m.embed_scale_text)  # `E · 2` or `E · sqrt(d_model)`
     scale = f" · {name}" if m.embed_scale != 1.0 else ""
     where = where if scale else ""
+    if m.embed_norm:  # what layer 0 reads is Norm(X), the next step
+        where += ";  normalised next (embed_norm)"
     L = len(seq)
     if m.positional == "sinusoidal":
         pe = tr.rec(
