@@ -1,5 +1,5 @@
-"""What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py)
-share: how a model's values are compared with trace-tf's, and how each is run."""
+"""What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
+tests/test_hf_bert.py) share: how a model's values are compared with trace-tf's, and how each is run."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ def assert_matches(expected: dict[str, np.ndarray], value: Callable[[str], np.nd
         np.testing.assert_allclose(value(path), want, rtol=RTOL, atol=ATOL, err_msg=path)
 
 
-def traced(raw: dict[str, Any]) -> Trace:
-    """`raw` (every weight given) decoded by the engine, every step kept."""
+def traced(raw: dict[str, Any], command: str = "decode") -> Trace:
+    """`raw` (every weight given) decoded (or encoded) by the engine, every step kept."""
     cfg = config_from(raw)
     assert isinstance(cfg, Config) and cfg.drawn == ()
-    return run(cfg, "decode")
+    return run(cfg, command)
 
 
 def prompt_for(model: Any, seed: int, length: int = 5) -> list[int]:
@@ -44,9 +44,9 @@ def invoke_json(*args: str) -> dict[str, Any]:
     return dict(json.loads(result.stdout))
 
 
-def decode_json(config: str) -> Callable[[str], np.ndarray]:
-    """`trace-tf decode CONFIG --format json`: a step's value by its path."""
-    steps = {s["path"]: s["value"] for s in invoke_json("decode", config)["steps"]}
+def decode_json(config: str, command: str = "decode") -> Callable[[str], np.ndarray]:
+    """`trace-tf decode CONFIG --format json` (or `encode`): a step's value by its path."""
+    steps = {s["path"]: s["value"] for s in invoke_json(command, config)["steps"]}
     return lambda path: np.asarray(steps[path], dtype=np.float64)
 
 
