@@ -3,7 +3,8 @@
 Small random BERTs, every parameter drawn anew (HF's own init leaves biases at 0 and
 γ at 1, where a misplaced norm or bias would not show), are converted here by the
 mapping README "From Hugging Face BERT" states (written here independently, as
-nested YAML data in the fused form).
+nested YAML data in the fused form; the README's own recipe, which writes an .npz,
+is run as printed by `test_the_readme_recipe_*`).
 
 BERT is an encoder-only, post-norm Transformer whose embeddings are normalised before
 the first layer: `LayerNorm(word + position + token_type)` (BertEmbeddings), trace-tf's
@@ -26,13 +27,17 @@ The conventions mapped:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from hf_common import assert_matches, traced
+import yaml
+from conftest import readme_python
+from hf_common import assert_matches, decode_json, traced
 from transformers import BertConfig, BertModel
 
 # BertConfig's sizes and options, each model's own
@@ -300,3 +305,41 @@ def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]
         assert np.abs(first - expected["encoder.0.ffn.norm"]).max() > 1e-3
     with pytest.raises(AssertionError):
         assert_matches(expected, encoded(raw))
+
+
+# ------------------------------------------------------- README recipe: BERT → trace-tf
+
+
+def readme_recipe() -> str:
+    return readme_python("From Hugging Face BERT")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    scope: dict[str, Any] = {}
+    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    assert os.path.exists("bert.yaml") and os.path.exists("bert.npz")
+    model, ids, types = scope["model"], scope["ids"], scope["types"]
+    assert_matches(hf_outputs(model, ids, types), decode_json("bert.yaml", "encode"))
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_converts_any_bert(
+    shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe's `bert_arrays` and `bert_config` on other models, drawn in full, with a
+    sentence pair and with pads: each step as BERT computes it."""
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    model = bert(shape, 7)
+    vocab = vocab_of(model)
+    ids, types = sentence(7, 4) + sentence(8, 3) + [0, 0], [0] * 4 + [1] * 5
+    np.savez("m.npz", **scope["bert_arrays"](model, vocab, types))
+    config = scope["bert_config"](model, vocab, [vocab[i] for i in ids], "m.npz", pad="PAD")
+    Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    mask = [int(i != 0) for i in ids]
+    assert_matches(hf_outputs(model, ids, types, mask), decode_json("m.yaml", "encode"))
