@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from conftest import config_from
+from conftest import config_from, readme_python
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -63,3 +63,22 @@ def hf_greedy(model: Any, prompt: list[int], n: int, eos: int | None) -> list[in
         pad_token_id=0,
     )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def listed(x: Any) -> Any:
+    """Arrays as the nested lists a YAML file holds."""
+    if isinstance(x, dict):
+        return {k: listed(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [listed(v) for v in x]
+    return x.tolist() if isinstance(x, np.ndarray) else x
+
+
+def run_readme(section: str, seed: int | None = None) -> dict[str, Any]:
+    """The Python code of README's `section` run as printed, in the current directory
+    (torch seeded with `seed` first, if given): the names it defines."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    scope: dict[str, Any] = {}
+    exec(compile(readme_python(section), "README.md", "exec"), scope)  # our own README
+    return scope

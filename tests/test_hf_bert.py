@@ -36,8 +36,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import readme_python
-from hf_common import assert_matches, decode_json, traced
+from hf_common import assert_matches, decode_json, listed, run_readme, traced
 from transformers import BertConfig, BertModel
 
 # BertConfig's sizes and options, each model's own
@@ -158,16 +157,7 @@ def to_config(
             "positional": positional,
         },
     }
-    return _listed(raw)
-
-
-def _listed(x: Any) -> Any:
-    """Arrays as the nested lists a YAML file holds."""
-    if isinstance(x, dict):
-        return {k: _listed(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_listed(v) for v in x]
-    return x.tolist() if isinstance(x, np.ndarray) else x
+    return listed(raw)
 
 
 @torch.no_grad()
@@ -310,16 +300,10 @@ def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]
 # ------------------------------------------------------- README recipe: BERT → trace-tf
 
 
-def readme_recipe() -> str:
-    return readme_python("From Hugging Face BERT")
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face BERT", seed=0)
     assert os.path.exists("bert.yaml") and os.path.exists("bert.npz")
     model, ids, types = scope["model"], scope["ids"], scope["types"]
     assert_matches(hf_outputs(model, ids, types), decode_json("bert.yaml", "encode"))
@@ -333,8 +317,7 @@ def test_the_readme_recipe_converts_any_bert(
     """The recipe's `bert_arrays` and `bert_config` on other models, drawn in full, with a
     sentence pair and with pads: each step as BERT computes it."""
     monkeypatch.chdir(tmp_path)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face BERT")
     model = bert(shape, 7)
     vocab = vocab_of(model)
     ids, types = sentence(7, 4) + sentence(8, 3) + [0, 0], [0] * 4 + [1] * 5

@@ -28,7 +28,15 @@ import pytest
 import torch
 import yaml
 from conftest import readme_python
-from hf_common import assert_matches, decode_json, hf_greedy, invoke_json, prompt_for, traced
+from hf_common import (
+    assert_matches,
+    decode_json,
+    hf_greedy,
+    invoke_json,
+    prompt_for,
+    run_readme,
+    traced,
+)
 from transformers import GPT2Config, GPT2LMHeadModel
 
 ACTIVATION = {
@@ -272,9 +280,7 @@ def readme_recipe() -> str:
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face GPT-2", seed=0)
     assert os.path.exists("gpt2.yaml") and os.path.exists("gpt2.npz")
     model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
     assert_matches(hf_outputs(model, prompt), decode_json("gpt2.yaml"))
@@ -290,8 +296,7 @@ def test_the_readme_recipe_converts_any_gpt2(
     """The recipe's `gpt2_arrays` and `gpt2_config` on other models (every parameter drawn,
     relu, no scaling, n_inner): each step as GPT-2 computes it, through the CLI."""
     monkeypatch.chdir(tmp_path)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face GPT-2")
     model = gpt2(shape, 7)
     prompt, vocab = prompt_for(model, 7, 6), vocab_of(model)
     np.savez("m.npz", **scope["gpt2_arrays"](model, vocab))

@@ -42,8 +42,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import readme_python
-from hf_common import assert_matches, decode_json, hf_greedy, invoke_json, prompt_for, traced
+from hf_common import (
+    assert_matches,
+    decode_json,
+    hf_greedy,
+    invoke_json,
+    listed,
+    prompt_for,
+    run_readme,
+    traced,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 
@@ -222,16 +230,7 @@ def to_config(
         "target": [vocab[i] for i in prompt],
         "weights": weights,
     }
-    return _listed(raw)
-
-
-def _listed(x: Any) -> Any:
-    """Arrays as the nested lists a YAML file holds."""
-    if isinstance(x, dict):
-        return {k: _listed(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_listed(v) for v in x]
-    return x.tolist() if isinstance(x, np.ndarray) else x
+    return listed(raw)
 
 
 def _rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -443,16 +442,10 @@ def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path:
 # ------------------------------------------------------ README recipe: LLaMA → trace-tf
 
 
-def readme_recipe() -> str:
-    return readme_python("From Hugging Face LLaMA")
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face LLaMA", seed=0)
     assert os.path.exists("llama.yaml") and os.path.exists("llama.npz")
     model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
     with float64_llama():
@@ -470,8 +463,7 @@ def test_the_readme_recipe_converts_any_llama(
     """The recipe's `llama_arrays` and `llama_config` on other models (grouped-query
     attention, biases, head_dim, tied output, GeGLU): each step as LLaMA computes it."""
     monkeypatch.chdir(tmp_path)
-    scope: dict[str, Any] = {}
-    exec(compile(readme_recipe(), "README.md", "exec"), scope)  # our own README
+    scope = run_readme("From Hugging Face LLaMA")
     model = llama(shape, 7)
     prompt, vocab = prompt_for(model, 7, 6), vocab_of(model)
     np.savez("m.npz", **scope["llama_arrays"](model, vocab))
