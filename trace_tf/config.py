@@ -2776,6 +2776,21 @@ class _Validator:
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
         )
 
+    def bounded_list(self, raw: Any, path: str, n: int, unit: str, more: str, of: str) -> list[Any]:
+        """`raw` as a list of at most n entries, one per `unit` (none: empty); more than
+        n are refused as `more {more} than {of} (n)`."""
+        if raw is not None and not isinstance(raw, list):
+            raise self.ctx.err(path, "not a list", raw, f"a list of {n} (one entry per {unit})")
+        entries = raw or []
+        if len(entries) > n:
+            raise self.ctx.err(
+                f"{path}.{n}",
+                f"more {more} than {of} ({n})",
+                expected=f"at most {counted(n, unit)}",
+                found_text=f"{len(entries)} {unit}s",
+            )
+        return entries
+
     def head_entries(
         self,
         raw: Any,
@@ -2789,16 +2804,7 @@ class _Validator:
         the query heads of grouped-query attention, whose W_k/W_v/b_k/b_v are refused."""
         what = "K/V head" if path.endswith("kv_heads") else "head"
         of = "model.n_kv_heads" if what == "K/V head" else "model.n_heads"
-        if raw is not None and not isinstance(raw, list):
-            raise self.ctx.err(path, "not a list", raw, f"a list of {n} (one entry per {what})")
-        entries = raw or []
-        if len(entries) > n:
-            raise self.ctx.err(
-                f"{path}.{n}",
-                f"more {what}s than {of} ({n})",
-                expected=f"at most {counted(n, what)}",
-                found_text=f"{len(entries)} {what}s",
-            )
+        entries = self.bounded_list(raw, path, n, what, f"{what}s", of)
         out = []
         for h in range(n):
             entry = entries[h] if h < len(entries) else None
@@ -2874,17 +2880,7 @@ class _Validator:
         self, value: Any, stack: str, n: int, m: ModelConfig, cross: bool
     ) -> tuple[LayerWeights, ...]:
         p = f"weights.{stack}"
-        if value is None:
-            value = []
-        if not isinstance(value, list):
-            raise self.ctx.err(p, "not a list", value, f"a list of {n} (one entry per layer)")
-        if len(value) > n:
-            raise self.ctx.err(
-                f"{p}.{n}",
-                f"more {stack} layers than model.{stack}_layers ({n})",
-                expected=f"at most {counted(n, 'layer')}",
-                found_text=f"{len(value)} layers",
-            )
+        value = self.bounded_list(value, p, n, "layer", f"{stack} layers", f"model.{stack}_layers")
         keys = ("self_attn", "cross_attn", "ffn") if stack == "decoder" else ("self_attn", "ffn")
         out = []
         for l in range(n):
