@@ -312,3 +312,33 @@ def test_under_float32_the_query_heads_of_a_group_still_share_one_w_k() -> None:
     )
     e = explain(cfg, trace, trace["encoder.0.self_attn.h3.v"], (0, 1))
     assert e.agrees and "K/V head 1's" in "\n".join(e.where)
+
+
+def test_generate_explain_of_a_new_row_of_a_shared_k_is_not_called_cached(
+    tmp_path: Path,
+) -> None:
+    """Row 3 of t2's h3.k is the row t2 itself computes, in h2 (K/V head 1's first query
+    head): computed just now, not kept from an earlier iteration."""
+    path = _write(tmp_path, SMALL)
+    code, out, err = _invoke(
+        "generate", path, "--max-tokens", "3", "--explain", "t2.decoder.0.self_attn.h3.k",
+        "--cell", "3,0", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["where"][0] == "row 3 is its K/V head's, computed at t2.decoder.0.self_attn.h2.k"
+    assert not any("cached" in w for w in data["where"]), data["where"]
+    x, w = np.array(data["operands"]["x0"]), np.array(data["operands"]["W_k[:,0]"])
+    assert data["agrees"] and data["value"] == pytest.approx(float(x @ w), rel=1e-12)
+    code, out, err = _invoke(
+        "generate", path, "--max-tokens", "3", "--explain", "t2.decoder.0.self_attn.h3.scores",
+        "--cell", "0,3", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    where = json.loads(out)["where"]
+    assert "(computed at t2.decoder.0.self_attn.h2.k, row 3)" in where[1], where
+    code, out, err = _invoke(
+        "generate", path, "--max-tokens", "3", "--explain", "t2.decoder.0.self_attn.h3.scores",
+        "--cell", "0,2", "--format", "json",
+    )  # fmt: skip
+    assert "(cached: computed at t1.decoder.0.self_attn.h2.k, row 2)" in json.loads(out)["where"][1]

@@ -373,7 +373,10 @@ class _Ctx:
             labels = step.rows if step is not None else None
         label = f" ({quoted(labels[i])})" if labels is not None else ""
         at = _computed_at(self.trace, name, i)
-        cached = f" (cached: computed at {at}, row {i})" if at is not None else ""
+        cached = ""
+        if at is not None:
+            kept = "computed" if _same_iteration(at, name) else "cached: computed"
+            cached = f" ({kept} at {at}, row {i})"
         return f"row {i}{label} of {name}{cached}"
 
     def cached_rows(self, name: str) -> str:
@@ -396,6 +399,14 @@ def _computed_at(trace: Trace, name: str, r: int) -> str | None:
         return None
     at = scopes[r] + name.rsplit(".", 1)[-1]
     return None if at == name else at
+
+
+def _same_iteration(at: str, name: str) -> bool:
+    """Whether the row `_computed_at` names was computed in the iteration of `name`, not
+    kept from an earlier one: a shared K/V head's new row, computed in the first query
+    head of its group (grouped-query attention)."""
+    iteration = at.split(".", 1)[0]  # t<i>, in generate
+    return _ITERATION.match(at) is not None and name.split(".", 1)[0] == iteration
 
 
 _ITERATION = re.compile(r"t\d+\.(?:b\d+\.)?")  # generate's iteration i (live beam j)
@@ -551,7 +562,10 @@ def _kept(explainer: Explainer) -> Explainer:
         parts = explainer(ctx, ctx.trace[at], cell)
         parts.inputs = ctx.trace[at].inputs if parts.inputs is None else parts.inputs
         parts.chain.insert(0, f"{at}{_idx(cell)}")
-        parts.where.insert(0, f"row {cell[0]} is cached: computed at {at} and kept since")
+        if _same_iteration(at, step.path):  # a shared K/V head's: computed once, just now
+            parts.where.insert(0, f"row {cell[0]} is its K/V head's, computed at {at}")
+        else:
+            parts.where.insert(0, f"row {cell[0]} is cached: computed at {at} and kept since")
         return parts
 
     return explain_row
