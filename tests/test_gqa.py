@@ -342,3 +342,10 @@ def test_generate_explain_of_a_new_row_of_a_shared_k_is_not_called_cached(
         "--cell", "0,2", "--format", "json",
     )  # fmt: skip
     assert "(cached: computed at t1.decoder.0.self_attn.h2.k, row 2)" in json.loads(out)["where"][1]
+
+
+def test_n_kv_heads_not_dividing_an_n_heads_set_by_set_says_so(tmp_path: Path) -> None:
+    # the file's n_kv_heads 2 was right for its n_heads 4; --set made n_heads 3
+    code, _, err = _invoke("decode", _write(tmp_path, SMALL), "--set", "model.n_heads=3")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "does not divide n_heads 3" in err and "(model.n_heads set by --set)" in err, err

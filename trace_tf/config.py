@@ -2189,7 +2189,7 @@ class _Validator:
             raise self.ctx.err(
                 p + "n_kv_heads",
                 f"n_kv_heads {n_kv_heads} does not divide n_heads {n_heads}: each K/V head "
-                "serves the same number of query heads",
+                "serves the same number of query heads" + self.ctx.set_by("model.n_heads"),
                 expected=f"a whole number from 1 to {n_heads} dividing n_heads {n_heads}",
                 found_text=str(n_kv_heads),
             )
