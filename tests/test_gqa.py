@@ -349,3 +349,10 @@ def test_n_kv_heads_not_dividing_an_n_heads_set_by_set_says_so(tmp_path: Path) -
     code, _, err = _invoke("decode", _write(tmp_path, SMALL), "--set", "model.n_heads=3")
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
     assert "does not divide n_heads 3" in err and "(model.n_heads set by --set)" in err, err
+
+
+def test_per_head_w_k_refused_under_an_n_kv_heads_set_by_set_says_so() -> None:
+    # hello gives W_k per head (multi-head attention); --set turns on grouped-query attention
+    code, _, err = _invoke("decode", "hello", "--set", "model.n_kv_heads=1")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "heads.0.W_k" in err and "(model.n_kv_heads set by --set)" in err, err

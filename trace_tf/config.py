@@ -2815,7 +2815,8 @@ class _Validator:
                     raise self.ctx.err(
                         f"{path}.{h}.{given[0]}",
                         f"under grouped-query attention (model.n_kv_heads {m.n_kv_heads} < "
-                        f"n_heads {m.n_heads}) {given[0]} belongs to the K/V heads",
+                        f"n_heads {m.n_heads}) {given[0]} belongs to the K/V heads"
+                        + self.ctx.set_by("model.n_kv_heads", "model.n_heads"),
                         expected=f"{given[0]} in kv_heads.{m.kv_head(h)} (or fused, "
                         f"n_kv_heads·{'d_v' if given[0].endswith('v') else 'd_k'} wide)",
                         found_text=f"{given[0]} in heads.{h}",
