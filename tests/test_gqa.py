@@ -356,3 +356,20 @@ def test_per_head_w_k_refused_under_an_n_kv_heads_set_by_set_says_so() -> None:
     code, _, err = _invoke("decode", "hello", "--set", "model.n_kv_heads=1")
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
     assert "heads.0.W_k" in err and "(model.n_kv_heads set by --set)" in err, err
+
+
+def test_generate_explain_of_a_context_names_a_shared_v_row_of_this_iteration_apart(
+    tmp_path: Path,
+) -> None:
+    """The V of t2's h3.context: rows 0..2 kept from t0 and t1 (cached), row 3 computed
+    at t2 itself, in h2 (K/V head 1's first query head): not cached."""
+    code, out, err = _invoke(
+        "generate", _write(tmp_path, SMALL), "--max-tokens", "3", "--explain",
+        "t2.decoder.0.self_attn.h3.context", "--cell", "0,0", "--format", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    v_line = next(w for w in json.loads(out)["where"] if w.startswith("V[:,0]"))
+    cached, _, now = v_line.partition("; row 3 its K/V head's, computed at ")
+    assert "rows 0..2 cached: row 0 at t0.decoder.0.self_attn.h2.v" in cached, v_line
+    assert "t2" not in cached.partition("cached:")[2], v_line  # no row of t2 called cached
+    assert now.startswith("t2.decoder.0.self_attn.h2.v = ["), v_line

@@ -381,13 +381,22 @@ class _Ctx:
 
     def cached_rows(self, name: str) -> str:
         """`; rows 0..1 cached: …` for a KV-cached K or V, naming where each kept row was
-        computed; "" when every row was computed in `name` itself."""
+        computed; then `; row 2 its K/V head's, computed at …` for the rows this
+        iteration computed in another query head (grouped-query attention); "" when
+        every row was computed in `name` itself."""
         scopes = self.trace.computed_in.get(name, ())
-        kept = [r for r in range(len(scopes)) if _computed_at(self.trace, name, r) is not None]
-        if not kept:
-            return ""
-        where = [f"row {r} at {_computed_at(self.trace, name, r)}" for r in kept]
-        return f"; rows {kept[0]}..{kept[-1]} cached: " + _elide(where, ", ")
+        at = {r: _computed_at(self.trace, name, r) for r in range(len(scopes))}
+        elsewhere = {r: a for r, a in at.items() if a is not None}
+        kept = [r for r, a in elsewhere.items() if not _same_iteration(a, name)]
+        now = [r for r, a in elsewhere.items() if _same_iteration(a, name)]
+        text = ""
+        if kept:
+            where = [f"row {r} at {elsewhere[r]}" for r in kept]
+            text = f"; rows {kept[0]}..{kept[-1]} cached: " + _elide(where, ", ")
+        if now:  # all computed in one step: the group's first query head, this iteration
+            rows = f"row {now[0]}" if len(now) == 1 else f"rows {now[0]}..{now[-1]}"
+            text += f"; {rows} its K/V head's, computed at {elsewhere[now[0]]}"
+        return text
 
 
 def _computed_at(trace: Trace, name: str, r: int) -> str | None:
