@@ -1238,6 +1238,7 @@ STRUCTURE = [
         "weights.encoder_final_norm",
         7,
         "a final norm is given but model.final_norm is off",
+        "found model.final_norm: false",
     ),
     case(
         "final-norm-of-a-missing-stack",
@@ -1245,6 +1246,7 @@ STRUCTURE = [
         "weights.decoder_final_norm",
         "decoder_final_norm",
         "the model has no such stack",
+        "found model.decoder_layers: 0",
     ),
     case(
         "embed-norm-when-off",
@@ -1253,6 +1255,7 @@ STRUCTURE = [
         7,
         "an embedding norm is given but model.embed_norm is off",
         "expected no encoder_embed_norm",
+        "found model.embed_norm: false",
     ),
     case(
         "embed-norm-of-a-missing-stack",
@@ -1261,6 +1264,7 @@ STRUCTURE = [
         "weights.decoder_embed_norm",
         "decoder_embed_norm",
         "an embedding norm is given but the model has no such stack",
+        "found model.decoder_layers: 0",
     ),
     case(
         "embed-norm-not-a-boolean",

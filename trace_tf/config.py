@@ -2924,8 +2924,12 @@ class _Validator:
             if has_stack:
                 cause = self.ctx.set_by(switch, *(["model.norm_position"] if final else []))
             what = "a final norm" if final else "an embedding norm"
+            stack = key.split("_", 1)[0]
             raise self.ctx.err(
-                f"weights.{key}", f"{what} is given but {reason}{cause}", expected="no " + key
+                f"weights.{key}",
+                f"{what} is given but {reason}{cause}",
+                expected="no " + key,
+                found_text=f"{switch}: false" if has_stack else f"model.{stack}_layers: 0",
             )
         return None
 
