@@ -59,6 +59,7 @@ def random_config(
     embed_norm: bool = False,
     scale: float | str | None = None,
     max_len: int | None = None,
+    window: int | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -72,6 +73,7 @@ def random_config(
     `n_kv_heads` below n_heads: grouped-query attention, W_k/W_v/b_k/b_v fused
     n_kv_heads heads wide, or per K/V head in `kv_heads`.
     `embed_norm` normalises each stack's embeddings before its first layer.
+    `window` (decoder-only): sliding-window self-attention over the last `window` keys.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -188,7 +190,14 @@ def random_config(
         "encoder_layers": encoder_layers,
         "decoder_layers": decoder_layers,
     }
-    given = {"d_k": d_k, "d_v": d_v, "d_ff": d_ff, "final_norm": final_norm, "scale": scale}
+    given = {
+        "d_k": d_k,
+        "d_v": d_v,
+        "d_ff": d_ff,
+        "final_norm": final_norm,
+        "scale": scale,
+        "window": window,
+    }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {
         "positional": positional,

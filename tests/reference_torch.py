@@ -54,6 +54,7 @@ class Hyper:
     norm_eps: float
     activation: str
     scale: float  # scores are divided by this
+    window: int  # sliding window (Mistral): query i sees keys i − window < j <= i; 0 unlimited
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -90,6 +91,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         norm_eps=float(model.get("norm_eps", 1e-5)),
         activation=model.get("activation", "relu"),
         scale=math.sqrt(d_k) if scale == "sqrt_dk" else float(scale),
+        window=int(model.get("window") or 0),
     )
 
 
@@ -168,13 +170,17 @@ def rope(x: Tensor, base: float, pairs: str) -> Tensor:
     return torch.cat((out, rest), dim=1)
 
 
-def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool) -> Tensor:
+def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool, window: int = 0) -> Tensor:
     """0 where a query may look, -inf where it may not (SPEC 1): pad keys, and later positions
-    when causal. Query rows are never masked. [n_q, n_k]"""
+    when causal; with a sliding `window` W also the keys W or more positions back (query i
+    sees the W keys i − W < j <= i). Query rows are never masked. [n_q, n_k]"""
     n_k = len(key_is_pad)
     blocked = torch.tensor(key_is_pad, dtype=torch.bool)[None, :].expand(n_q, n_k)
     if causal:  # position i sees positions 0..i only
         blocked = blocked | torch.ones(n_q, n_k, dtype=torch.bool).triu(diagonal=1)
+    if window:  # the distance i − j of a visible key is below W
+        i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        blocked = blocked | (i - j >= window)
     return torch.zeros(n_q, n_k, dtype=DTYPE).masked_fill(blocked, -math.inf)
 
 
@@ -523,7 +529,7 @@ def reference_forward(cfg: dict[str, Any]) -> dict[str, np.ndarray]:
         bos = (cfg.get("tokens") or {}).get("bos")
         y, target_pads = embed_sequence("decoder", cfg.get("target", [bos]), cfg, hp, tr)
         n_tgt = len(target_pads)
-        dec_mask = tr.rec("decoder.mask", additive_mask(n_tgt, target_pads, causal=True))
+        dec_mask = tr.rec("decoder.mask", additive_mask(n_tgt, target_pads, True, hp.window))
         cross_mask = None
         if memory is not None and any(source_pads):
             cross_mask = tr.rec(

@@ -154,6 +154,23 @@ SHAPES = [
     dict(d_model=4, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, embed_norm=True),
     # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
     dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
+    # sliding-window attention (model.window, Mistral), narrower than the target: LLaMA's
+    # shape with RoPE by halves and grouped K/V heads; and a post-norm one with padding
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        biases=False,
+        tgt_len=7,
+        window=3,
+    ),
+    dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, pad=True, tgt_len=6, window=3),
 ]
 
 

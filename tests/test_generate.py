@@ -147,6 +147,25 @@ RELATIVE = [
     ),
 ]
 
+# Sliding-window attention (model.window, Mistral): a cached row at position start + i
+# attends over the cached keys start + i − W < j <= start + i only.
+WINDOW = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="rope",
+        rope_pairs="halves",
+        norm_position="pre",
+        norm="rms",
+        activation="swiglu",
+        window=3,
+    ),
+    dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, tgt_len=4, window=2),
+]
+
 
 def _ids(shape: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
@@ -173,7 +192,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW, ids=_ids)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -226,7 +245,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW, ids=_ids)
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
     for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):
@@ -273,6 +292,39 @@ def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]
     assert c["t3.decoder.0.self_attn.h0.k"].rows == ("t0", *gen.run(cfg, s_cached).generated[:3])
     # The encoder ran once, outside the iterations.
     assert "encoder.output" in c and not any(p.startswith("t1.encoder") for p in c.steps)
+
+
+@pytest.mark.parametrize("shape", WINDOW, ids=_ids)
+def test_the_window_hides_cached_keys_as_recomputing_does(shape: dict[str, Any]) -> None:
+    raw = generation_config(6, **shape)
+    raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: every iteration runs
+    W, n = shape["window"], len(raw["target"])
+    cached, full = Tracer(), Tracer()
+    s = dict(greedy=True, max_tokens=6)
+    a = gen.run(model_of(raw), gen.settings(**s), cached)  # type: ignore[arg-type]
+    b = gen.run(model_of(raw), gen.settings(cache=False, **s), full)  # type: ignore[arg-type]
+    expected, dists = reference_greedy(raw, max_tokens=6)
+    assert list(a.generated) == list(b.generated) == expected
+    for i, (x, y, probs) in enumerate(zip(a.iterations, b.iterations, dists, strict=True)):
+        assert np.abs(x.model_probs - y.model_probs).max() <= 1e-12
+        np.testing.assert_allclose(x.model_probs, probs, rtol=0, atol=1e-10)
+        # the cached row of iteration i > 0 is position n − 1 + i over keys 0..n − 1 + i:
+        # it sees the last W of them, the older ones −inf
+        pos = n - 1 + i
+        row = [-np.inf if j <= pos - W else 0.0 for j in range(pos + 1)]
+        if i:
+            assert cached.trace.value(f"t{i}.decoder.mask").tolist() == [row]
+        assert full.trace.value(f"t{i}.decoder.mask")[-1].tolist() == row
+    # and the window matters here: without it the distributions differ
+    del raw["model"]["window"]
+    c = gen.run(model_of(raw), gen.settings(**s))  # type: ignore[arg-type]
+    assert (
+        max(
+            np.abs(x.model_probs - z.model_probs).max()
+            for x, z in zip(a.iterations, c.iterations, strict=True)
+        )
+        > 1e-6
+    )
 
 
 def test_traced_and_untraced_generation_agree() -> None:

@@ -70,6 +70,7 @@ MODEL_KEYS = [
     "init_std",
     "tie_embeddings",
     "dtype",
+    "window",
 ]
 TOP_KEYS = [
     "title",
@@ -163,6 +164,9 @@ class ModelConfig:
     init_std: float = 1.0
     tie_embeddings: bool = False
     dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
+    # sliding-window attention (Mistral): a decoder self-attention query at position i
+    # sees only the `window` keys i − window < j <= i; 0 (not given) is unlimited
+    window: int = 0
 
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
@@ -2266,6 +2270,7 @@ class _Validator:
             init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
             dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
+            window=self.window(m.get("window"), p + "window", enc),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
@@ -2274,6 +2279,24 @@ class _Validator:
                 if why is not None:
                     raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
+
+    def window(self, value: Any, path: str, encoder_layers: int) -> int:
+        """model.window: null (or absent) is unlimited, 0; else a whole number >= 1 of keys
+        each causal self-attention query sees. Only a decoder-only model: the encoder's
+        self-attention is bidirectional, and no sliding window of it is settled."""
+        if value is None:
+            return 0
+        window = self.integer(value, path, 1)
+        if encoder_layers:
+            raise self.ctx.err(
+                path,
+                "a sliding window is for a decoder-only model (an encoder's self-attention is "
+                f"not causal), and encoder_layers is {encoder_layers}"
+                + self.ctx.set_by("model.encoder_layers"),
+                expected="model.encoder_layers: 0 beside model.window, or no window",
+                found_text=str(window),
+            )
+        return window
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
         """Refuse, before allocating anything, a model whose arrays would be too large.

@@ -1392,12 +1392,18 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     key = step.cols[j] if step.cols is not None else None
     pad = key if key is not None and key == ctx.cfg.tokens.pad else None  # ("" is a token)
     reasons = []
+    W = ctx.cfg.model.window if causal else 0
     if causal and j > pos:
         reasons.append(f"key {j} comes after {query} (causal)")
+    if W and j <= pos - W:
+        reasons.append(f"key {j} is outside {query}'s window of {W} keys (j ≤ {pos} − {W})")
     if pad is not None:
         reasons.append(f"key {j} is the pad token {quoted(pad)}")
     total = -math.inf if reasons else 0.0
-    seen = f" (j ≤ {'i' if pos == i else pos}, not a pad)" if causal else " (not a pad)"
+    p = "i" if pos == i else str(pos)
+    seen = f" (j ≤ {p}, not a pad)" if causal else " (not a pad)"
+    if W:
+        seen = f" ({p} − {W} < j ≤ {p}, not a pad)"
     why = " and ".join(reasons) or f"{query} may look at key {j}{seen}"
     return _Parts([], total, note=why)
 

@@ -703,13 +703,15 @@ def decoder(
         L = len(target)
         # The decoder's self-attention is always causal (3.2.3), also for one token;
         # with a cache, the single newest row sees every key, so its row is all zeros.
-        mask = ops.causal_mask(L, start, m.dtype)
+        # A sliding window (model.window W) hides the keys j <= i − W too, cached ones included.
+        mask = ops.causal_mask(L, start, m.dtype, m.window)
         pads = padding(cfg, keys)
-        formula = (
-            "M[i,j] = −inf for j > i (causal)"
-            if start == 0
-            else (f"M[i,j] = −inf for j > {start} + i (causal; row i is position {start} + i)")
-        )
+        pos = "i" if start == 0 else f"{start} + i"
+        formula = f"M[i,j] = −inf for j > {pos}"
+        if m.window:
+            formula += f" or j ≤ {pos} − {m.window}"
+        formula += " (causal" + (f", window {m.window}" if m.window else "")
+        formula += ")" if start == 0 else f"; row i is position {start} + i)"
         if pads is not None:
             mask = mask + ops.key_padding_mask(L, pads, m.dtype)
             formula += " or key j a pad"

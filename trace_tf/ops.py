@@ -252,13 +252,18 @@ def sinusoidal_pe(
     return pe
 
 
-def causal_mask(n: int, start: int = 0, dtype: DTypeLike = np.float64) -> Array:
+def causal_mask(n: int, start: int = 0, dtype: DTypeLike = np.float64, window: int = 0) -> Array:
     """Additive mask: 0 where key j <= query position, -inf above (a query sees no later key).
 
     Query row i sits at position start + i over keys 0..start+n-1 (start > 0: the
-    new rows of a KV-cached step; the newest single row sees every key). -> [n, start + n]
+    new rows of a KV-cached step; the newest single row sees every key). A sliding
+    `window` W >= 1 (Mistral) also hides the keys j <= position − W: the query sees
+    the W keys position − W < j <= position, itself included; 0 is unlimited. -> [n, start + n]
     """
-    return np.triu(np.full((n, start + n), -np.inf, dtype=dtype), k=start + 1)
+    mask = np.triu(np.full((n, start + n), -np.inf, dtype=dtype), k=start + 1)
+    if window:
+        mask[np.tril(np.ones(mask.shape, dtype=bool), k=start - window)] = -np.inf
+    return mask
 
 
 def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_], dtype: DTypeLike = np.float64) -> Array:

@@ -187,7 +187,16 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         if m.norm == "layer"
         else "RMSNorm x/√(mean(x²)+ε)·γ+β"
     )
-    masks = ["decoder self-attention causal"] if m.decoder_layers else []
+    masks = []
+    if m.decoder_layers:
+        masks.append(
+            "decoder self-attention causal"
+            + (
+                f", sliding window {m.window}: query i sees keys i − {m.window} < j ≤ i"
+                if m.window
+                else ""
+            )
+        )
     if cfg.tokens.pad is not None:  # ("" is a token too)
         masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {

@@ -90,7 +90,8 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "mask",
         ("<stack>.mask",),
-        "M[i,j] = −inf where query i may not see key j (decoder: j > i; pad keys), else 0",
+        "M[i,j] = −inf where query i may not see key j (decoder: j > i, and j ≤ i − W under "
+        "model.window W; pad keys), else 0",
         "L × L",
         "the additive mask of the self-attention",
         "in a decoder (causal), or with a tokens.pad token in the source",
