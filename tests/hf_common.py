@@ -1,13 +1,17 @@
 """What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
-tests/test_hf_bert.py) share: how a model's values are compared with trace-tf's, and how each is run."""
+tests/test_hf_bert.py, tests/test_hf_mistral.py) share: how a model's values are compared
+with trace-tf's, and how each is run."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from conftest import config_from, readme_python
 from typer.testing import CliRunner
@@ -74,11 +78,87 @@ def listed(x: Any) -> Any:
     return x.tolist() if isinstance(x, np.ndarray) else x
 
 
-def run_readme(section: str, seed: int | None = None) -> dict[str, Any]:
+def run_readme(
+    section: str, seed: int | None = None, scope: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The Python code of README's `section` run as printed, in the current directory
-    (torch seeded with `seed` first, if given): the names it defines."""
+    (torch seeded with `seed` first, if given): the names it defines, added to `scope`
+    (what an earlier section's code defined) if given."""
     if seed is not None:
         torch.manual_seed(seed)
-    scope: dict[str, Any] = {}
+    scope = {} if scope is None else scope
     exec(compile(readme_python(section), "README.md", "exec"), scope)  # our own README
     return scope
+
+
+def draw_parameters(model: Any, seed: int) -> Any:
+    """`model` in float64, eval, every parameter drawn anew with `seed` (HF's own init
+    leaves biases at 0 and γ at 1, where a misplaced norm or bias would not show)."""
+    model = model.double().eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # a tied lm_head.weight is not listed
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * noise)  # γ near 1
+            elif p.dim() == 1:
+                p.copy_(0.3 * noise)  # biases
+            elif "embed_tokens" in name:
+                p.copy_(noise)
+            else:
+                p.copy_(noise / p.shape[1] ** 0.5)  # nn.Linear, out x in: unit-size outputs
+    return model
+
+
+# HF's LLaMA family (LLaMA, Mistral) computes three things in float32 whatever the model's
+# dtype: its RMSNorm, its rotary angles and its eager softmax. The same formulas in float64:
+
+
+def _rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm.forward (MistralRMSNorm's is the same) without its cast to float32."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+    """LlamaRotaryEmbedding.forward with its angles in float64 (default rope type)."""
+    c = self.config
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    base = c.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = position_ids[..., None].double() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def _eager_float64(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """eager_attention_forward with its softmax in the model's dtype; each K/V head
+    repeated for the query heads of its group (HF's repeat_kv)."""
+    groups = module.num_key_value_groups
+    keys = key.repeat_interleave(groups, dim=1)
+    values = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, keys.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.nn.functional.softmax(scores, dim=-1)
+    return torch.matmul(weights, values).transpose(1, 2).contiguous(), weights
+
+
+@contextmanager
+def float64_hf(modeling: ModuleType, prefix: str) -> Iterator[None]:
+    """A LLaMA-family `modeling` module (modeling_llama with prefix "Llama", ...) with its
+    three float32 computations done in float64."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(getattr(modeling, f"{prefix}RMSNorm"), "forward", _rms_norm_float64)
+        mp.setattr(getattr(modeling, f"{prefix}RotaryEmbedding"), "forward", _rotary_float64)
+        mp.setattr(modeling, "eager_attention_forward", _eager_float64)
+        yield

@@ -33,8 +33,8 @@ The conventions mapped:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ import yaml
 from hf_common import (
     assert_matches,
     decode_json,
+    draw_parameters,
+    float64_hf,
     hf_greedy,
     invoke_json,
     listed,
@@ -120,20 +122,7 @@ def llama(shape: dict[str, Any], seed: int, eos: int | None = None) -> LlamaForC
         attn_implementation="eager",
         **shape,
     )
-    model = LlamaForCausalLM(config).double().eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # a tied lm_head.weight is not listed
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * noise)  # γ near 1
-            elif p.dim() == 1:
-                p.copy_(0.3 * noise)  # biases
-            elif "embed_tokens" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / p.shape[1] ** 0.5)  # nn.Linear, out x in: unit-size outputs
-    return model
+    return draw_parameters(LlamaForCausalLM(config), seed)
 
 
 def vocab_of(model: LlamaForCausalLM) -> list[str]:
@@ -177,7 +166,7 @@ def to_config(
             "W_o": p[f"{a}.o_proj.weight"].T,
             "norm": {"gamma": p[f"model.layers.{l}.input_layernorm.weight"]},
         }
-        if c.attention_bias:
+        if getattr(c, "attention_bias", False):  # (Mistral's config has none)
             attn |= {
                 "b_q": p[f"{a}.q_proj.bias"],
                 "b_k": shared_bias(p[f"{a}.k_proj.bias"]),
@@ -190,7 +179,7 @@ def to_config(
             "W_2": p[f"{f}.down_proj.weight"].T,
             "norm": {"gamma": p[f"model.layers.{l}.post_attention_layernorm.weight"]},
         }
-        if c.mlp_bias:
+        if getattr(c, "mlp_bias", False):
             ffn |= {
                 "b_1": p[f"{f}.gate_proj.bias"],
                 "b_3": p[f"{f}.up_proj.bias"],
@@ -233,52 +222,9 @@ def to_config(
     return listed(raw)
 
 
-def _rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    """LlamaRMSNorm.forward without its cast to float32."""
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-def _rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    """LlamaRotaryEmbedding.forward with its angles in float64 (default rope type)."""
-    c = self.config
-    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    base = c.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    freqs = position_ids[..., None].double() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-
-def _eager_float64(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """modeling_llama.eager_attention_forward with its softmax in the model's dtype."""
-    groups = module.num_key_value_groups
-    keys = modeling_llama.repeat_kv(key, groups)
-    values = modeling_llama.repeat_kv(value, groups)
-    scores = torch.matmul(query, keys.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = torch.nn.functional.softmax(scores, dim=-1)
-    return torch.matmul(weights, values).transpose(1, 2).contiguous(), weights
-
-
-@contextmanager
-def float64_llama() -> Iterator[None]:
+def float64_llama() -> AbstractContextManager[None]:
     """HF's LLaMA with its three float32 computations done in float64."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms_norm_float64)
-        mp.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", _rotary_float64)
-        mp.setattr(modeling_llama, "eager_attention_forward", _eager_float64)
-        yield
+    return float64_hf(modeling_llama, "Llama")
 
 
 @torch.no_grad()
