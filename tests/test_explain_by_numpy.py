@@ -193,6 +193,9 @@ class Reference:
         full = np.where(pads[None, :], -np.inf, 0.0) * np.ones((L, 1))  # pad keys
         if name == "decoder":  # and causal
             full = full + np.where(np.triu(np.ones((L, L)), 1) > 0, -np.inf, 0.0)
+            if self.m.get("window"):  # a sliding window W: key j at distance i − j >= W hidden
+                i, j = np.indices((L, L))
+                full = full + np.where(i - j >= self.m["window"], -np.inf, 0.0)
         mask = None
         if name == "decoder" or pads.any():
             mask = self.a[f"{name}.mask"] = full
@@ -256,6 +259,9 @@ CASES = {
         {"d_model": 4, "n_heads": 2, "decoder_layers": 2, "encoder_layers": 2,
          "norm_position": "pre", "final_norm": False, "embed_scale": "sqrt_d_model"},
         ["b", "a"], ["S", "c", "a"]),
+    "window_decoder_only_pads": _case(
+        {"d_model": 4, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 2, "window": 2},
+        None, ["S", "a", "b", "P", "c"]),
 }  # fmt: skip
 
 
@@ -453,6 +459,8 @@ def _check_words(ref: Reference, path: str, stage: str, cell: tuple[int, ...], e
             assert f"key {j} is the pad token {ref.pad!r}" in text, text
         elif path.startswith("decoder.mask") and j > i:
             assert "causal" in text or "j > i" in text or "future" in text, text
+        elif path.startswith("decoder.mask") and i - j >= ref.m.get("window", i + 1):
+            assert f"not within its window of {ref.m['window']}" in text, text
     if stage == "embed":
         assert f"embedding[{rows[i]!r}]" in text, text
     if stage == "residual":

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import config_from
 from test_explain_by_numpy import Reference, _case
-from test_generate import RELATIVE, ROPE, SHAPES, _ids, generation_config
+from test_generate import RELATIVE, ROPE, SHAPES, WINDOW, _ids, generation_config
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -69,7 +69,7 @@ def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 # SHAPES[-3]: the embedding norm, in both stacks, padded
 @pytest.mark.parametrize(
-    "shape", [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE], ids=_ids
+    "shape", [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW], ids=_ids
 )
 def test_every_step_of_a_generation_is_explained_and_agrees(
     shape: dict[str, Any], strategy: str
@@ -139,6 +139,12 @@ NUMPY_CASES = {
              "positional": "rope", "rope_pairs": "halves", "norm_position": "pre",
              "norm": "rms"},
             None, ["S", "a"],
+        )
+    ),
+    "window_decoder_only": _no_eos(
+        _case(
+            {"d_model": 4, "n_heads": 2, "encoder_layers": 0, "decoder_layers": 1, "window": 2},
+            None, ["S", "a", "b"],
         )
     ),
 }  # fmt: skip

@@ -93,7 +93,10 @@ def test_explain_says_why_a_key_is_outside_the_window(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.stderr
         return " ".join(result.stdout.split())
 
-    assert "= -inf (key 0 is outside query 3's window of 3 keys (j ≤ 3 − 3))" in note("3,0")
+    assert (
+        "= -inf (key 0 is 3 positions before query 3, not within its window of 3 (j ≤ 3 − 3))"
+        in note("3,0")
+    )
     assert "= 0 (query 3 may look at key 1 (i − 3 < j ≤ i, not a pad))" in note("3,1")
     assert "key 4 comes after query 1 (causal)" in note("1,4")
     assert "key 5 is the pad token" in note("5,5")

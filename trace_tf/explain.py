@@ -1396,7 +1396,10 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if causal and j > pos:
         reasons.append(f"key {j} comes after {query} (causal)")
     if W and j <= pos - W:
-        reasons.append(f"key {j} is outside {query}'s window of {W} keys (j ≤ {pos} − {W})")
+        reasons.append(
+            f"key {j} is {pos - j} positions before {query}, not within its window of {W} "
+            f"(j ≤ {pos} − {W})"
+        )
     if pad is not None:
         reasons.append(f"key {j} is the pad token {quoted(pad)}")
     total = -math.inf if reasons else 0.0
