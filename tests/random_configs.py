@@ -161,7 +161,7 @@ def random_config(
         ffn: dict[str, Any] = {"W_1": matrix(d_model, dff), "W_2": matrix(dff, d_model)}
         if biases:
             ffn["b_1"], ffn["b_2"] = vector(dff), vector(d_model)
-        if activation in ("swiglu", "geglu"):  # a gated FFN's up projection
+        if activation in ("swiglu", "geglu", "geglu_tanh"):  # a gated FFN's up projection
             ffn["W_3"] = matrix(d_model, dff)
             if biases:
                 ffn["b_3"] = vector(dff)

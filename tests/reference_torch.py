@@ -198,7 +198,7 @@ def normalise(x: Tensor, params: dict[str, Any], hp: Hyper) -> Tensor:
 
 
 # The gated FFNs (Shazeer 2020, "GLU Variants Improve Transformer") and their gate.
-GATES = {"swiglu": "silu", "geglu": "gelu"}
+GATES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
 
 
 def activation(x: Tensor, name: str) -> Tensor:

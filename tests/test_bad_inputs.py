@@ -863,7 +863,7 @@ UNKNOWN_KEYS = [
         "model.activation",
         4,
         "not a valid choice (did you mean 'swiglu'?)",
-        "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, found the string 'swiglue'",
+        "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, geglu_tanh, found the string 'swiglue'",
     ),
     case(
         "rope-pairs-misspelt",
@@ -1288,7 +1288,7 @@ STRUCTURE = [
             f"weights.encoder.0.ffn.{k}",
             k,
             f"{k} is the up projection of a gated FFN, but model.activation is {act}",
-            f"expected model.activation: swiglu or geglu, or no {k}",
+            f"expected model.activation: swiglu, geglu or geglu_tanh, or no {k}",
             f"found model.activation: {act}",
         )
         for k, value, act in (("W_3", M22, "relu"), ("b_3", V2, "silu"))

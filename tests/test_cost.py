@@ -446,7 +446,9 @@ def _expected_by_kind(cfg: Config) -> dict[str, int]:
         kinds["attention"] += H * (Lq * inner * Lk + Lq * Lk * dv)  # scores, A V
 
     def ffn(L: int) -> None:  # W_1 and W_2, and a gated FFN's W_3
-        kinds["ffn"] += (3 if m.activation in ("swiglu", "geglu") else 2) * L * d * dff
+        kinds["ffn"] += (
+            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * L * d * dff
+        )
 
     L_src = len(cfg.source) if m.encoder_layers and cfg.source is not None else 0
     L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0

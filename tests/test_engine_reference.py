@@ -171,6 +171,27 @@ SHAPES = [
         window=3,
     ),
     dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, pad=True, tgt_len=6, window=3),
+    # GeGLU with the tanh GELU gate (geglu_tanh) in Gemma's shape: decoder-only pre-norm
+    # RMSNorm, RoPE by halves, multi-query, d_k apart from d_model, scaled tied embeddings
+    dict(
+        d_model=6,
+        n_heads=2,
+        n_kv_heads=1,
+        d_k=4,
+        d_v=4,
+        d_ff=7,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        activation="geglu_tanh",
+        tie_embeddings=True,
+        embed_scale="sqrt_d_model",
+        biases=False,
+        tgt_len=5,
+    ),
 ]
 
 

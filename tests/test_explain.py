@@ -91,6 +91,12 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         d_model=4, n_heads=2, decoder_layers=1, norm_position="pre", norm="rms",
         embed_norm=True, pad=True, src_len=3, tgt_len=3,
     ),
+    # GeGLU with the tanh GELU gate, in Gemma's shape (multi-query, RoPE halves, tied)
+    "geglu_tanh_gemma": _model(
+        d_model=6, n_heads=2, n_kv_heads=1, d_k=4, d_v=4, encoder_layers=0, decoder_layers=1,
+        norm_position="pre", norm="rms", positional="rope", rope_pairs="halves",
+        activation="geglu_tanh", tie_embeddings=True, embed_scale="sqrt_d_model", biases=False,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

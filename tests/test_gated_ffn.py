@@ -1,5 +1,5 @@
 """Gated feed-forward networks (Shazeer 2020, "GLU Variants Improve Transformer"):
-SwiGLU and GeGLU, (act(X W_1 + b_1) ⊙ (X W_3 + b_3)) W_2 + b_2, and SiLU as a plain
+SwiGLU and GeGLU (exact or tanh GELU), (act(X W_1 + b_1) ⊙ (X W_3 + b_3)) W_2 + b_2, and SiLU as a plain
 activation. Numbers by hand and against torch; W_3 from every place a weight comes from.
 (Every step against tests/reference_torch.py: tests/test_engine_reference.py.)"""
 
@@ -53,6 +53,12 @@ def _ffn_steps(data: dict[str, Any]) -> dict[str, Any]:
         ("swiglu", "SiLU(H) = H σ(H)", 2 / (1 + math.exp(-2))),
         # GELU(2) = 2 Φ(2) = 2 · ½ (1 + erf(2 / √2)); GELU(0) = 0
         ("geglu", "GELU(H) (exact, erf)", 2 * 0.5 * (1 + math.erf(2 / math.sqrt(2)))),
+        # GELU, tanh approximation: 2 · ½ (1 + tanh(√(2/π) (2 + 0.044715 · 2³)))
+        (
+            "geglu_tanh",
+            "GELU(H) (tanh approx.)",
+            2 * 0.5 * (1 + math.tanh(math.sqrt(2 / math.pi) * (2 + 0.044715 * 8))),
+        ),
     ],
 )
 def test_a_gated_ffn_of_one_token_by_hand(activation: str, name: str, gate: float) -> None:
@@ -176,6 +182,11 @@ def test_the_header_states_the_gated_formula_and_counts_W_3(tmp_path: Path) -> N
     data = _invoke("encode", str(path), "--format", "json", "--set", "model.activation=silu")
     assert data["conventions"]["activation"] == "SiLU, x σ(x)"
     assert "encoder.0.ffn (2)" in data["conventions"]["weights"]
+    data = _invoke("encode", str(path), "--format", "json", "--set", "model.activation=geglu_tanh")
+    assert data["conventions"]["activation"] == (
+        "GeGLU, gated: (GELU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2, GELU tanh approximation"
+    )
+    assert "encoder.0.ffn (3)" in data["conventions"]["weights"]
 
 
 def test_W_3_from_an_npz_and_from_set_with_its_source(tmp_path: Path) -> None:
@@ -287,3 +298,22 @@ def test_the_ffn_is_hugging_face_s_llama_mlp_with_its_weights_transposed(
     with torch.no_grad():
         want = mlp(x).numpy()
     np.testing.assert_allclose(trace.value("decoder.0.ffn.out"), want, rtol=0, atol=1e-12)
+
+
+def test_explain_writes_out_the_tanh_gelu_gate_of_geglu_tanh(tmp_path: Path) -> None:
+    """One act cell of geglu_tanh by hand: ½ H (1 + tanh(√(2/π) (H + 0.044715 H³))),
+    not the exact ½ H (1 + erf(H / √2)) of geglu (7e-5 apart here)."""
+    data = copy.deepcopy(ONE_TOKEN)
+    data["model"]["activation"] = "geglu_tanh"
+    data["weights"]["encoder"][0]["ffn"]["W_1"] = [[0.5, 0], [1.25, 2]]  # H = [0.75, 2]
+    path = tmp_path / "g.yaml"
+    path.write_text(json.dumps(data), encoding="utf-8")  # JSON is YAML
+    e = _invoke("explain", "encoder.0.ffn.act", str(path), "--cell", "0,0", "--format", "json")
+    h = 0.75
+    tanh_gelu = 0.5 * h * (1 + math.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    assert abs(tanh_gelu - 0.5 * h * (1 + math.erf(h / math.sqrt(2)))) > 5e-5
+    assert e["operands"]["H"] == [h]
+    assert e["lines"][0].startswith(
+        "encoder.0.ffn.act[0,0] = ½ H (1 + tanh(√(2/π) (H + 0.044715 H³)))"
+    )
+    assert e["agrees"] and e["result"] == pytest.approx(tanh_gelu, rel=1e-15, abs=0)

@@ -116,10 +116,11 @@ SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
     "gaussian": ("w",),
 }
 ALL_SCORE_WEIGHTS = ("W_a_q", "W_a_k", "v_a", "W_b", "w")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 # The gated feed-forward networks (Shazeer 2020) and the activation of their gate:
 # (act(X W_1 + b_1) ⊙ (X W_3 + b_3)) W_2 + b_2.
-GATES = {"swiglu": "silu", "geglu": "gelu"}
+# geglu_tanh: GeGLU with the tanh approximation of GELU (Gemma's gelu_pytorch_tanh).
+GATES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
 
 
 # ---------------------------------------------------------------------------
@@ -188,12 +189,12 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        """Whether the FFN is gated (swiglu, geglu): it then has an up projection W_3."""
+        """Whether the FFN is gated (swiglu, geglu, geglu_tanh): it then has an up projection W_3."""
         return self.activation in GATES
 
     @property
     def act(self) -> str:
-        """The activation applied to H = X W_1 + b_1 (a gated FFN's gate: silu or gelu)."""
+        """The activation applied to H = X W_1 + b_1 (a gated FFN's gate: silu, gelu or gelu_tanh)."""
         return GATES.get(self.activation, self.activation)
 
 
@@ -2896,7 +2897,7 @@ class _Validator:
             where,
             f"{key} is the up projection of a gated FFN, but model.activation is "
             f"{m.activation}" + self.ctx.set_by("model.activation"),
-            expected=f"model.activation: {' or '.join(GATES)}, or no {key}",
+            expected=f"model.activation: {', '.join([*GATES][:-1])} or {[*GATES][-1]}, or no {key}",
             found_text=f"model.activation: {m.activation}",
         )
 

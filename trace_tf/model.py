@@ -497,7 +497,7 @@ def _shared(m: ModelConfig, j: int) -> str:
 
 
 def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
-    """act(x W_1 + b_1) W_2 + b_2 (eq. 2); gated (swiglu, geglu; Shazeer 2020):
+    """act(x W_1 + b_1) W_2 + b_2 (eq. 2); gated (swiglu, geglu, geglu_tanh; Shazeer 2020):
     (act(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2. [L, d] -> [L, d_ff] -> [L, d]"""
     hidden = tr.rec(
         "hidden",

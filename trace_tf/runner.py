@@ -247,6 +247,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 "swiglu": "SwiGLU, gated: (SiLU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2",
                 "geglu": "GeGLU, gated: (GELU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2, "
                 "GELU exact (erf)",
+                "geglu_tanh": "GeGLU, gated: (GELU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2, "
+                "GELU tanh approximation",
             }[m.activation],
         ),
         (

@@ -324,7 +324,8 @@ STAGES: tuple[Stage, ...] = (
         ("<stack>.<l>.ffn.act",),
         "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation  |  SiLU(H) = H σ(H)",
         "L × d_ff",
-        "the non-linearity (of a gated FFN: its gate, SiLU for swiglu, GELU for geglu)",
+        "the non-linearity (of a gated FFN: its gate, SiLU for swiglu, GELU for geglu, "
+        "GELU tanh approximation for geglu_tanh)",
     ),
     Stage(
         "up",
@@ -332,7 +333,7 @@ STAGES: tuple[Stage, ...] = (
         "U = X W_3 + b_3",
         "L × d_ff",
         "a gated FFN's up projection, the features the gate scales",
-        "with model.activation: swiglu or geglu",
+        "with model.activation: swiglu, geglu or geglu_tanh",
     ),
     Stage(
         "gated",
@@ -340,7 +341,7 @@ STAGES: tuple[Stage, ...] = (
         "act ⊙ U",
         "L × d_ff",
         "a gated FFN's gate times its up projection, entry by entry",
-        "with model.activation: swiglu or geglu",
+        "with model.activation: swiglu, geglu or geglu_tanh",
     ),
     Stage(
         "out",
