@@ -1,6 +1,8 @@
 """What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
-tests/test_hf_bert.py, tests/test_hf_mistral.py) share: how a model's values are compared
-with trace-tf's, and how each is run."""
+tests/test_hf_bert.py, tests/test_hf_mistral.py, tests/test_hf_gemma.py) share: how a
+model's values are compared with trace-tf's, and how each is run; for the LLaMA-shaped
+decoders (LLaMA, Mistral, Gemma), their values by trace-tf step and the float64
+replacements of HF's float32 internals."""
 
 from __future__ import annotations
 
@@ -91,6 +93,10 @@ def run_readme(
     return scope
 
 
+def vocab_of(model: Any) -> list[str]:
+    return [f"t{i}" for i in range(model.config.vocab_size)]
+
+
 def draw_parameters(model: Any, seed: int) -> Any:
     """`model` in float64, eval, every parameter drawn anew with `seed` (HF's own init
     leaves biases at 0 and γ at 1, where a misplaced norm or bias would not show)."""
@@ -114,13 +120,13 @@ def draw_parameters(model: Any, seed: int) -> Any:
 # dtype: its RMSNorm, its rotary angles and its eager softmax. The same formulas in float64:
 
 
-def _rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+def rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     """LlamaRMSNorm.forward (MistralRMSNorm's is the same) without its cast to float32."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
-def _rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+def rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
     """LlamaRotaryEmbedding.forward with its angles in float64 (default rope type)."""
     c = self.config
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -131,7 +137,7 @@ def _rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> A
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
-def _eager_float64(
+def eager_float64(
     module: Any,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -154,11 +160,51 @@ def _eager_float64(
 
 
 @contextmanager
-def float64_hf(modeling: ModuleType, prefix: str) -> Iterator[None]:
+def float64_hf(
+    modeling: ModuleType,
+    prefix: str,
+    rms_norm: Callable[..., torch.Tensor] = rms_norm_float64,
+) -> Iterator[pytest.MonkeyPatch]:
     """A LLaMA-family `modeling` module (modeling_llama with prefix "Llama", ...) with its
-    three float32 computations done in float64."""
+    three float32 computations done in float64: its <prefix>RMSNorm's forward `rms_norm`
+    (Gemma's multiplies by 1 + weight), its rotary angles and its eager softmax; the
+    patch yielded for more."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(getattr(modeling, f"{prefix}RMSNorm"), "forward", _rms_norm_float64)
-        mp.setattr(getattr(modeling, f"{prefix}RotaryEmbedding"), "forward", _rotary_float64)
-        mp.setattr(modeling, "eager_attention_forward", _eager_float64)
-        yield
+        mp.setattr(getattr(modeling, f"{prefix}RMSNorm"), "forward", rms_norm)
+        mp.setattr(getattr(modeling, f"{prefix}RotaryEmbedding"), "forward", rotary_float64)
+        mp.setattr(modeling, "eager_attention_forward", eager_float64)
+        yield mp
+
+
+@torch.no_grad()
+def hf_outputs(model: Any, prompt: list[int]) -> dict[str, np.ndarray]:
+    """A LLaMA-shaped decoder's values under the trace-tf step each one is, for `prompt`
+    (batch of one)."""
+    seen: list[torch.Tensor] = []
+    hook = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        out = model(torch.tensor([prompt]), output_hidden_states=True, output_attentions=True)
+    finally:
+        hook.remove()
+    n, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    hidden = out.hidden_states
+    assert len(hidden) == n + 1 and len(out.attentions) == n
+    values = {
+        "decoder.input": hidden[0][0],
+        "decoder.output": hidden[n][0],
+        "logits": out.logits[0],
+    }
+    values |= {f"decoder.{l}.ffn.residual": hidden[l + 1][0] for l in range(n - 1)}
+    values[f"decoder.{n - 1}.ffn.residual"] = seen[0][0]
+    for l, a in enumerate(out.attentions):
+        assert a.shape == (1, H, len(prompt), len(prompt))
+        values |= {f"decoder.{l}.self_attn.h{h}.softmax": a[0, h] for h in range(H)}
+    return {k: v.numpy() for k, v in values.items()}
+
+
+def largest_error(expected: dict[str, np.ndarray], value: Callable[[str], np.ndarray]) -> float:
+    """The largest |trace-tf − HF| / (1 + |HF|) over every compared value."""
+    return max(
+        float(np.max(np.abs(value(path) - want) / (1 + np.abs(want))))
+        for path, want in expected.items()
+    )

@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from hf_common import (
     assert_matches,
@@ -48,11 +47,14 @@ from hf_common import (
     draw_parameters,
     float64_hf,
     hf_greedy,
+    hf_outputs,
     invoke_json,
+    largest_error,
     listed,
     prompt_for,
     run_readme,
     traced,
+    vocab_of,
 )
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
@@ -123,10 +125,6 @@ def llama(shape: dict[str, Any], seed: int, eos: int | None = None) -> LlamaForC
         **shape,
     )
     return draw_parameters(LlamaForCausalLM(config), seed)
-
-
-def vocab_of(model: LlamaForCausalLM) -> list[str]:
-    return [f"t{i}" for i in range(model.config.vocab_size)]
 
 
 def head_dim(model: LlamaForCausalLM) -> int:
@@ -222,42 +220,9 @@ def to_config(
     return listed(raw)
 
 
-def float64_llama() -> AbstractContextManager[None]:
+def float64_llama() -> AbstractContextManager[pytest.MonkeyPatch]:
     """HF's LLaMA with its three float32 computations done in float64."""
     return float64_hf(modeling_llama, "Llama")
-
-
-@torch.no_grad()
-def hf_outputs(model: LlamaForCausalLM, prompt: list[int]) -> dict[str, np.ndarray]:
-    """LLaMA's values under the trace-tf step each one is, for `prompt` (batch of one)."""
-    seen: list[torch.Tensor] = []
-    hook = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    try:
-        out = model(torch.tensor([prompt]), output_hidden_states=True, output_attentions=True)
-    finally:
-        hook.remove()
-    n, H = model.config.num_hidden_layers, model.config.num_attention_heads
-    hidden = out.hidden_states
-    assert len(hidden) == n + 1 and len(out.attentions) == n
-    values = {
-        "decoder.input": hidden[0][0],
-        "decoder.output": hidden[n][0],
-        "logits": out.logits[0],
-    }
-    values |= {f"decoder.{l}.ffn.residual": hidden[l + 1][0] for l in range(n - 1)}
-    values[f"decoder.{n - 1}.ffn.residual"] = seen[0][0]
-    for l, a in enumerate(out.attentions):
-        assert a.shape == (1, H, len(prompt), len(prompt))
-        values |= {f"decoder.{l}.self_attn.h{h}.softmax": a[0, h] for h in range(H)}
-    return {k: v.numpy() for k, v in values.items()}
-
-
-def largest_error(expected: dict[str, np.ndarray], value: Callable[[str], np.ndarray]) -> float:
-    """The largest |trace-tf − HF| / (1 + |HF|) over every compared value."""
-    return max(
-        float(np.max(np.abs(value(path) - want) / (1 + np.abs(want))))
-        for path, want in expected.items()
-    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -25,12 +25,14 @@ from hf_common import (
     draw_parameters,
     float64_hf,
     hf_greedy,
+    hf_outputs,
     invoke_json,
     prompt_for,
     run_readme,
     traced,
+    vocab_of,
 )
-from test_hf_llama import hf_outputs, to_config, vocab_of
+from test_hf_llama import to_config
 from transformers import MistralConfig, MistralForCausalLM
 from transformers.models.mistral import modeling_mistral
 
