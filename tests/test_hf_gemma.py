@@ -15,7 +15,7 @@ Its head_dim is independent of hidden_size (`d_k`, `d_v`) and it may be multi-qu
 Small random Gemmas, every parameter drawn anew (HF's own init leaves the norm weights
 at 0, where a missing +1 would not show), are converted here by the mapping README "From
 Hugging Face Gemma" states (written here independently, as nested YAML data in the fused
-form).
+form; the README's own recipe, which writes an .npz, is run as printed).
 
 HF computes four things in float32 whatever the model's dtype: GemmaRMSNorm (`x.float()`,
 `1.0 + weight.float()`), the rotary angles and the eager softmax, as LLaMA does, and the
@@ -27,6 +27,7 @@ they differ by float32 roundings, which `test_as_shipped_*` bounds and requires.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 import yaml
 from hf_common import (
     assert_matches,
+    decode_json,
     float64_hf,
     hf_greedy,
     hf_outputs,
@@ -45,6 +47,7 @@ from hf_common import (
     largest_error,
     listed,
     prompt_for,
+    run_readme,
     traced,
     vocab_of,
 )
@@ -316,3 +319,37 @@ def test_greedy_generate_matches_gemma_generate(shape: dict[str, Any], tmp_path:
         out = invoke_json("generate", str(path), "--greedy", "--max-tokens", str(n))
         assert out["generated"] == [vocab[i] for i in tokens]
         assert out["stopped"] == ("eos" if tokens is stopped else "max_tokens")
+
+
+# ------------------------------------------------------ README recipe: Gemma → trace-tf
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    scope = run_readme("From Hugging Face Gemma", seed=0)
+    assert os.path.exists("gemma.yaml") and os.path.exists("gemma.npz")
+    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
+    with float64_gemma():
+        assert_matches(hf_outputs(model, prompt), decode_json("gemma.yaml"))
+        greedy = hf_greedy(model, prompt, 8, None)
+    out = invoke_json("generate", "gemma.yaml", "--greedy", "--max-tokens", "8")
+    assert out["generated"] == [vocab[i] for i in greedy]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_converts_any_gemma(
+    shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recipe's `gemma_arrays` and `gemma_config` on other models (norm weights away
+    from 0, multi-query, biases, an untied output): each step as Gemma computes it."""
+    monkeypatch.chdir(tmp_path)
+    scope = run_readme("From Hugging Face Gemma")
+    model = gemma(shape, 7)
+    prompt, vocab = prompt_for(model, 7, 6), vocab_of(model)
+    np.savez("m.npz", **scope["gemma_arrays"](model, vocab))
+    config = scope["gemma_config"](model, vocab, [vocab[i] for i in prompt], "m.npz")
+    Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with float64_gemma():
+        assert_matches(hf_outputs(model, prompt), decode_json("m.yaml"))
