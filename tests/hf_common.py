@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import config_from, readme_python
 from typer.testing import CliRunner
 
@@ -69,6 +71,36 @@ def hf_greedy(model: Any, prompt: list[int], n: int, eos: int | None) -> list[in
         pad_token_id=0,
     )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def assert_greedy_matches(
+    model: Any,
+    to_config: Callable[[Any, list[int]], dict[str, Any]],
+    tmp_path: Path,
+    float64: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    n: int = 8,
+) -> None:
+    """`trace-tf generate --greedy` on `to_config(model, prompt)` against HF's
+    `generate(do_sample=False)` (run under `float64`): without eos, to n tokens; then
+    with eos set to the third token HF produced, so both must stop there (eos counted
+    among the produced tokens). HF's cache and trace-tf's are both on."""
+    prompt = prompt_for(model, 5, 4)
+    with float64():
+        free = hf_greedy(model, prompt, n, None)
+        assert len(free) == n
+        eos = free[2]
+        stopped = hf_greedy(model, prompt, n, eos)
+    assert stopped == free[: free.index(eos) + 1]
+    vocab = vocab_of(model)
+    for tokens in (free, stopped):
+        raw = to_config(model, prompt)
+        if tokens is stopped:
+            raw["tokens"] = {"eos": vocab[eos]}
+        path = tmp_path / "model.yaml"
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        out = invoke_json("generate", str(path), "--greedy", "--max-tokens", str(n))
+        assert out["generated"] == [vocab[i] for i in tokens]
+        assert out["stopped"] == ("eos" if tokens is stopped else "max_tokens")
 
 
 def listed(x: Any) -> Any:

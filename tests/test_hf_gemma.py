@@ -38,6 +38,7 @@ import pytest
 import torch
 import yaml
 from hf_common import (
+    assert_greedy_matches,
     assert_matches,
     decode_json,
     float64_hf,
@@ -298,27 +299,7 @@ def test_a_gemma_config_s_hidden_act_gelu_is_the_tanh_form() -> None:
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_gemma_generate(shape: dict[str, Any], tmp_path: Path) -> None:
-    """Without eos, to --max-tokens; then with eos set to the third token HF produced,
-    so both must stop there (eos counted among the produced tokens). HF's cache and
-    trace-tf's are both on."""
-    model = gemma(shape, 5)
-    prompt, n = prompt_for(model, 5, 4), 8
-    with float64_gemma():
-        free = hf_greedy(model, prompt, n, None)
-        assert len(free) == n
-        eos = free[2]
-        stopped = hf_greedy(model, prompt, n, eos)
-    assert stopped == free[: free.index(eos) + 1]
-    vocab = vocab_of(model)
-    for tokens in (free, stopped):
-        raw = to_config(model, prompt)
-        if tokens is stopped:
-            raw["tokens"] = {"eos": vocab[eos]}
-        path = tmp_path / "gemma.yaml"
-        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        out = invoke_json("generate", str(path), "--greedy", "--max-tokens", str(n))
-        assert out["generated"] == [vocab[i] for i in tokens]
-        assert out["stopped"] == ("eos" if tokens is stopped else "max_tokens")
+    assert_greedy_matches(gemma(shape, 5), to_config, tmp_path, float64_gemma)
 
 
 # ------------------------------------------------------ README recipe: Gemma → trace-tf

@@ -29,6 +29,7 @@ import torch
 import yaml
 from conftest import readme_python
 from hf_common import (
+    assert_greedy_matches,
     assert_matches,
     decode_json,
     hf_greedy,
@@ -36,6 +37,7 @@ from hf_common import (
     prompt_for,
     run_readme,
     traced,
+    vocab_of,
 )
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -101,10 +103,6 @@ def gpt2(shape: dict[str, Any], seed: int, eos: int | None = None) -> GPT2LMHead
             else:
                 p.copy_(noise / p.shape[0] ** 0.5)  # Conv1D, in x out: unit-size outputs
     return model
-
-
-def vocab_of(model: GPT2LMHeadModel) -> list[str]:
-    return [f"t{i}" for i in range(model.config.vocab_size)]
 
 
 def to_config(model: GPT2LMHeadModel, prompt: list[int]) -> dict[str, Any]:
@@ -250,24 +248,7 @@ def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=_ids)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_gpt2_generate(shape: dict[str, Any], tmp_path: Path) -> None:
-    """Without eos, to --max-tokens; then with eos set to the third token HF produced,
-    so both must stop there (eos counted among the produced tokens)."""
-    model = gpt2(shape, 5)
-    prompt, n = prompt_for(model, 5, 4), 8
-    free = hf_greedy(model, prompt, n, None)
-    assert len(free) == n
-    eos = free[2]
-    stopped = hf_greedy(model, prompt, n, eos)
-    assert stopped == free[: free.index(eos) + 1]
-    vocab = vocab_of(model)
-    for tokens, raw in [(free, to_config(model, prompt)), (stopped, to_config(model, prompt))]:
-        if tokens is stopped:
-            raw["tokens"] = {"eos": vocab[eos]}
-        path = tmp_path / "gpt2.yaml"
-        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        out = invoke_json("generate", str(path), "--greedy", "--max-tokens", str(n))
-        assert out["generated"] == [vocab[i] for i in tokens]
-        assert out["stopped"] == ("eos" if tokens is stopped else "max_tokens")
+    assert_greedy_matches(gpt2(shape, 5), to_config, tmp_path)
 
 
 # ------------------------------------------------------- README recipe: GPT-2 → trace-tf

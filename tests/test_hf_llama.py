@@ -42,6 +42,7 @@ import numpy as np
 import pytest
 import yaml
 from hf_common import (
+    assert_greedy_matches,
     assert_matches,
     decode_json,
     draw_parameters,
@@ -327,27 +328,7 @@ def test_the_duplicated_kv_recipe_gives_the_native_numbers(shape: dict[str, Any]
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=_ids)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path: Path) -> None:
-    """Without eos, to --max-tokens; then with eos set to the third token HF produced,
-    so both must stop there (eos counted among the produced tokens). HF's cache and
-    trace-tf's are both on."""
-    model = llama(shape, 5)
-    prompt, n = prompt_for(model, 5, 4), 8
-    with float64_llama():
-        free = hf_greedy(model, prompt, n, None)
-        assert len(free) == n
-        eos = free[2]
-        stopped = hf_greedy(model, prompt, n, eos)
-    assert stopped == free[: free.index(eos) + 1]
-    vocab = vocab_of(model)
-    for tokens in (free, stopped):
-        raw = to_config(model, prompt)
-        if tokens is stopped:
-            raw["tokens"] = {"eos": vocab[eos]}
-        path = tmp_path / "llama.yaml"
-        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        out = invoke_json("generate", str(path), "--greedy", "--max-tokens", str(n))
-        assert out["generated"] == [vocab[i] for i in tokens]
-        assert out["stopped"] == ("eos" if tokens is stopped else "max_tokens")
+    assert_greedy_matches(llama(shape, 5), to_config, tmp_path, float64_llama)
 
 
 # ------------------------------------------------------ README recipe: LLaMA → trace-tf
