@@ -7,6 +7,7 @@ replacements of HF's float32 internals."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -240,3 +241,19 @@ def largest_error(expected: dict[str, np.ndarray], value: Callable[[str], np.nda
         float(np.max(np.abs(value(path) - want) / (1 + np.abs(want))))
         for path, want in expected.items()
     )
+
+
+def assert_recipe_runs(
+    section: str, name: str, float64: Callable[[], AbstractContextManager[Any]]
+) -> None:
+    """README's `section` run as printed (in the current directory), writing `name`.yaml
+    and `name`.npz for its LLaMA-shaped `model` and `prompt`: every value as HF computes it
+    (under `float64`), and greedy generate as HF's."""
+    scope = run_readme(section, seed=0)
+    assert os.path.exists(f"{name}.yaml") and os.path.exists(f"{name}.npz")
+    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
+    with float64():
+        assert_matches(hf_outputs(model, prompt), decode_json(f"{name}.yaml"))
+        greedy = hf_greedy(model, prompt, 8, None)
+    out = invoke_json("generate", f"{name}.yaml", "--greedy", "--max-tokens", "8")
+    assert out["generated"] == [vocab[i] for i in greedy]

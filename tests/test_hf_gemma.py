@@ -27,7 +27,6 @@ they differ by float32 roundings, which `test_as_shipped_*` bounds and requires.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,11 +39,10 @@ import yaml
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
+    assert_recipe_runs,
     decode_json,
     float64_hf,
-    hf_greedy,
     hf_outputs,
-    invoke_json,
     largest_error,
     listed,
     prompt_for,
@@ -308,14 +306,7 @@ def test_greedy_generate_matches_gemma_generate(shape: dict[str, Any], tmp_path:
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    scope = run_readme("From Hugging Face Gemma", seed=0)
-    assert os.path.exists("gemma.yaml") and os.path.exists("gemma.npz")
-    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
-    with float64_gemma():
-        assert_matches(hf_outputs(model, prompt), decode_json("gemma.yaml"))
-        greedy = hf_greedy(model, prompt, 8, None)
-    out = invoke_json("generate", "gemma.yaml", "--greedy", "--max-tokens", "8")
-    assert out["generated"] == [vocab[i] for i in greedy]
+    assert_recipe_runs("From Hugging Face Gemma", "gemma", float64_gemma)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)

@@ -32,7 +32,6 @@ The conventions mapped:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -44,12 +43,11 @@ import yaml
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
+    assert_recipe_runs,
     decode_json,
     draw_parameters,
     float64_hf,
-    hf_greedy,
     hf_outputs,
-    invoke_json,
     largest_error,
     listed,
     prompt_for,
@@ -337,14 +335,7 @@ def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path:
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    scope = run_readme("From Hugging Face LLaMA", seed=0)
-    assert os.path.exists("llama.yaml") and os.path.exists("llama.npz")
-    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
-    with float64_llama():
-        assert_matches(hf_outputs(model, prompt), decode_json("llama.yaml"))
-        greedy = hf_greedy(model, prompt, 8, None)
-    out = invoke_json("generate", "llama.yaml", "--greedy", "--max-tokens", "8")
-    assert out["generated"] == [vocab[i] for i in greedy]
+    assert_recipe_runs("From Hugging Face LLaMA", "llama", float64_llama)
 
 
 @pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3], SHAPES[4]], ids=_ids)
