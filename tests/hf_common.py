@@ -210,11 +210,13 @@ def float64_hf(
 
 
 @torch.no_grad()
-def hf_outputs(model: Any, prompt: list[int]) -> dict[str, np.ndarray]:
-    """A LLaMA-shaped decoder's values under the trace-tf step each one is, for `prompt`
-    (batch of one)."""
+def hf_outputs(model: Any, prompt: list[int], final_norm: Any = None) -> dict[str, np.ndarray]:
+    """A decoder-only model's values under the trace-tf step each one is, for `prompt`
+    (batch of one); the input of `final_norm` (default: a LLaMA-shaped model's
+    `model.norm`; GPT-2's is `transformer.ln_f`) is the last layer's residual."""
     seen: list[torch.Tensor] = []
-    hook = model.model.norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    norm = model.model.norm if final_norm is None else final_norm
+    hook = norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
     try:
         out = model(torch.tensor([prompt]), output_hidden_states=True, output_attentions=True)
     finally:

@@ -39,6 +39,7 @@ from hf_common import (
     traced,
     vocab_of,
 )
+from hf_common import hf_outputs as common_outputs
 from transformers import GPT2Config, GPT2LMHeadModel
 
 ACTIVATION = {
@@ -164,29 +165,9 @@ def to_config(model: GPT2LMHeadModel, prompt: list[int]) -> dict[str, Any]:
     }
 
 
-@torch.no_grad()
 def hf_outputs(model: GPT2LMHeadModel, prompt: list[int]) -> dict[str, np.ndarray]:
     """GPT-2's values under the trace-tf step each one is, for `prompt` (batch of one)."""
-    seen: list[torch.Tensor] = []
-    hook = model.transformer.ln_f.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    try:
-        out = model(torch.tensor([prompt]), output_hidden_states=True, output_attentions=True)
-    finally:
-        hook.remove()
-    n = model.config.n_layer
-    hidden = out.hidden_states
-    assert len(hidden) == n + 1 and len(out.attentions) == n
-    values = {
-        "decoder.input": hidden[0][0],
-        "decoder.output": hidden[n][0],
-        "logits": out.logits[0],
-    }
-    values |= {f"decoder.{l}.ffn.residual": hidden[l + 1][0] for l in range(n - 1)}
-    values[f"decoder.{n - 1}.ffn.residual"] = seen[0][0]
-    for l, a in enumerate(out.attentions):
-        assert a.shape == (1, model.config.n_head, len(prompt), len(prompt))
-        values |= {f"decoder.{l}.self_attn.h{h}.softmax": a[0, h] for h in range(a.shape[1])}
-    return {k: v.numpy() for k, v in values.items()}
+    return common_outputs(model, prompt, model.transformer.ln_f)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
