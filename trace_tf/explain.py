@@ -466,8 +466,8 @@ def _given_as(ctx: _Ctx, name: str, j: int) -> tuple[str, int, str]:
     """Where entry (or column) j of a weight is in the file, with a note that says where
     it came from: a per-head `weights.<block>.heads.<h>.W_q` given fused is head h's
     columns of `weights.<block>.W_q` (SPEC §2), so its column j is column h·d_k + j
-    there (a `kv_heads.<h>.W_k`, K/V head h's, likewise); the tied output weight's column j is the embedding of the j-th vocabulary
-    token."""
+    there (a `kv_heads.<h>.W_k`, K/V head h's, likewise); the tied output weight's
+    column j is the embedding of the j-th vocabulary token."""
     if name == TIED_OUTPUT and isinstance(ctx.cfg, Config):
         token = ctx.cfg.vocab[j]
         ctx.source(name)  # (named in the JSON: the tie)
