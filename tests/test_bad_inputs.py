@@ -94,6 +94,7 @@ def ffn(body: str, base: str = SIZES) -> str:
 
 M22 = "[[1, 2], [3, 4]]"  # a 2 x 2 matrix: the wrong shape for every weight below
 V2 = "[1, 2]"
+M4x12 = str([[0] * 12] * 4)  # the right shape of a fused W_k of 4 heads of d_k 3, d_model 4
 
 
 def wrong_shape(id: str, text: str, path: str, needle: str, expected: str, found: str) -> object:
@@ -1678,6 +1679,22 @@ SETS = [
         "must be positive",
         "set by --set model.scale",
         args=("encode", "{file}", "--set", "model.scale=-1"),
+    ),
+    # a size the expected shape comes from, set by --set or a variant, named as the cause
+    *(
+        case(
+            f"wrong-shape-after-{key}-set",
+            attn(f"W_k: {M4x12}", SIZES.replace("n_heads: 2", "n_heads: 4")),
+            "weights.encoder.0.self_attn.W_k",
+            "W_k",
+            f"wrong shape (model.{key} set by --set)",
+            f"expected shape 4 x {n} (d_model x {dims}), found shape 4 x 12",
+            args=("encode", "{file}", "--set", f"model.{key}={value}"),
+        )
+        for key, value, n, dims in (
+            ("n_kv_heads", 2, 6, "n_kv_heads·d_k"),
+            ("d_k", 2, 8, "n_heads·d_k"),
+        )
     ),
     case(
         "variant-that-changes-expect",

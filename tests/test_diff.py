@@ -238,7 +238,10 @@ def test_neighbouring_floats_are_written_apart(a: float) -> None:
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--set-b", "model.d_model=8"], "embeddings.hello: wrong shape (in run B); expected"),
+        (
+            ["--set-b", "model.d_model=8"],
+            "embeddings.hello: wrong shape (model.d_model set by --set-b) (in run B); expected",
+        ),
         (["--set-b", "model.scale=-1"], "must be positive (set by --set-b model.scale) (in run B)"),
         (["--set", "model.scale=-1"], "must be positive (set by --set model.scale) (in run A)"),
     ],

@@ -1682,9 +1682,11 @@ class _Validator:
         elif finite and given and not isinstance(value, np.ndarray):  # float64: one typed
             self._subnormal(arr, np.abs(arr), path)
         if shape is not None and tuple(arr.shape) != shape:
+            # a size the shape comes from, set by --set or a variant, is named as its cause
+            sizes = [f"model.{k}" for k in re.findall(r"\w+", dims) if k in MODEL_KEYS]
             raise self.ctx.err(
                 path,
-                "wrong shape",
+                "wrong shape" + self.ctx.set_by(*sizes),
                 expected=f"shape {shape_text(shape, 'x')}" + (f" ({dims})" if dims else ""),
                 found_text=f"shape {shape_text(tuple(arr.shape), 'x')}",
             )
