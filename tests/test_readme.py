@@ -188,3 +188,11 @@ def test_the_commands_the_readme_shows_run_as_printed(
         result = runner.invoke(app, args, env={"COLUMNS": "120"})
         assert result.exit_code == 0, (args, result.stderr)
         assert result.stdout, args
+
+
+def test_the_code_layout_lists_every_module_and_the_tests_named_exist() -> None:
+    listed = [re.fullmatch(r"`(\w+)\.py`", row[0]) for row in _table("module")]
+    modules = {p.stem for p in (REPO / "trace_tf").glob("*.py")} - {"__init__"}
+    assert sorted(m.group(1) for m in listed if m) == sorted(modules)
+    named = set(re.findall(r"`?(tests/\w+\.py)", README))
+    assert named and sorted(p for p in named if not (REPO / p).is_file()) == []
