@@ -196,3 +196,22 @@ def test_the_code_layout_lists_every_module_and_the_tests_named_exist() -> None:
     assert sorted(m.group(1) for m in listed if m) == sorted(modules)
     named = set(re.findall(r"`?(tests/\w+\.py)", README))
     assert named and sorted(p for p in named if not (REPO / p).is_file()) == []
+
+
+def test_the_limits_and_defaults_the_readme_states_are_the_codes() -> None:
+    from trace_tf import cli, loader
+
+    text = " ".join(README.split())
+    for claim in (
+        f"{loader.MAX_NODES:,} values in a file",
+        f"{loader.MAX_DEPTH} levels of nesting",
+        f"{loader.MAX_FILE_BYTES >> 20} MiB per file",
+        f"short ({loader.PYTHON_PARSER_CHARS:,} characters at most)",
+        f"over {loader._NPY_HEADER_MAX:,} bytes, numpy's own bound",
+        f"(default 2^{C.DEFAULT_MAX_ELEMENTS.bit_length() - 1})",
+        f"{cli.MIN_WIDTH} at the least and {cli.MAX_WIDTH} at the most",
+        f"`--show` rows, default {cli.SHOWN_ROWS},",
+        f"1 to 100, default {cli.TIMED_RUNS};",
+    ):
+        assert claim in text, claim
+    assert C.DEFAULT_MAX_ELEMENTS == 2**28
