@@ -2926,10 +2926,11 @@ class _Validator:
                         m,
                         relative=m.positional == "relative",
                     ),
-                    ffn=self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m),
+                    # (in the paper's order, so what is drawn is listed, and checked, in it)
                     cross_attn=self.attention(layer.get("cross_attn"), f"{stack}.{l}.cross_attn", m)
                     if cross
                     else None,
+                    ffn=self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m),
                 )
             )
         return tuple(out)
