@@ -60,6 +60,7 @@ def random_config(
     scale: float | str | None = None,
     max_len: int | None = None,
     window: int | None = None,
+    token_types: int = 0,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -74,6 +75,9 @@ def random_config(
     n_kv_heads heads wide, or per K/V head in `kv_heads`.
     `embed_norm` normalises each stack's embeddings before its first layer.
     `window` (decoder-only): sliding-window self-attention over the last `window` keys.
+    `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
+    random type for each position of source and target (drawn last: the other arrays
+    are those of the same call without token types).
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -246,6 +250,13 @@ def random_config(
     if decoder_layers:
         cfg["target"] = sequence(tgt_len, first=BOS)
     cfg["weights"] = weights
+    if token_types:
+        model["token_types"] = token_types
+        weights["token_types"] = (0.5 * rng.standard_normal((token_types, d_model))).tolist()
+        for name in ("source", "target"):
+            if name in cfg:
+                types = rng.integers(token_types, size=len(cfg[name]))
+                cfg[f"{name}_types"] = [int(t) for t in types]
     return cfg
 
 

@@ -50,6 +50,7 @@ class Hyper:
     norm_position: str
     final_norm: bool
     embed_norm: bool  # the norm of the embeddings before layer 0 (BERT)
+    token_types: int  # rows of the token-type table (BERT's segments); 0: none
     norm: str
     norm_eps: float
     activation: str
@@ -87,6 +88,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         norm_position=norm_position,
         final_norm=bool(model.get("final_norm", norm_position == "pre")),
         embed_norm=bool(model.get("embed_norm", False)),
+        token_types=int(model.get("token_types", 0)),
         norm=model.get("norm", "layer"),
         norm_eps=float(model.get("norm_eps", 1e-5)),
         activation=model.get("activation", "relu"),
@@ -491,6 +493,10 @@ def embed_sequence(
         x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
     elif hp.positional not in ("none", "relative", "rope"):  # the others act in self-attention
         raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
+    if hp.token_types:  # BERT's segment embedding: row type_i of the table (default type 0)
+        sequence_name = "source" if name == "encoder" else "target"
+        types = cfg.get(f"{sequence_name}_types", [0] * length)
+        x = x + tr.rec(f"{name}.token_type", tensor(cfg["weights"]["token_types"])[types])
     x = tr.rec(f"{name}.input", x)
     if hp.embed_norm:
         norm = cfg.get("weights", {}).get(f"{name}_embed_norm", {})

@@ -152,6 +152,22 @@ SHAPES = [
         embed_norm=True,
     ),
     dict(d_model=4, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, embed_norm=True),
+    # token types (model.token_types, BERT's segment embeddings): BERT's shape in both
+    # stacks, with padding; and a decoder-only one with no positions (X = E + T)
+    dict(
+        d_model=6,
+        n_heads=2,
+        decoder_layers=1,
+        positional="learned",
+        embed_norm=True,
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+        token_types=3,
+    ),
+    dict(
+        d_model=4, n_heads=1, encoder_layers=0, decoder_layers=1, positional="none", token_types=2
+    ),
     # wide enough ([L, d] arrays of 10 KiB) that the tracer copies steps into its blocks
     dict(d_model=32, n_heads=4, decoder_layers=2, pad=True, src_len=40, tgt_len=36),
     # sliding-window attention (model.window, Mistral), narrower than the target: LLaMA's

@@ -91,6 +91,16 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         d_model=4, n_heads=2, decoder_layers=1, norm_position="pre", norm="rms",
         embed_norm=True, pad=True, src_len=3, tgt_len=3,
     ),
+    # model.token_types (BERT's segment embeddings): both stacks, learned positions and pads;
+    # decoder-only with no positions (X = E + T)
+    "token_types_cross": _model(
+        d_model=4, n_heads=2, decoder_layers=1, positional="learned", embed_norm=True,
+        pad=True, src_len=4, tgt_len=3, token_types=3,
+    ),
+    "token_types_no_positions": _model(
+        d_model=4, n_heads=1, encoder_layers=0, decoder_layers=1, positional="none",
+        token_types=2,
+    ),
     # GeGLU with the tanh GELU gate, in Gemma's shape (multi-query, RoPE halves, tied)
     "geglu_tanh_gemma": _model(
         d_model=6, n_heads=2, n_kv_heads=1, d_k=4, d_v=4, encoder_layers=0, decoder_layers=1,

@@ -166,6 +166,14 @@ WINDOW = [
     dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, tgt_len=4, window=2),
 ]
 
+# Token types (model.token_types): each generated token takes the type of the position
+# before it (the last target type), with learned positions and the embedding norm, and
+# decoder-only.
+TYPES = [
+    dict(d_model=6, n_heads=2, positional="learned", embed_norm=True, tgt_len=3, token_types=3),
+    dict(d_model=4, n_heads=2, encoder_layers=0, decoder_layers=2, tgt_len=3, token_types=2),
+]
+
 
 def _ids(shape: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
@@ -180,9 +188,13 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     """Greedy decoding by hand: the torch reference on the whole prefix at each iteration,
     argmax of its last row of probabilities."""
     prefix = list(raw["target"])
+    types = raw.get("target_types")
     produced, dists = [], []
     for _ in range(max_tokens):
-        probs = reference_forward({**raw, "target": prefix})["probs"][-1]
+        step = {**raw, "target": prefix}
+        if types is not None:  # a generated token: the type of the position before it
+            step["target_types"] = types + [types[-1]] * (len(prefix) - len(types))
+        probs = reference_forward(step)["probs"][-1]
         token = raw["vocab"][int(np.argmax(probs))]
         produced.append(token)
         dists.append(probs)
@@ -192,7 +204,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW + TYPES, ids=_ids)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -245,7 +257,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW + TYPES, ids=_ids)
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
     for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):

@@ -744,6 +744,9 @@ def _show(
             "source": cfg.source.labels if cfg.source else None,
             "target": tgt.labels if tgt else None,
         }
+        if cfg.model.token_types:  # each position's token type, beside its token
+            tokens["source_types"] = cfg.source.types if cfg.source else None
+            tokens["target_types"] = tgt.types if tgt else None
 
     def data() -> dict[str, Any]:
         out = render.trace_json(
@@ -1240,7 +1243,15 @@ def generate(
         return
     warnings = [*unused, *tr.trace.warnings]
     steps = list(tr.trace)
-    tokens = {"source": cfg.source.labels if cfg.source else None, "target": start}
+    tokens: dict[str, Any] = {
+        "source": cfg.source.labels if cfg.source else None,
+        "target": start,
+    }
+    if cfg.model.token_types:  # the start's types; a generated token's: decoder_types
+        from trace_tf.model import decoder_types
+
+        tokens["source_types"] = cfg.source.types if cfg.source else None
+        tokens["target_types"] = decoder_types(cfg, len(start))
     header_rows = conventions(cfg) + gen_mod.describe(
         s, cfg.tokens.eos, encoder=cfg.model.encoder_layers > 0
     )

@@ -55,6 +55,7 @@ MODEL_KEYS = [
     "pe_base",
     "rope_pairs",
     "max_len",
+    "token_types",
     "embed_scale",
     "norm_position",
     "final_norm",
@@ -80,7 +81,9 @@ TOP_KEYS = [
     "tokens",
     "embeddings",
     "source",
+    "source_types",
     "target",
+    "target_types",
     "weights",
     "weights_file",
     "expect",
@@ -148,6 +151,8 @@ class ModelConfig:
     pe_base: float = 10000.0
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     max_len: int = 128
+    # rows of the token-type table (BERT's segments, type_vocab_size); 0: no token types
+    token_types: int = 0
     embed_scale: float = 1.0
     embed_scale_text: str = "1"  # as written, for the conventions header
     norm_position: str = "post"
@@ -264,6 +269,8 @@ class Sequence_:
 
     tokens: tuple[str, ...] | None
     matrix: np.ndarray | None = None  # [L, d_model], when given as numbers
+    # each position's token type (source_types, target_types), with model.token_types
+    types: tuple[int, ...] | None = None
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -363,6 +370,7 @@ class Config:
     encoder_embed_norm: NormWeights | None  # with model.embed_norm
     decoder_embed_norm: NormWeights | None
     positional: np.ndarray | None  # [max_len, d_model] when learned
+    token_types: np.ndarray | None  # [model.token_types, d_model] with token types
     output_W: np.ndarray | None  # [d_model, vocab]
     output_b: np.ndarray | None  # [vocab]
     expect: tuple[Expect, ...] = ()
@@ -438,6 +446,8 @@ class Config:
                 out[f"weights.{name}.beta"] = nw.beta
         if self.positional is not None:
             out["weights.positional"] = self.positional
+        if self.token_types is not None:
+            out["weights.token_types"] = self.token_types
         if self.output_W is not None:
             out["weights.output.W"] = self.output_W
         if self.output_b is not None:
@@ -1470,13 +1480,15 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     if m.positional == "relative":  # rel_bias and biased (as steps, RoPE's q_raw and k_raw's)
         attn += H * 2 * L * L
     ffn = L * (2 * dff + 3 * d + 2)
-    # embed, pe, input, embedding norm, final norm, output (norms' statistics); the mask
-    stack = 6 * L * d + L * L + 4 * L
+    # embed, pe, token_type, input, embedding norm, final norm, output (norms'
+    # statistics); the mask
+    typed = m.token_types > 0
+    stack = (6 + typed) * L * d + L * L + 4 * L
     stacks = (enc > 0) + (dec > 0)
     numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
     # The steps, each charged OBJECT_COST: per head at most 14, per block 6, per FFN 7,
-    # per stack 9; the cross mask, logits and probs.
-    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * 9 + 3
+    # per stack 9 (10 with token types); the cross mask, logits and probs.
+    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * (9 + typed) + 3
     return numbers + OBJECT_COST * steps
 
 
@@ -2256,6 +2268,7 @@ class _Validator:
                 m.get("rope_pairs", "adjacent"), p + "rope_pairs", tuple(ROPE_PAIRS)
             ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
+            token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
             embed_scale=embed_scale,
             embed_scale_text=embed_text,
             norm_position=norm_position,
@@ -2317,6 +2330,7 @@ class _Validator:
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
+        total += m.token_types * d
         if m.positional == "relative":  # a table per self-attention head
             total += (enc + dec) * H * (2 * m.max_len - 1)
         total += trace_size(m, max(lengths, default=1), V)
@@ -2397,6 +2411,8 @@ class _Validator:
                     expected=f"at most {counted(m.max_len, 'token')}",
                     found_text=f"{len(seq)} tokens",
                 )
+        source = self.types(data.get("source_types"), "source", source, m)
+        target = self.types(data.get("target_types"), "target", target, m)
 
         w = self.mapping(
             data.get("weights"),
@@ -2409,6 +2425,7 @@ class _Validator:
                 "encoder_embed_norm",
                 "decoder_embed_norm",
                 "positional",
+                "token_types",
                 "output",
             ),
         )
@@ -2437,6 +2454,23 @@ class _Validator:
                 + self.ctx.set_by("model.positional"),
                 expected="model.positional: learned",
             )
+        token_types = None
+        if m.token_types:
+            token_types = self.weight(
+                w,
+                "token_types",
+                "weights.token_types",
+                "token_types",
+                (m.token_types, d),
+                "token_types x d_model",
+            )
+        elif w.get("token_types") is not None:
+            raise self.ctx.err(
+                "weights.token_types",
+                "a token-type table is given, but model.token_types is 0 (none)"
+                + self.ctx.set_by("model.token_types"),
+                expected="model.token_types: the table's rows, or no weights.token_types",
+            )
         output_W, output_b = self.output(w.get("output"), m, vocab)
         variants = self.variants(data.get("variants"))
         from_file = [o for o in self.ctx.origins.values() if o.array is not None and not o.pads]
@@ -2457,6 +2491,7 @@ class _Validator:
             encoder_embed_norm=enc_embed,
             decoder_embed_norm=dec_embed,
             positional=positional,
+            token_types=token_types,
             output_W=output_W,
             output_b=output_b,
             expect=self.expect(data.get("expect"), variants),
@@ -2659,6 +2694,64 @@ class _Validator:
                 )
             out.append(tok)
         return Sequence_(tokens=tuple(out))
+
+    def types(
+        self, value: Any, name: str, seq: Sequence_ | None, m: ModelConfig
+    ) -> Sequence_ | None:
+        """`seq` with the token type of each position (`<name>_types`; all 0 when not
+        given) when the model has token types; types given without them are refused."""
+        path = f"{name}_types"
+        n = m.token_types
+        if value is not None and not n:
+            raise self.ctx.err(
+                path,
+                "token types given, but model.token_types is 0 (the model has none)"
+                + self.ctx.set_by("model.token_types"),
+                expected=f"model.token_types >= 1 beside {path}, or no {path}",
+                found_text=f"{path} and model.token_types: 0",
+            )
+        if value is not None and seq is None:
+            reads = (
+                f"the model reads no {name} (encoder_layers: 0)"
+                if name == "source"
+                else "the model reads no target (decoder_layers: 0)"
+                if not m.decoder_layers
+                else "no target is given (the decoder starts from [tokens.bos], type 0)"
+            )
+            raise self.ctx.err(
+                path,
+                f"token types for {name}, but {reads}",
+                expected=f"{path} beside a {name}, or no {path}",
+                found_text=f"{path} and no {name}",
+            )
+        if seq is None or not n:
+            return seq
+        if value is None:
+            return replace(seq, types=(0,) * len(seq))
+        expected = f"a list of {counted(len(seq), 'whole number')} from 0 to {n - 1}"
+        if not isinstance(value, list):
+            raise self.ctx.err(path, "not a list of token types", value, expected)
+        if len(value) != len(seq):
+            raise self.ctx.err(
+                path,
+                f"{counted(len(value), 'token type')} for the {counted(len(seq), 'position')} "
+                f"of {name}" + self.ctx.set_by(name),
+                expected=f"one type per position of {name}: {expected}",
+                found_text=counted(len(value), "type"),
+            )
+        types = []
+        for i, raw in enumerate(value):
+            t = self.integer(raw, join(path, i), 0)
+            if t >= n:
+                raise self.ctx.err(
+                    join(path, i),
+                    f"type {t} is beyond the token-type table (model.token_types {n}: "
+                    f"types 0 to {n - 1})" + self.ctx.set_by("model.token_types"),
+                    expected=f"a whole number from 0 to {n - 1}",
+                    found_text=str(t),
+                )
+            types.append(t)
+        return replace(seq, types=tuple(types))
 
     def norm(self, value: Any, path: str, d: int) -> NormWeights:
         n = self.mapping(value, path, ("gamma", "beta"))

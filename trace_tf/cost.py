@@ -114,6 +114,7 @@ SHARED = "— (a shared K/V head's: computed in its group's first head)"
 COSTS: dict[str, tuple[Product | Free, ...]] = {
     "embed": (FREE,),  # a lookup
     "pe": (FREE,),
+    "token_type": (FREE,),  # a lookup in the token-type table
     "input": (FREE,),
     "mask": (FREE,),
     "cross_mask": (FREE,),
@@ -325,6 +326,8 @@ def resized(
                 seq.tokens if seq.tokens is not None else np.asarray(seq.matrix).tolist()
             )
             d.data[key] = _cycled(rows, value)
+            if seq.types is not None:  # each token's type goes with it
+                d.data[f"{key}_types"] = _cycled(seq.types, value)
     else:
         if any(s is not None and s.matrix is not None for s in (base.source, base.target)):
             raise InputError(

@@ -27,7 +27,7 @@ from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.model import target_of
+from trace_tf.model import decoder_types, target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -1343,6 +1343,38 @@ def _pe(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     return parts
 
 
+def _type_of(ctx: _Ctx, path: str, i: int) -> tuple[int, int, str]:
+    """Row i of a stack's step: its position, its token type, and where that type is from."""
+    assert isinstance(ctx.cfg, Config)
+    pos = _first_position(ctx, path) + i  # a KV-cached iteration's new rows: start..
+    stack = _STACK.match(path)
+    if stack is not None and stack.group(1) == "encoder":
+        assert ctx.cfg.source is not None and ctx.cfg.source.types is not None
+        return pos, ctx.cfg.source.types[i], "source_types; 0 where not given"
+    types = decoder_types(ctx.cfg, pos + 1)
+    assert types is not None
+    if pos >= len(target_of(ctx.cfg)):  # generated: the type of the position before it
+        return pos, types[pos], f"a generated token: the type of position {pos - 1}"
+    if ctx.cfg.target is None:
+        return pos, types[pos], "the start [tokens.bos]: type 0"
+    return pos, types[pos], "target_types; 0 where not given"
+
+
+def _token_type(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A row of the token-type table, picked by the position's type."""
+    i, j = cell
+    pos, t, given = _type_of(ctx, step.path, i)
+    table = step.inputs[0]
+    v = float(ctx.get(table)[t, j])
+    at = f"row {i} is position {pos} (after {pos - i} cached) and" if pos != i else f"row {i}"
+    return _Parts(
+        [f"token_types[{t},{j}]"],
+        v,
+        [f"{at} has type {t} ({given})", f"token_types = {table}{ctx.source(table)}"],
+        {"token_types": [v]},
+    )
+
+
 def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     d, base = int(ctx.param("d_model")), float(ctx.param("base"))
@@ -1372,13 +1404,17 @@ def _input(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         nums += f" × {ctx.f.num(m.embed_scale)}"
         operands["embed_scale"] = [m.embed_scale]
     where = [f"E = {step.inputs[0]}"]
-    if len(step.inputs) > 1:
-        pe = float(ctx.get(step.inputs[1])[cell])
-        total = total + pe
-        sym += f" + PE{_idx(cell)}"
-        nums += f" + {ctx.f.fac(pe)}"
-        operands["PE"] = [pe]
-        where.append(f"PE = {step.inputs[1]}")
+    for added in step.inputs[1:]:  # the positions' PE, then the token types' T
+        name = {"pe": "PE", "token_type": "T"}[added.rsplit(".", 1)[-1]]
+        v = float(ctx.get(added)[cell])
+        total = total + v
+        sym += f" + {name}{_idx(cell)}"
+        nums += f" + {ctx.f.fac(v)}"
+        operands[name] = [v]
+        where.append(f"{name} = {added}")
+        if name == "T":  # which row of the table, and why
+            _, t, given = _type_of(ctx, step.path, cell[0])
+            where[-1] += f": token_types[{t}], row {cell[0]}'s type ({given})"
     return _Parts([sym, nums], total, where, operands)
 
 
@@ -1426,6 +1462,7 @@ def _output(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 EXPLAINERS: dict[str, Explainer] = {
     "embed": _embed,
     "pe": _pe,
+    "token_type": _token_type,
     "input": _input,
     "mask": _mask,
     "cross_mask": _mask,

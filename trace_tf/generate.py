@@ -502,8 +502,10 @@ def next_distribution(
 
     Without a cache the decoder runs on the whole prefix; with one, only on the
     tokens it has not cached yet (the whole prefix at the first iteration, then
-    one token)."""
-    seq = Sequence_(tokens=prefix if cache is None else prefix[cache.length :])
+    one token). With token types, each position's is model.decoder_types'."""
+    done = 0 if cache is None else cache.length
+    types = model.decoder_types(cfg, len(prefix))
+    seq = Sequence_(tokens=prefix[done:], types=None if types is None else types[done:])
     out = model.decoder(cfg, seq, enc, tr, cache)
     logits, probs = model.output_layer(cfg, out, seq, tr)
     # the run's first NaN or overflow (not a note on a given number)

@@ -32,7 +32,7 @@ from trace_tf.config import (
     Sequence_,
 )
 from trace_tf.errors import InputError
-from trace_tf.text import exact
+from trace_tf.text import exact, spaced
 from trace_tf.trace import NULL_TRACER, Tracer
 
 Array = np.ndarray
@@ -86,12 +86,13 @@ def norm_formula(m: ModelConfig, of: str) -> str:
 
 
 def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0) -> Array:
-    """Token embeddings (x embed_scale) + positional encoding. tokens -> [L, d]
+    """Token embeddings (x embed_scale) + positional encoding + token types. tokens -> [L, d]
 
     Only sinusoidal and learned positions are added here; relative (a bias on the
     scores) and rope (a rotation of q and k) act in self-attention, none nowhere.
-    The tokens sit at positions start..start+L-1 (start > 0 for the new tokens of
-    a KV-cached decoding step)."""
+    With model.token_types, each position's row of the token-type table is added too
+    (BERT's segment embedding). The tokens sit at positions start..start+L-1 (start > 0
+    for the new tokens of a KV-cached decoding step)."""
     m = cfg.model
     if seq.matrix is not None:
         e = tr.rec("embed", seq.matrix, "E = the given matrix")
@@ -107,6 +108,7 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
     if m.embed_norm:  # what layer 0 reads is Norm(X), the next step
         where += ";  normalised next (embed_norm)"
     L = len(seq)
+    pe: Array | None = None
     if m.positional == "sinusoidal":
         pe = tr.rec(
             "pe",
@@ -121,9 +123,23 @@ def embed(cfg: Config, seq: Sequence_, tr: Tracer = NULL_TRACER, start: int = 0)
             "PE = positional[pos] (learned)",
             cfg.positional,
         )
-    else:
-        return tr.rec("input", x, f"X = E{scale}{where}", e)  # E itself when unscaled: no copy
-    return tr.rec("input", x + pe, f"X = E{scale} + PE{where}", e, pe)
+    types: Array | None = None
+    assert (seq.types is not None) == bool(m.token_types), "types go with model.token_types"
+    if seq.types is not None:
+        assert cfg.token_types is not None
+        types = tr.rec(
+            "token_type",
+            cfg.token_types[list(seq.types)],
+            f"T = token_types[type],  types {spaced(seq.types)}",
+            cfg.token_types,
+        )
+    terms, added = [e], ""
+    for term, name in ((pe, "PE"), (types, "T")):
+        if term is not None:
+            x, added = x + term, f"{added} + {name}"
+            terms.append(term)
+    # E itself when unscaled and nothing is added: no copy
+    return tr.rec("input", x, f"X = E{scale}{added}{where}", *terms)
 
 
 # ---------------------------------------------------------------------------
@@ -788,7 +804,17 @@ def target_of(cfg: Config) -> Sequence_:
             expected="a target sequence or tokens.bos",
             found="neither",
         )
-    return Sequence_(tokens=(cfg.tokens.bos,))
+    return Sequence_(tokens=(cfg.tokens.bos,), types=(0,) if cfg.model.token_types else None)
+
+
+def decoder_types(cfg: Config, n: int) -> tuple[int, ...] | None:
+    """The token types of the first n decoder positions under `generate`: the start's
+    (target_types, or 0 for [tokens.bos]), and each generated token the type of the
+    last position before it, so that generation continues the segment it was given."""
+    start = target_of(cfg).types
+    if start is None:
+        return None
+    return (start + (start[-1],) * n)[:n]
 
 
 def run_encode(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:

@@ -645,7 +645,7 @@ def inputs_json(
 
 def trace_json(
     title: str,
-    tokens: Mapping[str, Sequence[str] | None],
+    tokens: Mapping[str, Sequence[str | int] | None],
     steps: Iterable[Step],
     **extra: Any,
 ) -> dict[str, Any]:

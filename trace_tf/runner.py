@@ -22,7 +22,7 @@ from trace_tf.config import (
     build,
 )
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.text import counted, exact, shape_text
+from trace_tf.text import counted, exact, shape_text, spaced
 from trace_tf.trace import Shown, Step, Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
@@ -232,6 +232,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             + "; stable row softmax",
         ),
         ("positions", pos),
+        *([("token types", types_text(cfg))] if m.token_types else []),
         (
             "embeddings",
             f"scaled by {m.embed_scale_text}"
@@ -282,6 +283,23 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         variant = f"variant {quoted(cfg.variant)}; " if cfg.variant is not None else ""
         rows.append(("overrides", variant + "keys set: " + ", ".join(cfg.overrides)))
     return rows
+
+
+def types_text(cfg: Config) -> str:
+    """The token-type table and each sequence's types, for the header (model.token_types)."""
+    m = cfg.model
+    parts = [
+        f"table weights.token_types ({counted(m.token_types, 'row')}): row type_i added to "
+        "position i's embedding (BERT's token_type_embeddings)"
+    ]
+    for name, seq in (("source", cfg.source), ("target", cfg.target)):
+        if seq is not None and seq.types is not None:
+            parts.append(f"{name} types {spaced(seq.types)}")
+    if m.decoder_layers:
+        if cfg.target is None:
+            parts.append("no target: [tokens.bos], type 0")
+        parts.append("generate: a new token takes the type of the position before it")
+    return "; ".join(parts)
 
 
 def heads_text(m: ModelConfig) -> str:

@@ -73,11 +73,20 @@ STAGES: tuple[Stage, ...] = (
         "with model.positional: sinusoidal, the default, or learned",
     ),
     Stage(
+        "token_type",
+        ("<stack>.token_type",),
+        "T = token_types[type]  (each position's type: source_types, target_types; default 0)",
+        "L × d_model",
+        "the row of each position's token type (BERT's segment embedding), added to its embedding",
+        "with model.token_types >= 1",
+    ),
+    Stage(
         "input",
         ("<stack>.input",),
-        "X = E · embed_scale + PE",
+        "X = E · embed_scale + PE + T",
         "L × d_model",
-        "what layer 0 reads (with model.embed_norm: what embed_norm normalises for it)",
+        "what layer 0 reads (with model.embed_norm: what embed_norm normalises for it); PE "
+        "and T only where the model adds them",
     ),
     Stage(
         "embed_norm",

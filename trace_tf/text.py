@@ -92,6 +92,15 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def spaced(values: Sequence[object], limit: int = 12) -> str:
+    """`0 0 1 1`: short values (token types) on one line, a long list's middle elided
+    (`0 0 0 0 0 0 0 0 … 1 1 1 1`), so that a header or formula stays one line."""
+    shown = [str(v) for v in values]
+    if len(shown) > limit:
+        shown = [*shown[: limit - 4], "…", *shown[-4:]]
+    return " ".join(shown)
+
+
 def shape_text(shape: Sequence[int], times: str = "×") -> str:
     """`4 × 3`, as tables write a shape, or with `times="x"` `4 x 3`, as messages do;
     `scalar` for no axes."""
