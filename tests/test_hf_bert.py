@@ -13,10 +13,15 @@ the first layer: `LayerNorm(word + position + token_type)` (BertEmbeddings), tra
 must match to 1e-12 as shipped.
 
 The conventions mapped:
-- position and token-type embeddings are folded into one learned positional table:
-  positional[i] = position_embeddings[i] + token_type_embeddings[type_i] (type 0 past
-  the sentence), so `encoder.input` is BERT's embedding sum, what its LayerNorm reads
-  (caught by a hook), and `hidden_states[0]` is `encoder.embed_norm`.
+- token types natively: `token_type_embeddings.weight` is `weights.token_types` with
+  `model.token_types: type_vocab_size`, `token_type_ids` is `source_types`; so
+  `encoder.token_type` is what the token-type embedding module outputs and `encoder.pe`
+  what the position embedding module does (both caught by hooks), `encoder.input` is
+  BERT's embedding sum, what its LayerNorm reads, and `hidden_states[0]` is
+  `encoder.embed_norm`.
+- or folded (the recipe before model.token_types, `fold=True`): position and token-type
+  embeddings in one learned positional table, positional[i] = position_embeddings[i] +
+  token_type_embeddings[type_i] (type 0 past the sentence); one layout of types per table.
 - `hidden_states[l + 1]` is layer l's output, post-norm `encoder.<l>.ffn.norm`; the
   last is also `encoder.output`. `attentions[l][0, h]` is `encoder.<l>.self_attn.h<h>.softmax`.
 - nn.Linear keeps its weight out × in and computes `x Wᵀ + b`: every weight is
@@ -93,17 +98,23 @@ def sentence(seed: int, length: int = 6) -> list[int]:
 
 
 def to_config(
-    model: BertModel, ids: list[int], types: list[int] | None = None, pad: bool = False
+    model: BertModel,
+    ids: list[int],
+    types: list[int] | None = None,
+    pad: bool = False,
+    fold: bool = False,
 ) -> dict[str, Any]:
-    """README's mapping, as nested config data with the weights in the YAML's fused form."""
+    """README's mapping, as nested config data with the weights in the YAML's fused form:
+    the token types natively (`types` as source_types, default none: all 0), or with
+    `fold` in the positional table."""
     c = model.config
     p = {k: v.numpy() for k, v in model.state_dict().items()}
     vocab = vocab_of(model)
-    types = (types or []) + [0] * (c.max_position_embeddings - len(types or []))
     e = "embeddings"
-    positional = (
-        p[f"{e}.position_embeddings.weight"] + p[f"{e}.token_type_embeddings.weight"][types]
-    )
+    positional = p[f"{e}.position_embeddings.weight"]
+    if fold:
+        every = (types or []) + [0] * (c.max_position_embeddings - len(types or []))
+        positional = positional + p[f"{e}.token_type_embeddings.weight"][every]
 
     def norm(key: str) -> dict[str, Any]:
         return {"gamma": p[f"{key}.weight"], "beta": p[f"{key}.bias"]}
@@ -157,6 +168,11 @@ def to_config(
             "positional": positional,
         },
     }
+    if not fold:
+        raw["model"]["token_types"] = c.type_vocab_size
+        raw["weights"]["token_types"] = p[f"{e}.token_type_embeddings.weight"]
+        if types is not None:
+            raw["source_types"] = types
     return listed(raw)
 
 
@@ -166,11 +182,25 @@ def hf_outputs(
     ids: list[int],
     types: list[int] | None = None,
     attention_mask: list[int] | None = None,
+    native: bool = True,
 ) -> dict[str, np.ndarray]:
-    """BERT's values under the trace-tf step each one is, for `ids` (batch of one)."""
+    """BERT's values under the trace-tf step each one is, for `ids` (batch of one): with
+    `native`, also the looked-up position and token-type rows (`encoder.pe`,
+    `encoder.token_type`), which a folded config has as one table."""
     seen: list[torch.Tensor] = []
-    ln = model.embeddings.LayerNorm
-    hook = ln.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    looked_up: dict[str, torch.Tensor] = {}
+    m = model.embeddings
+    hooks = [m.LayerNorm.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))]
+    if native:
+        for path, module in (
+            ("encoder.pe", m.position_embeddings),
+            ("encoder.token_type", m.token_type_embeddings),
+        ):
+            hooks.append(
+                module.register_forward_hook(
+                    lambda _m, _args, out, path=path: looked_up.setdefault(path, out)
+                )
+            )
     kwargs: dict[str, Any] = {}
     if types is not None:
         kwargs["token_type_ids"] = torch.tensor([types])
@@ -181,7 +211,8 @@ def hf_outputs(
             torch.tensor([ids]), output_hidden_states=True, output_attentions=True, **kwargs
         )
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     n, H = model.config.num_hidden_layers, model.config.num_attention_heads
     hidden = out.hidden_states
     assert len(hidden) == n + 1 and len(out.attentions) == n and len(seen) == 1
@@ -190,6 +221,8 @@ def hf_outputs(
         "encoder.embed_norm": hidden[0][0],
         "encoder.output": out.last_hidden_state[0],
     }
+    values |= {path: v[0] for path, v in looked_up.items()}
+    assert len(looked_up) == (2 if native else 0)
     values |= {f"encoder.{l}.ffn.norm": hidden[l + 1][0] for l in range(n)}
     for l, a in enumerate(out.attentions):
         assert a.shape == (1, H, len(ids), len(ids))
@@ -208,19 +241,53 @@ def test_every_hidden_state_and_head_matches_bert(shape: dict[str, Any], seed: i
     ids = sentence(seed, 5 + seed)
     expected = hf_outputs(model, ids)
     c = model.config
-    assert len(expected) == 3 + c.num_hidden_layers * (1 + c.num_attention_heads)
+    assert len(expected) == 5 + c.num_hidden_layers * (1 + c.num_attention_heads)
     assert_matches(expected, encoded(to_config(model, ids)))
+
+
+def pair(seed: int, first: int, second: int) -> tuple[list[int], list[int]]:
+    """A sentence pair's ids and token_type_ids: 0 for the first, 1 for the second."""
+    return sentence(seed, first) + sentence(seed + 100, second), [0] * first + [1] * second
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_a_sentence_pair_s_token_types_natively(shape: dict[str, Any], seed: int) -> None:
+    """token_type_ids as source_types, token_type_embeddings as weights.token_types: the
+    rows each position looks up (encoder.token_type), the sum, every state."""
+    model = bert(shape, seed)
+    ids, types = pair(seed, 3 + seed, 4)
+    expected = hf_outputs(model, ids, types)
+    raw = to_config(model, ids, types)
+    value = encoded(raw)
+    assert_matches(expected, value)
+    # the lookup by hand: row type_i of the table, the second sentence's rows all row 1
+    table = model.embeddings.token_type_embeddings.weight.detach().numpy()
+    assert np.array_equal(value("encoder.token_type"), table[types])
+    # the same file holds another pair's layout: only source and source_types change
+    other_ids, other_types = pair(seed + 10, 2, 5)
+    raw |= {"source": [vocab_of(model)[i] for i in other_ids], "source_types": other_types}
+    assert_matches(hf_outputs(model, other_ids, other_types), encoded(raw))
 
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=_ids)
 def test_a_sentence_pair_folds_each_positions_token_type(shape: dict[str, Any]) -> None:
-    """token_type_ids 0…0 1…1: positional[i] takes the type of position i."""
+    """The folded recipe, positional[i] = position_embeddings[i] + token_type_embeddings
+    [type_i], still computes BERT; and gives the native form's numbers (to 1e-12: BERT
+    adds (word + type) + position, the native form (word + position) + type, the folded
+    word + (position + type), each its own rounding)."""
     model = bert(shape, 2)
     ids, types = sentence(2, 7), [0, 0, 0, 1, 1, 1, 1]
-    expected = hf_outputs(model, ids, types)
-    assert_matches(expected, encoded(to_config(model, ids, types)))
+    expected = hf_outputs(model, ids, types, native=False)
+    folded = encoded(to_config(model, ids, types, fold=True))
+    assert_matches(expected, folded)
+    native = traced(to_config(model, ids, types), "encode")
+    # (the folded pe holds the types too: every step from the sum on is compared)
+    compared = [s.path for s in native if s.path not in ("encoder.pe", "encoder.token_type")]
+    assert len(compared) > 20
+    assert_matches({path: folded(path) for path in compared}, native.value)
     # and the types matter: folded as all 0, the embedding sum is off by their difference
-    value = encoded(to_config(model, ids))
+    value = encoded(to_config(model, ids, fold=True))
     tt = model.embeddings.token_type_embeddings.weight.detach().numpy()
     np.testing.assert_allclose(
         expected["encoder.input"][3:] - value("encoder.input")[3:],
@@ -228,6 +295,17 @@ def test_a_sentence_pair_folds_each_positions_token_type(shape: dict[str, Any]) 
         rtol=0,
         atol=1e-12,
     )
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=_ids)
+def test_a_padded_sentence_pair_with_native_token_types(shape: dict[str, Any]) -> None:
+    """A pair padded to a longer batch: the pads' type 0 looked up, and masked as keys."""
+    model = bert(shape, 4)
+    ids, types = pair(4, 3, 3)
+    ids, types = [*ids, 0, 0], [*types, 0, 0]
+    mask = [int(i != 0) for i in ids]
+    expected = hf_outputs(model, ids, types, mask)
+    assert_matches(expected, encoded(to_config(model, ids, types, pad=True)))
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:3], ids=_ids)
@@ -280,14 +358,49 @@ def pre_norm(raw: dict[str, Any]) -> None:
     raw["model"]["final_norm"] = False
 
 
-@pytest.mark.parametrize("mutate", [no_embed_norm, swap_q_k, norms_swapped, gelu_tanh, pre_norm])
+def types_swapped(raw: dict[str, Any]) -> None:
+    """Sentence A read as type 1, B as type 0."""
+    raw["source_types"] = [1 - t for t in raw["source_types"]]
+
+
+def table_rows_swapped(raw: dict[str, Any]) -> None:
+    """token_type_embeddings' rows in the wrong order (the same as the types swapped)."""
+    raw["weights"]["token_types"] = raw["weights"]["token_types"][::-1]
+
+
+def token_types_omitted(raw: dict[str, Any]) -> None:
+    """No token-type table: the sum lacks token_type_embeddings[type_i] everywhere."""
+    del raw["model"]["token_types"], raw["weights"]["token_types"], raw["source_types"]
+
+
+def types_left_out(raw: dict[str, Any]) -> None:
+    """The table, but token_type_ids not given: every position type 0."""
+    del raw["source_types"]
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        no_embed_norm,
+        swap_q_k,
+        norms_swapped,
+        gelu_tanh,
+        pre_norm,
+        types_swapped,
+        table_rows_swapped,
+        token_types_omitted,
+        types_left_out,
+    ],
+)
 def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]], None]) -> None:
     """Each plausible conversion mistake makes the comparison above fail."""
     model = bert(SHAPES[1], 5)
-    ids = sentence(5)
-    raw = to_config(model, ids)
+    ids, types = pair(5, 3, 3)
+    raw = to_config(model, ids, types)
     mutate(raw)
-    expected = hf_outputs(model, ids)
+    expected = hf_outputs(model, ids, types)
+    if mutate is token_types_omitted:  # no such step: the rest must differ
+        del expected["encoder.token_type"]
     if mutate is no_embed_norm:  # layer 0 reads the sum itself: off by far more than 1e-3
         value = encoded(raw)
         assert np.abs(value("encoder.input") - expected.pop("encoder.embed_norm")).max() > 1e-3
@@ -321,8 +434,8 @@ def test_the_readme_recipe_converts_any_bert(
     model = bert(shape, 7)
     vocab = vocab_of(model)
     ids, types = sentence(7, 4) + sentence(8, 3) + [0, 0], [0] * 4 + [1] * 5
-    np.savez("m.npz", **scope["bert_arrays"](model, vocab, types))
-    config = scope["bert_config"](model, vocab, [vocab[i] for i in ids], "m.npz", pad="PAD")
+    np.savez("m.npz", **scope["bert_arrays"](model, vocab))
+    config = scope["bert_config"](model, vocab, [vocab[i] for i in ids], "m.npz", types, "PAD")
     Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     mask = [int(i != 0) for i in ids]
     assert_matches(hf_outputs(model, ids, types, mask), decode_json("m.yaml", "encode"))
