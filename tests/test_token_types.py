@@ -204,6 +204,18 @@ def test_generate_from_bos_is_type_0_and_beams_follow_the_rule(tmp_path: Path) -
     assert len(rows) >= 3 and all(np.array_equal(r, table[[0] * len(r)]) for r in rows)
 
 
+def test_npz_and_csv_hold_the_step(tmp_path: Path) -> None:
+    path = written(tmp_path, TINY)
+    out = tmp_path / "t.npz"
+    code, _, err = invoke("encode", path, "--format", "npz", "--output", str(out))
+    assert code == 0, err
+    with np.load(out) as z:
+        assert z["encoder.token_type"].tolist() == [[0.5, 0.25], [-1, 4], [-1, 4]]
+    code, csv, err = invoke("step", path, "--stage", "token_type", "--format", "csv")
+    assert code == 0, err
+    assert csv.splitlines()[1:] == ["a,0.5,0.25", "b,-1.0,4.0", "a,-1.0,4.0"]
+
+
 def test_float32_looks_up_the_rounded_table() -> None:
     cfg = model_of({**TINY, "model": {**TINY["model"], "dtype": "float32"}})
     trace = run(cfg, "encode")
@@ -291,6 +303,8 @@ REFUSED = [
         ("wrong shape", "shape 2 x 2 (token_types x d_model)", "found shape 1 x 2")),
     Bad(TYPED.replace("2\nvocab", "-1\nvocab"), "model.token_types", 3, ("a whole number >= 0",)),
     Bad(TYPED.replace("2\nvocab", "two\nvocab"), "model.token_types", 3, ("not a whole number",)),
+    Bad(TYPED.replace("2\nvocab", "200000000\nvocab"), "model", 1,
+        ("too large", "token_types 200000000")),
     Bad(TYPED + "target_types: [0]\n", "target_types", 6,
         ("token types for target, but the model reads no target (decoder_layers: 0)",)),
     Bad(DEC + "source_types: [0]\n", None, None,

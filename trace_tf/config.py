@@ -2342,6 +2342,8 @@ class _Validator:
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
             if m.positional in BOUNDED_POSITIONAL:
                 extra += f", max_len {m.max_len} ({BOUNDED_POSITIONAL[m.positional]})"
+            if m.token_types:
+                extra += f", token_types {m.token_types}"
             raise self.ctx.err(
                 "model",
                 "too large: the model's arrays would be over the limit "
