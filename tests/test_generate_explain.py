@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import config_from
 from test_explain_by_numpy import Reference, _case
-from test_generate import RELATIVE, ROPE, SHAPES, WINDOW, _ids, generation_config
+from test_generate import RELATIVE, ROPE, SHAPES, TYPES, WINDOW, _ids, generation_config
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -67,9 +67,12 @@ def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-# SHAPES[-3]: the embedding norm, in both stacks, padded
+# SHAPES[-3]: the embedding norm, in both stacks, padded; TYPES: token types (a new
+# token's type, the position before it, in its token_type and input entries)
 @pytest.mark.parametrize(
-    "shape", [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW], ids=_ids
+    "shape",
+    [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW, *TYPES],
+    ids=_ids,
 )
 def test_every_step_of_a_generation_is_explained_and_agrees(
     shape: dict[str, Any], strategy: str
