@@ -56,6 +56,8 @@ class Reference:
         self.w: Arrays = {}  # every weight, by its path below `weights`
         self.a: Arrays = {}  # every step
         self.tokens: dict[str, list[str]] = {}
+        # each position's token type (model.token_types), by stack; None: every one 0
+        self.types = {"encoder": data.get("source_types"), "decoder": data.get("target_types")}
         enc, dec = m.get("encoder_layers", 1), m.get("decoder_layers", 0)
         if enc:
             self.stack("encoder", data["source"], enc)
@@ -188,6 +190,11 @@ class Reference:
             table = self.draw("positional", (self.m.get("max_len", 128), self.d))
             self.a[f"{name}.pe"] = table[:L]
             x = x + table[:L]
+        if self.m.get("token_types"):  # row type_i of the token-type table
+            table = self.draw("token_types", (self.m["token_types"], self.d))
+            rows = table[self.types[name] or [0] * L]
+            self.a[f"{name}.token_type"] = rows
+            x = x + rows
         x = self.a[f"{name}.input"] = x
         pads = np.array([t == self.pad for t in toks])
         full = np.where(pads[None, :], -np.inf, 0.0) * np.ones((L, 1))  # pad keys

@@ -150,6 +150,14 @@ NUMPY_CASES = {
             None, ["S", "a", "b"],
         )
     ),
+    # token types: each generated token the type of the position before it
+    "token_types_learned": _no_eos(
+        _case(
+            {"d_model": 4, "n_heads": 2, "decoder_layers": 1, "positional": "learned",
+             "max_len": 8, "token_types": 3},
+            ["a", "b", "P"], ["S", "b"],
+        ) | {"source_types": [2, 0, 1], "target_types": [0, 2]}
+    ),
 }  # fmt: skip
 
 
@@ -205,7 +213,10 @@ def _check_against_numpy(data: dict[str, Any], options: dict[str, Any]) -> None:
         bare = step.path[len(scope) :]
         prefix = prefixes[scope] if scope else result.start
         if prefix not in refs:
-            refs[prefix] = Reference({**data, "target": list(prefix)})
+            given = data.get("target_types")  # a generated token: the type before it
+            extended = None if given is None else (given + [given[-1]] * len(prefix))[: len(prefix)]
+            types = {} if extended is None else {"target_types": extended}
+            refs[prefix] = Reference({**data, "target": list(prefix), **types})
         if bare not in refs[prefix].a:  # (every step the reference computes is checked)
             continue
         ref = refs[prefix].a[bare]
