@@ -137,14 +137,38 @@ def test_the_counts_the_readme_states_are_true() -> None:
     import test_engine_reference
     import test_generate
 
-    words = {"nineteen": 19, "thirty-six": 36}
+    def words(text: str) -> int:
+        """A number the README writes in words, one to ninety-nine."""
+        units = [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+        ]
+        units += ["thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+        tens = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+        ten, _, unit = text.partition("-")
+        if ten in tens:
+            return 10 * (tens.index(ten) + 2) + (units.index(unit) if unit else 0)
+        return units.index(text)
+
+    assert [words(w) for w in ("nineteen", "twenty-one", "thirty-six", "forty")] == [19, 21, 36, 40]
     tests = section("## Tests")
     engine = re.search(r"on\s+(\S+)\s+random\s+configurations\s+\(post/pre", tests)
-    assert engine and words[engine.group(1)] == len(test_engine_reference.SHAPES)
+    assert engine and words(engine.group(1)) == len(test_engine_reference.SHAPES)
     assert f"runs the same {engine.group(1)} with `--dtype float32`" in " ".join(tests.split())
     greedy = re.search(r"on\s+(\S+)\s+random\s+configurations,\s+with and without", tests)
     marks = test_generate.test_greedy_matches_the_reference_step_by_step.pytestmark  # type: ignore[attr-defined]
-    assert greedy and words[greedy.group(1)] == len(marks[0].args[1])
+    assert greedy and words(greedy.group(1)) == len(marks[0].args[1])
     corpus = re.search(
         r"a corpus of\s+about (\d+) such inputs",
         section("## Reliability: bad input, safety, numerical honesty"),
