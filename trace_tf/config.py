@@ -35,6 +35,7 @@ from trace_tf.loader import (
     read_stream,
     read_text,
 )
+from trace_tf.ops import RopeScaling
 from trace_tf.text import Typed, counted, exact, root_text, shape_text, typed, whole_number
 
 DEFAULT_MAX_ELEMENTS = 2**28
@@ -54,6 +55,7 @@ MODEL_KEYS = [
     "positional",
     "pe_base",
     "rope_pairs",
+    "rope_scaling",
     "max_len",
     "token_types",
     "embed_scale",
@@ -101,6 +103,32 @@ POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
 # them: (2i, 2i+1) (RoFormer, lecture 000) or (i, i + d_k/2) (GPT-NeoX, LLaMA, Hugging
 # Face's rotate_half); pair i turns by pos · base^(−2i/d_k) in both (ops.rope_pairs)
 ROPE_PAIRS = {"adjacent": "(2i, 2i+1)", "halves": "(i, i+d_k/2)"}
+# model.rope_scaling (ops.RopeScaling): each type, the keys it needs, and those it may have
+ROPE_SCALINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_len"), ()),
+    "yarn": (
+        ("factor", "original_max_len"),
+        ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    ),
+}
+ROPE_SCALING_KEYS = ("type", *dict.fromkeys(k for a, b in ROPE_SCALINGS.values() for k in a + b))
+# Hugging Face's rope types trace-tf does not compute, and why
+NO_ROPE_SCALING = {
+    "default": "is no scaling: leave model.rope_scaling out (or null)",
+    "dynamic": "(dynamic NTK) recomputes the frequencies from the sequence length at each "
+    "step, so a token's angles change as the text grows: not supported",
+    "longrope": "(Phi-3) is not supported",
+    "proportional": "is not supported",
+}
+# Hugging Face's names in rope_parameters, and trace-tf's for them
+HF_ROPE_KEYS = {
+    "rope_type": "trace-tf's is type",
+    "original_max_position_embeddings": "trace-tf's is original_max_len (as max_len is "
+    "max_position_embeddings)",
+    "rope_theta": "trace-tf's is model.pe_base",
+    "partial_rotary_factor": "trace-tf turns every pair of d_k",
+}
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
 # Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).
 BOUNDED_POSITIONAL = {
@@ -150,6 +178,7 @@ class ModelConfig:
     positional: str = "sinusoidal"
     pe_base: float = 10000.0
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
+    rope_scaling: RopeScaling | None = None  # rope: its frequencies rescaled (None: as they are)
     max_len: int = 128
     # rows of the token-type table (BERT's segments, type_vocab_size); 0: no token types
     token_types: int = 0
@@ -2267,6 +2296,7 @@ class _Validator:
             rope_pairs=self.choice(
                 m.get("rope_pairs", "adjacent"), p + "rope_pairs", tuple(ROPE_PAIRS)
             ),
+            rope_scaling=self.rope_scaling(m.get("rope_scaling"), p + "rope_scaling", m),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
             embed_scale=embed_scale,
@@ -2295,6 +2325,144 @@ class _Validator:
                 if why is not None:
                     raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
+
+    def rope_scaling(self, value: Any, path: str, m: dict[str, Any]) -> RopeScaling | None:
+        """model.rope_scaling: null (or absent) is none; else a mapping of `type` (linear,
+        llama3, yarn) and the numbers that type reads (ROPE_SCALINGS), each checked."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.ctx.err(path, "not a mapping", value, "a mapping: type, factor, ...")
+        for key in value:
+            if key in HF_ROPE_KEYS:
+                raise self.ctx.err(
+                    join(path, key),
+                    f"unknown key {quoted(key)}: Hugging Face's name in rope_parameters; "
+                    + HF_ROPE_KEYS[key],
+                    expected="one of: " + ", ".join(ROPE_SCALING_KEYS),
+                )
+        given = self.mapping(value, path, ROPE_SCALING_KEYS)
+        positional = m.get("positional", "sinusoidal")
+        if positional != "rope":
+            raise self.ctx.err(
+                path,
+                f"RoPE scaling rescales the rotary frequencies, and model.positional is "
+                f"{positional}" + self.ctx.set_by("model.positional"),
+                expected="model.positional: rope beside model.rope_scaling, or no rope_scaling",
+                found_text=f"positional {positional}",
+            )
+        kinds = tuple(ROPE_SCALINGS)
+        if "type" not in given:
+            raise self.ctx.err(
+                join(path, "type"),
+                "missing required key type",
+                expected="one of: " + ", ".join(kinds),
+            )
+        kind = given["type"]
+        if isinstance(kind, str) and kind in NO_ROPE_SCALING:
+            raise self.ctx.err(
+                join(path, "type"),
+                f"RoPE scaling {kind} {NO_ROPE_SCALING[kind]}",
+                kind,
+                "one of: " + ", ".join(kinds),
+            )
+        kind = self.choice(kind, join(path, "type"), kinds)
+        needed, optional = ROPE_SCALINGS[kind]
+        for key in given:
+            if key != "type" and key not in needed + optional:
+                raise self.ctx.err(
+                    join(path, key),
+                    f"type {kind} does not read {key}" + self.ctx.set_by(join(path, "type")),
+                    expected=f"only type, {', '.join(needed + optional)} with type {kind}",
+                )
+        for key in needed:
+            if key not in given:
+                raise self.ctx.err(
+                    join(path, key),
+                    f"missing required key {key} (type {kind} reads it)",
+                    expected="a whole number >= 1" if key == "original_max_len" else "a number > 0",
+                )
+
+        def positive(key: str, default: float) -> float:
+            if key not in given:
+                return default
+            return self.given_number(
+                self.number(given[key], join(path, key), positive=True), join(path, key), "float64"
+            )
+
+        factor = positive("factor", 1.0)
+        original = 0  # (read by llama3 and yarn only)
+        if "original_max_len" in given:
+            original = self.integer(given["original_max_len"], join(path, "original_max_len"), 1)
+        if kind == "linear":
+            return RopeScaling(kind, factor)
+        if kind == "llama3":
+            low, high = positive("low_freq_factor", 0), positive("high_freq_factor", 0)
+            if low >= high:
+                raise self.ctx.err(
+                    join(path, "high_freq_factor"),
+                    "the band of smoothed frequencies runs from original_max_len / "
+                    "low_freq_factor down to original_max_len / high_freq_factor: it needs "
+                    "low_freq_factor < high_freq_factor",
+                    expected=f"a number above low_freq_factor {exact(low)}",
+                    found_text=exact(high),
+                )
+            return RopeScaling(kind, factor, original, low, high)
+        beta_fast, beta_slow = positive("beta_fast", 32.0), positive("beta_slow", 1.0)
+        if beta_fast < beta_slow:
+            raise self.ctx.err(
+                join(path, "beta_fast"),
+                "yarn keeps the pairs that turn more than beta_fast times in original_max_len "
+                "positions and rescales those turning fewer than beta_slow times: it needs "
+                "beta_fast >= beta_slow",
+                expected=f"a number >= beta_slow {exact(beta_slow)}",
+                found_text=exact(beta_fast),
+            )
+        truncate = self.boolean(given.get("truncate", True), join(path, "truncate"))
+        return RopeScaling(
+            kind,
+            factor,
+            original,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            truncate=truncate,
+            attention_factor=self.yarn_attention(given, path, factor, positive),
+        )
+
+    def yarn_attention(
+        self,
+        given: dict[str, Any],
+        path: str,
+        factor: float,
+        positive: Callable[[str, float], float],
+    ) -> float:
+        """yarn's attention factor on cos and sin: given, or as Hugging Face derives it from
+        the factor f: mscale(f, mscale) / mscale(f, mscale_all_dim) when both are given,
+        else mscale(f, 1), where mscale(f, m) = 0.1 m ln f + 1 (1 for f <= 1)."""
+        scales = [k for k in ("mscale", "mscale_all_dim") if k in given]
+        if "attention_factor" in given and scales:
+            raise self.ctx.err(
+                join(path, scales[0]),
+                "the attention factor is given, and mscale and mscale_all_dim only derive it",
+                expected="attention_factor, or mscale and mscale_all_dim, not both",
+            )
+        if len(scales) == 1:
+            other = ({"mscale", "mscale_all_dim"} - set(scales)).pop()
+            raise self.ctx.err(
+                join(path, scales[0]),
+                f"the attention factor is mscale(factor, mscale) / mscale(factor, "
+                f"mscale_all_dim): {scales[0]} without {other} is not read",
+                expected=f"{other} beside {scales[0]}, or neither",
+            )
+
+        def mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+        if "attention_factor" in given:
+            return positive("attention_factor", 1.0)
+        if scales:
+            return mscale(positive("mscale", 1.0)) / mscale(positive("mscale_all_dim", 1.0))
+        return mscale(1.0)
 
     def window(self, value: Any, path: str, encoder_layers: int) -> int:
         """model.window: null (or absent) is unlimited, 0; else a whole number >= 1 of keys

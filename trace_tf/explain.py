@@ -582,7 +582,8 @@ def _kept(explainer: Explainer) -> Explainer:
 
 def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """RoPE: pair p of row pos, columns (a, b) (adjacent (2p, 2p+1), halves (p, p + d/2)),
-    turned by θ = pos · base^(−2p/d)."""
+    turned by θ = pos · base^(−2p/d), or pos · the scaled frequency with model.rope_scaling
+    (cos and sin times yarn's attention factor)."""
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
@@ -603,27 +604,71 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     first, second = ops.rope_pairs(d, m.rope_pairs)
     p = int(np.flatnonzero((first == j) | (second == j))[0])
     ca, cb = int(first[p]), int(second[p])
-    theta = ctx.f.shown(pos * _pow(m.pe_base, -2 * p / d))  # (written, like cos θ and sin θ)
+    pair = f"(position {pos}, pair {p}: columns {ca}, {cb}, {m.rope_pairs})"
+    scaling, factor = m.rope_scaling, 1.0
+    if scaling is None:
+        theta = ctx.f.shown(pos * _pow(m.pe_base, -2 * p / d))  # (written, like cos θ and sin θ)
+        angle = (
+            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
+            f"{ctx.f.num(theta)} rad {pair}"
+        )
+    else:
+        frequency = float(ops.rope_frequencies(d, m.pe_base, scaling)[p])
+        theta = ctx.f.shown(pos * ctx.f.shown(frequency))
+        angle = (
+            f"θ = pos · θ_p = {pos} · {ctx.f.num(frequency)} = {ctx.f.num(theta)} rad {pair}; "
+            f"θ_p = {exact(m.pe_base)}^(−{2 * p}/{d}) = {ctx.f.num(_pow(m.pe_base, -2 * p / d))} "
+            f"then scaled, {_scaled_frequency(ctx, p, d)}"
+        )
+        factor = scaling.attention_factor
     a, b = float(raw[i, ca]), float(raw[i, cb])
-    c, s = ctx.f.shown(_cos(theta)), ctx.f.shown(_sin(theta))
+    c, s = ctx.f.shown(_cos(theta) * factor), ctx.f.shown(_sin(theta) * factor)
+    cos, sin = ("cos θ", "sin θ") if factor == 1 else ("s·cos θ", "s·sin θ")
     lhs = f"{r}[{i},{ca}]", f"{r}[{i},{cb}]"
     if j == ca:
-        sym = f"{lhs[0]} cos θ − {lhs[1]} sin θ"
+        sym = f"{lhs[0]} {cos} − {lhs[1]} {sin}"
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(c)} − {ctx.f.fac(b)}×{ctx.f.fac(s)}"
         total = a * c - b * s
     else:
-        sym = f"{lhs[0]} sin θ + {lhs[1]} cos θ"
+        sym = f"{lhs[0]} {sin} + {lhs[1]} {cos}"
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(s)} + {ctx.f.fac(b)}×{ctx.f.fac(c)}"
         total = a * s + b * c
-    return _Parts(
-        [sym, nums],
-        total,
-        [
-            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
-            f"{ctx.f.num(theta)} rad (position {pos}, pair {p}: columns {ca}, {cb}, {m.rope_pairs})",
-            f"{r} = {raw_name}",
-        ],
-        {lhs[0]: [a], lhs[1]: [b], "θ": [theta]},
+    where = [angle, f"{r} = {raw_name}"]
+    if factor != 1:
+        where.insert(1, f"s = {exact(factor)}, yarn's attention factor on cos and sin")
+    return _Parts([sym, nums], total, where, {lhs[0]: [a], lhs[1]: [b], "θ": [theta]})
+
+
+def _scaled_frequency(ctx: _Ctx, p: int, d: int) -> str:
+    """How model.rope_scaling turned pair p's frequency base^(−2p/d) into the one used."""
+    assert isinstance(ctx.cfg, Config) and ctx.cfg.model.rope_scaling is not None
+    m = ctx.cfg.model
+    sc = m.rope_scaling
+    assert sc is not None
+    f = exact(sc.factor)
+    if sc.type == "linear":
+        return f"÷ factor {f} (linear)"
+    if sc.type == "llama3":
+        wavelength = 2 * math.pi / _pow(m.pe_base, -2 * p / d)
+        L, low, high = sc.original_max_len, sc.low_freq_factor, sc.high_freq_factor
+        said = f"llama3: wavelength 2π/θ_p = {ctx.f.num(wavelength)}"
+        if wavelength < L / high:
+            return f"{said} < {exact(L / high)} (original_max_len / high_freq_factor): kept"
+        if wavelength > L / low:
+            return f"{said} > {exact(L / low)} (original_max_len / low_freq_factor): ÷ {f}"
+        k = (L / wavelength - low) / (high - low)
+        return (
+            f"{said}, between {exact(L / high)} and {exact(L / low)}: (1 − k) θ_p / {f} + k θ_p, "
+            f"k = ({L}/{ctx.f.num(wavelength)} − {exact(low)}) / ({exact(high)} − {exact(low)}) "
+            f"= {ctx.f.num(k)}"
+        )
+    low_pair, high_pair = ops.yarn_band(d, m.pe_base, sc)
+    if low_pair == high_pair:
+        high_pair += 0.001  # (as ops.rope_scaled)
+    ramp = min(max((p - low_pair) / (high_pair - low_pair), 0.0), 1.0)
+    return (
+        f"yarn: θ_p ÷ {f} · r + θ_p · (1 − r), r = clip(({p} − {exact(low_pair)}) / "
+        f"({exact(high_pair)} − {exact(low_pair)}), 0, 1) = {ctx.f.num(ramp)}"
     )
 
 

@@ -70,8 +70,38 @@ def named(text: str) -> tuple[str, str]:
 
 
 def rope_formula(of: str, m: ModelConfig) -> str:
-    """`RoPE(Q_raw, pos), pairs (2i, 2i+1)`: the rotation of `of`, naming its column pairs."""
-    return f"RoPE({of}, pos), pairs {ROPE_PAIRS[m.rope_pairs]}"
+    """`RoPE(Q_raw, pos), pairs (2i, 2i+1)`: the rotation of `of`, naming its column pairs
+    (and its frequency scaling, if any: `, llama3-scaled frequencies`)."""
+    scaled = f", {m.rope_scaling.type}-scaled frequencies" if m.rope_scaling else ""
+    return f"RoPE({of}, pos), pairs {ROPE_PAIRS[m.rope_pairs]}{scaled}"
+
+
+def rope_scaling_text(s: ops.RopeScaling, d: int, base: float) -> str:
+    """What a RoPE scaling does to the frequencies θ_i = base^(−2i/d) of pairs of d
+    columns, with every parameter: for the run's header and `explain`."""
+    f = exact(s.factor)
+    if s.type == "linear":
+        return f"linear (position interpolation): θ_i ÷ factor {f}"
+    if s.type == "llama3":
+        L, low, high = s.original_max_len, s.low_freq_factor, s.high_freq_factor
+        return (
+            f"llama3: factor {f}, low_freq_factor {exact(low)}, high_freq_factor "
+            f"{exact(high)}, original_max_len {L}: by wavelength λ_i = 2π/θ_i, θ_i kept for "
+            f"λ_i < {exact(L / high)} (original_max_len / high_freq_factor), ÷ {f} for λ_i > "
+            f"{exact(L / low)} (original_max_len / low_freq_factor), between (1 − k) θ_i / {f} "
+            f"+ k θ_i, k = ({L}/λ_i − {exact(low)}) / ({exact(high)} − {exact(low)})"
+        )
+    low_pair, high_pair = ops.yarn_band(d, base, s)
+    if low_pair == high_pair:
+        high_pair += 0.001  # (as ops.rope_scaled)
+    return (
+        f"yarn: factor {f}, original_max_len {s.original_max_len}, beta_fast "
+        f"{exact(s.beta_fast)}, beta_slow {exact(s.beta_slow)}"
+        + (", truncate" if s.truncate else ", not truncated")
+        + f": θ_i ÷ {f} · r + θ_i · (1 − r), r = clip((i − {exact(low_pair)}) / "
+        f"({exact(high_pair)} − {exact(low_pair)}), 0, 1); cos and sin × attention factor "
+        f"{exact(s.attention_factor)}"
+    )
 
 
 def norm_formula(m: ModelConfig, of: str) -> str:
@@ -276,7 +306,7 @@ def keys_values(
     k_raw, k_raw_formula = None, ""
     if rotary:
         k_raw, k_raw_formula = k, k_formula  # the new rows only
-        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base, m.rope_pairs)
+        k = ops.rope(k_raw, start + np.arange(len(k_raw)), m.pe_base, m.rope_pairs, m.rope_scaling)
         k_formula = "K = " + rope_formula("K_raw", m)
     v = project(x_kv, hw.W_v, hw.b_v)
     scopes = None
@@ -322,7 +352,7 @@ def attention_head(
     if rotary:
         q = tr.rec(
             "q",
-            ops.rope(q, start + np.arange(len(q)), m.pe_base, m.rope_pairs),
+            ops.rope(q, start + np.arange(len(q)), m.pe_base, m.rope_pairs, m.rope_scaling),
             "Q = " + rope_formula("Q_raw", m),
             q,
         )

@@ -7,6 +7,7 @@ one token per row, and a linear layer is `x @ W + b` with W of shape [in, out].
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
@@ -273,17 +274,25 @@ def key_padding_mask(n_q: int, is_pad: NDArray[np.bool_], dtype: DTypeLike = np.
 
 
 def rope(
-    x: Array, positions: NDArray[np.integer], base: float = 10000.0, pairs: str = "adjacent"
+    x: Array,
+    positions: NDArray[np.integer],
+    base: float = 10000.0,
+    pairs: str = "adjacent",
+    scaling: RopeScaling | None = None,
 ) -> Array:
     """Rotary position embedding (Su et al. 2021). [L, d] -> [L, d]
 
     Pair i of row `pos`, the columns (a, b) = rope_pairs(d, pairs)[i], is rotated by the
-    angle θ = pos * base^(-2i/d): a cos θ − b sin θ into column a, a sin θ + b cos θ
-    into column b. For an odd d the last column is left as it is.
+    angle pos · θ_i (θ_i = base^(-2i/d), or as `scaling` rescales it: rope_frequencies):
+    a cos − b sin into column a, a sin + b cos into column b, cos and sin times yarn's
+    attention factor (1 otherwise). For an odd d the last column is left as it is.
     """
     first, second = rope_pairs(x.shape[-1], pairs)
-    angles = rope_angles(positions, x.shape[-1], base)  # [L, d/2]
-    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    angles = rope_angles(positions, x.shape[-1], base, scaling)  # [L, d/2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    if scaling is not None and scaling.attention_factor != 1.0:  # (as Hugging Face: cos · s)
+        cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     a, b = x[:, first], x[:, second]
     out = x.copy()
     out[:, first] = a * cos - b * sin
@@ -374,10 +383,87 @@ def _redone(x: Array, failed: Array) -> Array:
     return failed & np.all(np.isfinite(x), axis=_reduced_axes(x, failed), keepdims=True)
 
 
-def rope_angles(positions: NDArray[np.integer], d: int, base: float = 10000.0) -> Array:
-    """RoPE rotation angles pos * base^(-2i/d) for each position and column pair. -> [L, d // 2]"""
+@dataclass(frozen=True)
+class RopeScaling:
+    """A rescaling of RoPE's frequencies for contexts longer than the training one, by
+    Hugging Face's `rope_type` and its parameters (modeling_rope_utils): linear (position
+    interpolation), llama3 (LLaMA 3.1-3.3) or yarn (Peng et al. 2023)."""
+
+    type: str  # linear | llama3 | yarn
+    factor: float  # how much longer a context: low frequencies are divided by it
+    original_max_len: int = 0  # llama3, yarn: the context length of pre-training
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original_max_len / this: ÷ factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original_max_len / this: kept
+    beta_fast: float = 32.0  # yarn: pairs turning more than this often are kept
+    beta_slow: float = 1.0  # yarn: pairs turning less than this often are ÷ factor
+    truncate: bool = True  # yarn: the band's bounds rounded out to whole pairs
+    attention_factor: float = (
+        1.0  # yarn: multiplies cos and sin (its "mscale"), so q·k by its square
+    )
+
+
+def rope_frequencies(d: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> Array:
+    """θ_i = base^(-2i/d), the radians pair i turns per position, rescaled by `scaling` if
+    given (rope_scaled): what every angle is a multiple of. -> [d // 2]"""
     theta = np.power(base, -np.arange(0, 2 * (d // 2), 2, dtype=np.float64) / d)
-    return positions.astype(np.float64)[:, None] * theta
+    return theta if scaling is None else rope_scaled(theta, d, base, scaling)
+
+
+def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
+    """The frequencies θ as Hugging Face's rope init functions rescale them (for rope_type
+    s.type), formula for formula:
+
+    linear: θ / factor. llama3: by wavelength λ = 2π/θ, kept below original_max_len /
+    high_freq_factor, θ / factor above original_max_len / low_freq_factor, and between,
+    (1 − k) θ / factor + k θ with k = (original_max_len / λ − low) / (high − low). yarn:
+    θ / factor · (1 − e) + θ · e, e = 1 − ramp(i) rising from 0 to 1 over the pairs that
+    turn between beta_slow and beta_fast times in original_max_len positions. -> [d // 2]
+    """
+    if s.type == "linear":
+        return theta / s.factor
+    if s.type == "llama3":
+        low_wavelength = s.original_max_len / s.low_freq_factor
+        high_wavelength = s.original_max_len / s.high_freq_factor
+        wavelength = 2 * math.pi / theta
+        out = np.where(wavelength > low_wavelength, theta / s.factor, theta)
+        k = (s.original_max_len / wavelength - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor
+        )
+        smoothed = (1 - k) * out / s.factor + k * out
+        medium = ~(wavelength < high_wavelength) & ~(wavelength > low_wavelength)
+        return np.where(medium, smoothed, out)
+    if s.type == "yarn":
+        low, high = yarn_band(d, base, s)
+        if low == high:
+            high += 0.001  # (as Hugging Face: no division by 0)
+        ramp = np.clip((np.arange(len(theta), dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolated = 1 - ramp
+        return theta / s.factor * (1 - extrapolated) + theta * extrapolated
+    raise ValueError(f"unknown RoPE scaling {s.type!r}")  # (config.py refuses it first)
+
+
+def yarn_band(d: int, base: float, s: RopeScaling) -> tuple[float, float]:
+    """yarn's band of pairs [low, high] over which the frequencies go from kept to ÷ factor:
+    the pair that turns r times in original_max_len positions is d ln(L / 2πr) / (2 ln base),
+    for r = beta_fast (low) and beta_slow (high); rounded out (truncate) and held in 0..d − 1."""
+
+    def pair_of(rotations: float) -> float:
+        return d * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_of(s.beta_fast), pair_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, d - 1)
+
+
+def rope_angles(
+    positions: NDArray[np.integer],
+    d: int,
+    base: float = 10000.0,
+    scaling: RopeScaling | None = None,
+) -> Array:
+    """RoPE rotation angles pos · θ_i for each position and column pair (rope_frequencies). -> [L, d // 2]"""
+    return positions.astype(np.float64)[:, None] * rope_frequencies(d, base, scaling)
 
 
 def relative_bias(table: Array, n_q: int, n_k: int, start: int = 0) -> Array:

@@ -203,9 +203,17 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({counted(m.max_len, 'row')}), added",
         "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair "
-        f"{ROPE_PAIRS[m.rope_pairs]} turned by pos · {exact(m.pe_base)}^(−2i/d_k) radians"
+        f"{ROPE_PAIRS[m.rope_pairs]} turned by "
+        + (f"pos · {exact(m.pe_base)}^(−2i/d_k)" if m.rope_scaling is None else "pos · θ_i")
+        + " radians"
         + (" (halves: Hugging Face's rotate_half)" if m.rope_pairs == "halves" else "")
-        + ("; odd d_k: the last column is not turned" if m.d_k % 2 else ""),
+        + ("; odd d_k: the last column is not turned" if m.d_k % 2 else "")
+        + (
+            f"; θ_i = {exact(m.pe_base)}^(−2i/d_k) scaled, "
+            + model.rope_scaling_text(m.rope_scaling, m.d_k, m.pe_base)
+            if m.rope_scaling
+            else ""
+        ),
         "relative": "relative bias B[i,j] = b_rel[j − i] added to the scaled scores, "
         "its own table per layer and head (rel_bias), self-attention only, offsets "
         f"±{m.max_len - 1} (max_len − 1)",
