@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import torch
 import yaml
 from conftest import config_from, readme_python
+from transformers import modeling_rope_utils
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -159,15 +161,40 @@ def rms_norm_float64(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
+class _Float64Torch(types.ModuleType):
+    """torch with `torch.float` (and `float32`) float64: what HF's rope init functions,
+    which compute in torch.float whatever the model's dtype, see under hf_rope_init."""
+
+    def __getattr__(self, name: str) -> Any:
+        return torch.float64 if name in ("float", "float32") else getattr(torch, name)
+
+
+def hf_rope_init(config: Any) -> tuple[torch.Tensor, float]:
+    """HF's own rope init function for `config`'s rope_type (modeling_rope_utils:
+    linear, llama3, yarn, ...), run in float64: its inverse frequencies and attention
+    scaling."""
+    kind = config.rope_parameters["rope_type"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(modeling_rope_utils, "torch", _Float64Torch("torch"))
+        inv_freq, scaling = modeling_rope_utils.ROPE_INIT_FUNCTIONS[kind](config)
+    assert inv_freq.dtype == torch.float64
+    return inv_freq, float(scaling)
+
+
 def rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    """LlamaRotaryEmbedding.forward with its angles in float64 (default rope type)."""
+    """LlamaRotaryEmbedding.forward with its angles in float64: the default rope type's
+    inverse frequencies written here, a scaled type's by HF's own function (hf_rope_init),
+    cos and sin times its attention scaling as forward does."""
     c = self.config
-    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    base = c.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if c.rope_parameters["rope_type"] == "default":
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        base = c.rope_parameters["rope_theta"]
+        inv_freq, scaling = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), 1.0
+    else:
+        inv_freq, scaling = hf_rope_init(c)
     freqs = position_ids[..., None].double() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
 
 
 def eager_float64(

@@ -110,13 +110,15 @@ def _ids(shape: dict[str, Any]) -> str:
 
 
 def llama(shape: dict[str, Any], seed: int, eos: int | None = None) -> LlamaForCausalLM:
-    """A LlamaForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
+    """A LlamaForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`;
+    `shape`'s rope_scaling (HF's rope_parameters but rope_theta) sets a scaled rope type."""
     shape = dict(shape)
     theta = shape.pop("rope_theta", 10000.0)
+    rope = shape.pop("rope_scaling", {"rope_type": "default"})
     config = LlamaConfig(
         vocab_size=shape.pop("vocab_size", 13),
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        max_position_embeddings=shape.pop("max_position_embeddings", 32),
+        rope_parameters={**rope, "rope_theta": theta},
         bos_token_id=None,
         eos_token_id=eos,
         pad_token_id=None,
@@ -203,6 +205,7 @@ def to_config(
             "positional": "rope",
             "rope_pairs": "halves",
             "pe_base": float(c.rope_parameters["rope_theta"]),
+            "rope_scaling": rope_scaling(c.rope_parameters),
             "max_len": c.max_position_embeddings,
             "norm_position": "pre",
             "norm": "rms",
@@ -217,6 +220,30 @@ def to_config(
         "weights": weights,
     }
     return listed(raw)
+
+
+# rope_parameters' keys (but rope_type and rope_theta) by their model.rope_scaling names
+ROPE_SCALING_KEYS = {
+    "factor": "factor",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "original_max_position_embeddings": "original_max_len",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+    "attention_factor": "attention_factor",
+    "mscale": "mscale",
+    "mscale_all_dim": "mscale_all_dim",
+    "truncate": "truncate",
+}
+
+
+def rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
+    """HF's rope_parameters as model.rope_scaling: None for the default type (no scaling),
+    else its type and each parameter under trace-tf's name (the old key `type` dropped)."""
+    if rope["rope_type"] == "default":
+        return None
+    given = {k: v for k, v in rope.items() if k not in ("rope_type", "rope_theta", "type")}
+    return {"type": rope["rope_type"], **{ROPE_SCALING_KEYS[k]: v for k, v in given.items()}}
 
 
 def float64_llama() -> AbstractContextManager[pytest.MonkeyPatch]:

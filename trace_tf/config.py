@@ -2348,7 +2348,8 @@ class _Validator:
                 path,
                 f"RoPE scaling rescales the rotary frequencies, and model.positional is "
                 f"{positional}" + self.ctx.set_by("model.positional"),
-                expected="model.positional: rope beside model.rope_scaling, or no rope_scaling",
+                expected="model.positional: rope beside model.rope_scaling, or "
+                "model.rope_scaling: null (a variant leaving rope sets both)",
                 found_text=f"positional {positional}",
             )
         kinds = tuple(ROPE_SCALINGS)

@@ -424,9 +424,11 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
     if s.type == "llama3":
         low_wavelength = s.original_max_len / s.low_freq_factor
         high_wavelength = s.original_max_len / s.high_freq_factor
-        wavelength = 2 * math.pi / theta
+        # 2π / θ and L / λ as torch divides a number by a tensor, 1/θ · 2π and 1/λ · L:
+        # the rounding of Hugging Face's, which k, near 0 at a band's edge, magnifies
+        wavelength = (1 / theta) * (2 * math.pi)
         out = np.where(wavelength > low_wavelength, theta / s.factor, theta)
-        k = (s.original_max_len / wavelength - s.low_freq_factor) / (
+        k = ((1 / wavelength) * s.original_max_len - s.low_freq_factor) / (
             s.high_freq_factor - s.low_freq_factor
         )
         smoothed = (1 - k) * out / s.factor + k * out
