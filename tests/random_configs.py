@@ -61,6 +61,8 @@ def random_config(
     max_len: int | None = None,
     window: int | None = None,
     token_types: int = 0,
+    pe_base: float | None = None,
+    rope_scaling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -78,6 +80,7 @@ def random_config(
     `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
+    `rope_scaling` (positional rope): model.rope_scaling as given.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -201,6 +204,8 @@ def random_config(
         "final_norm": final_norm,
         "scale": scale,
         "window": window,
+        "pe_base": pe_base,
+        "rope_scaling": rope_scaling,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {

@@ -56,6 +56,7 @@ class Hyper:
     activation: str
     scale: float  # scores are divided by this
     window: int  # sliding window (Mistral): query i sees keys i − window < j <= i; 0 unlimited
+    rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -94,6 +95,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         activation=model.get("activation", "relu"),
         scale=math.sqrt(d_k) if scale == "sqrt_dk" else float(scale),
         window=int(model.get("window") or 0),
+        rope_scaling=model.get("rope_scaling"),
     )
 
 
@@ -148,7 +150,32 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope(x: Tensor, base: float, pairs: str) -> Tensor:
+def scaled_frequencies(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
+    """inv_freq rescaled: linear (position interpolation, Chen et al. 2023) divides each
+    by the factor; llama3 is Meta's `apply_scaling` (llama-models, LLaMA 3.1), pair by pair:
+    by wavelength 2π / f, kept below old_context_len / high_freq_factor, f / factor above
+    old_context_len / low_freq_factor, and between smoothed."""
+    factor = float(scaling["factor"])
+    if scaling["type"] == "linear":
+        return inv_freq / factor
+    if scaling["type"] != "llama3":
+        raise ValueError(f"the reference has no RoPE scaling {scaling['type']!r}")
+    old_context_len = float(scaling["original_max_len"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    new_freqs = []
+    for freq in inv_freq.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context_len / high:
+            new_freqs.append(freq)
+        elif wavelen > old_context_len / low:
+            new_freqs.append(freq / factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            new_freqs.append((1 - smooth) * freq / factor + smooth * freq)
+    return torch.tensor(new_freqs, dtype=inv_freq.dtype)
+
+
+def rope(x: Tensor, base: float, pairs: str, scaling: dict[str, Any] | None = None) -> Tensor:
     """Row pos of x turned by RoPE (RoFormer, Su et al. 2021), angle θ_i = pos / base^(2i/d)
     for pair i < d // 2 (Hugging Face's inv_freq); an odd d's last column unturned. [n, d]
 
@@ -159,6 +186,8 @@ def rope(x: Tensor, base: float, pairs: str) -> Tensor:
     n, d = x.shape
     h = d // 2
     inv_freq = 1.0 / base ** (torch.arange(0, 2 * h, 2, dtype=DTYPE) / d)
+    if scaling is not None:
+        inv_freq = scaled_frequencies(inv_freq, scaling)
     theta = torch.arange(n, dtype=DTYPE)[:, None] * inv_freq[None, :]  # [n, h]
     turned, rest = x[:, : 2 * h], x[:, 2 * h :]
     if pairs == "adjacent":
@@ -332,8 +361,8 @@ def attention_head(
     q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
     k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
     if rotary:
-        q = rope(tr.rec(f"{path}.q_raw", q), hp.pe_base, hp.rope_pairs)
-        k = rope(tr.rec(f"{path}.k_raw", k), hp.pe_base, hp.rope_pairs)
+        q = rope(tr.rec(f"{path}.q_raw", q), hp.pe_base, hp.rope_pairs, hp.rope_scaling)
+        k = rope(tr.rec(f"{path}.k_raw", k), hp.pe_base, hp.rope_pairs, hp.rope_scaling)
     q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"] if kv is None else kv[1])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]

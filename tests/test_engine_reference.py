@@ -208,6 +208,40 @@ SHAPES = [
         biases=False,
         tgt_len=5,
     ),
+    # RoPE scaling (model.rope_scaling): llama3 (LLaMA 3.1-3.3) with its pairs of d_k 8,
+    # base 100, in all three bands (wavelengths 6.3, 20, 63, 199 against 8 / 1.25 and
+    # 8 / 0.25) on LLaMA's shape; linear (position interpolation) in an encoder-decoder
+    dict(
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        activation="swiglu",
+        tgt_len=12,
+        pe_base=100.0,
+        rope_scaling={
+            "type": "llama3",
+            "factor": 4,
+            "low_freq_factor": 0.25,
+            "high_freq_factor": 1.25,
+            "original_max_len": 8,
+        },
+    ),
+    dict(
+        d_model=8,
+        n_heads=2,
+        decoder_layers=1,
+        positional="rope",
+        pad=True,
+        src_len=6,
+        tgt_len=5,
+        rope_scaling={"type": "linear", "factor": 2.5},
+    ),
 ]
 
 

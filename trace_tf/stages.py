@@ -133,7 +133,8 @@ STAGES: tuple[Stage, ...] = (
         "q",
         (f"{_HEAD}.q",),
         "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
-        "halves, turned by pos · base^(−2i/d_k))",
+        "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
+        "rope_scaling rescales it: linear, llama3 or yarn)",
         "L_q × d_k",
         "what each position looks for (one head)",
     ),
