@@ -286,3 +286,53 @@ def test_null_is_no_scaling(tmp_path: Path) -> None:
     raw = scaled(None)
     raw["model"]["positional"] = "sinusoidal"
     assert isinstance(config_from(raw), Config)
+
+
+# ------------------------------------------------------------ the pe calculator
+
+
+@pytest.mark.parametrize("scaling", [{"type": "linear", "factor": 2.5}, LLAMA3, YARN])
+def test_the_pe_calculator_scales_as_the_model_does(
+    scaling: dict[str, Any], tmp_path: Path
+) -> None:
+    """`pe --kind rope` with pe.rope_scaling: the angles the model's q rows turn by (one
+    row of each pair checked through q: atan2 of the turned pair against the raw one);
+    explain of its cells agrees; and the header states the scaling."""
+    file = write(tmp_path, {"pe": {"kind": "rope", "length": 6, "d_model": 8, "base": 100,
+                                   "rope_scaling": scaling}})  # fmt: skip
+    out = json_of("pe", file)
+    angles = np.array(out["steps"][0]["value"])
+    assert scaling["type"] in out["conventions"]["rope scaling"]
+    raw, q = q_of(scaled(scaling))
+    s = 0.1 * math.log(4) + 1 if scaling["type"] == "yarn" else 1.0
+    for pos in range(1, 6):
+        for i in range(4):  # q's pair (i, i + 4) is raw's turned by the angle, times s
+            z = (
+                complex(raw[pos, i], raw[pos, i + 4])
+                * s
+                * complex(math.cos(angles[pos, i]), math.sin(angles[pos, i]))
+            )
+            assert z.real == pytest.approx(q[pos, i], rel=1e-10, abs=1e-12)
+            assert z.imag == pytest.approx(q[pos, i + 4], rel=1e-10, abs=1e-12)
+    for cell in ("3,1", "5,3"):
+        result = runner.invoke(app, ["explain", "pe", file, "--cell", cell])
+        assert result.exit_code == 0 and "the arithmetic above agrees" in result.output, (
+            result.output
+        )
+
+
+def test_the_pe_calculator_refuses_scaling_of_sinusoids(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "pe",
+            "--length",
+            "3",
+            "--d-model",
+            "4",
+            "--set",
+            "pe.rope_scaling={type: linear, factor: 2}",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "pe.rope_scaling" in result.output and "pe.kind is sinusoidal" in result.output

@@ -110,12 +110,14 @@ def pe_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
     """The sinusoidal encoding matrix, or RoPE's rotation angles."""
     length, d, base = int(p["length"]), int(p["d_model"]), float(p["base"])
     if p["kind"] == "rope":
-        angles = ops.rope_angles(np.arange(length), d, base)
+        scaling = p.get("rope_scaling")
+        angles = ops.rope_angles(np.arange(length), d, base, scaling)
+        frequency = f"{exact(base)}^(−2i/d)" + (f", {scaling.type}-scaled" if scaling else "")
         with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
             return tr.rec(
                 "pe",
                 angles,
-                f"θ[pos, i] = pos · {exact(base)}^(−2i/d): pair i, columns (2i, 2i+1) or (i, i+d/2), "
+                f"θ[pos, i] = pos · {frequency}: pair i, columns (2i, 2i+1) or (i, i+d/2), "
                 "rotates by θ",
             )
     with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):

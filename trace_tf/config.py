@@ -2086,7 +2086,7 @@ class _Validator:
                     self.number(n.get("eps", 1e-5), "norm.eps", minimum=0), "norm.eps"
                 ),
             }
-        p = self.mapping(value, kind, ("length", "d_model", "kind", "base"))
+        p = self.mapping(value, kind, ("length", "d_model", "kind", "base", "rope_scaling"))
         for key in ("length", "d_model"):
             if p.get(key) is None:
                 raise self.ctx.err(f"pe.{key}", f"missing {key}", expected="a whole number >= 1")
@@ -2112,6 +2112,9 @@ class _Validator:
             "length": length,
             "d_model": d_model,
             "kind": kind,
+            "rope_scaling": self.rope_scaling(
+                p.get("rope_scaling"), "pe.rope_scaling", kind, "pe.kind"
+            ),
             "base": self.given_number(
                 self.number(p.get("base", 10000), "pe.base", positive=True), "pe.base"
             ),
@@ -2296,7 +2299,12 @@ class _Validator:
             rope_pairs=self.choice(
                 m.get("rope_pairs", "adjacent"), p + "rope_pairs", tuple(ROPE_PAIRS)
             ),
-            rope_scaling=self.rope_scaling(m.get("rope_scaling"), p + "rope_scaling", m),
+            rope_scaling=self.rope_scaling(
+                m.get("rope_scaling"),
+                p + "rope_scaling",
+                m.get("positional", "sinusoidal"),
+                p + "positional",
+            ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
             embed_scale=embed_scale,
@@ -2326,9 +2334,12 @@ class _Validator:
                     raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
 
-    def rope_scaling(self, value: Any, path: str, m: dict[str, Any]) -> RopeScaling | None:
-        """model.rope_scaling: null (or absent) is none; else a mapping of `type` (linear,
-        llama3, yarn) and the numbers that type reads (ROPE_SCALINGS), each checked."""
+    def rope_scaling(
+        self, value: Any, path: str, positional: str, positional_key: str
+    ) -> RopeScaling | None:
+        """model.rope_scaling (pe.rope_scaling): null (or absent) is none; else a mapping of
+        `type` (linear, llama3, yarn) and the numbers that type reads (ROPE_SCALINGS), each
+        checked; only beside `positional_key`, whose value is `positional`, rope."""
         if value is None:
             return None
         if not isinstance(value, dict):
@@ -2342,15 +2353,14 @@ class _Validator:
                     expected="one of: " + ", ".join(ROPE_SCALING_KEYS),
                 )
         given = self.mapping(value, path, ROPE_SCALING_KEYS)
-        positional = m.get("positional", "sinusoidal")
         if positional != "rope":
             raise self.ctx.err(
                 path,
-                f"RoPE scaling rescales the rotary frequencies, and model.positional is "
-                f"{positional}" + self.ctx.set_by("model.positional"),
-                expected="model.positional: rope beside model.rope_scaling, or "
-                "model.rope_scaling: null (a variant leaving rope sets both)",
-                found_text=f"positional {positional}",
+                f"RoPE scaling rescales the rotary frequencies, and {positional_key} is "
+                f"{positional}" + self.ctx.set_by(positional_key),
+                expected=f"{positional_key}: rope beside {path}, or "
+                f"{path}: null (a variant leaving rope sets both)",
+                found_text=f"{positional_key.rsplit('.', 1)[1]} {positional}",
             )
         kinds = tuple(ROPE_SCALINGS)
         if "type" not in given:

@@ -618,7 +618,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         angle = (
             f"θ = pos · θ_p = {pos} · {ctx.f.num(frequency)} = {ctx.f.num(theta)} rad {pair}; "
             f"θ_p = {exact(m.pe_base)}^(−{2 * p}/{d}) = {ctx.f.num(_pow(m.pe_base, -2 * p / d))} "
-            f"then scaled, {_scaled_frequency(ctx, p, d)}"
+            f"then scaled, {_scaled_frequency(ctx, scaling, m.pe_base, p, d)}"
         )
         factor = scaling.attention_factor
     a, b = float(raw[i, ca]), float(raw[i, cb])
@@ -639,17 +639,13 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     return _Parts([sym, nums], total, where, {lhs[0]: [a], lhs[1]: [b], "θ": [theta]})
 
 
-def _scaled_frequency(ctx: _Ctx, p: int, d: int) -> str:
-    """How model.rope_scaling turned pair p's frequency base^(−2p/d) into the one used."""
-    assert isinstance(ctx.cfg, Config) and ctx.cfg.model.rope_scaling is not None
-    m = ctx.cfg.model
-    sc = m.rope_scaling
-    assert sc is not None
+def _scaled_frequency(ctx: _Ctx, sc: ops.RopeScaling, base: float, p: int, d: int) -> str:
+    """How the RoPE scaling `sc` turned pair p's frequency base^(−2p/d) into the one used."""
     f = exact(sc.factor)
     if sc.type == "linear":
         return f"÷ factor {f} (linear)"
     if sc.type == "llama3":
-        wavelength = 2 * math.pi / _pow(m.pe_base, -2 * p / d)
+        wavelength = 2 * math.pi / _pow(base, -2 * p / d)
         L, low, high = sc.original_max_len, sc.low_freq_factor, sc.high_freq_factor
         said = f"llama3: wavelength 2π/θ_p = {ctx.f.num(wavelength)}"
         if wavelength < L / high:
@@ -662,7 +658,7 @@ def _scaled_frequency(ctx: _Ctx, p: int, d: int) -> str:
             f"k = ({L}/{ctx.f.num(wavelength)} − {exact(low)}) / ({exact(high)} − {exact(low)}) "
             f"= {ctx.f.num(k)}"
         )
-    low_pair, high_pair = ops.yarn_band(d, m.pe_base, sc)
+    low_pair, high_pair = ops.yarn_band(d, base, sc)
     if low_pair == high_pair:
         high_pair += 0.001  # (as ops.rope_scaled)
     ramp = min(max((p - low_pair) / (high_pair - low_pair), 0.0), 1.0)
@@ -1424,15 +1420,26 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     d, base = int(ctx.param("d_model")), float(ctx.param("base"))
     if ctx.param("kind") == "rope":
-        total = i * _pow(base, -2 * j / d)
+        where = [
+            f"position {i} turns pair {j} by this angle (radians): columns {2 * j}, "
+            f"{2 * j + 1}, or {j}, {j + d // 2} with model.rope_pairs halves"
+        ]
+        scaling = ctx.param("rope_scaling")
+        if scaling is None:
+            total = i * _pow(base, -2 * j / d)
+            return _Parts(
+                [f"{i} · {exact(base)}^(−{2 * j}/{d})"], total, where, {"pos": [float(i)]}
+            )
+        frequency = ctx.f.shown(float(ops.rope_frequencies(d, base, scaling)[j]))
+        where.append(
+            f"θ_{j} = {exact(base)}^(−{2 * j}/{d}) = {ctx.f.num(_pow(base, -2 * j / d))}, then "
+            f"scaled, {_scaled_frequency(ctx, scaling, base, j, d)}"
+        )
         return _Parts(
-            [f"{i} · {exact(base)}^(−{2 * j}/{d})"],
-            total,
-            [
-                f"position {i} turns pair {j} by this angle (radians): columns {2 * j}, "
-                f"{2 * j + 1}, or {j}, {j + d // 2} with model.rope_pairs halves"
-            ],
-            {"pos": [float(i)]},
+            [f"{i} · θ_{j}", f"{i} × {ctx.f.num(frequency)}"],
+            i * frequency,
+            where,
+            {"pos": [float(i)], f"θ_{j}": [frequency]},
         )
     return _sinusoid(ctx, i, j, d, base)
 

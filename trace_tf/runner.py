@@ -172,14 +172,20 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 ),
             ]
         if p["kind"] == "rope":
-            return [
+            scaling = p.get("rope_scaling")
+            frequency = f"{exact(p['base'])}^(−2i/d)" + (", scaled (below)" if scaling else "")
+            rows = [
                 (
                     "operation",
-                    f"RoPE rotation angles θ[pos,i] = pos · {exact(p['base'])}^(−2i/d) in radians: "
+                    f"RoPE rotation angles θ[pos,i] = pos · {frequency} in radians: "
                     "pair i of q and k turns by θ, columns (2i, 2i+1), or (i, i+d/2) with "
                     "model.rope_pairs: halves",
                 )
             ]
+            if scaling is not None:
+                d, base = int(p["d_model"]), float(p["base"])
+                rows.append(("rope scaling", model.rope_scaling_text(scaling, d, base)))
+            return rows
         return [("operation", f"{p['kind']} positional encoding, base {exact(p['base'])}")]
     m = cfg.model
     norm_kind = (
