@@ -336,3 +336,18 @@ def test_the_pe_calculator_refuses_scaling_of_sinusoids(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "pe.rope_scaling" in result.output and "pe.kind is sinusoidal" in result.output
+
+
+def test_yarn_refuses_a_base_of_1() -> None:
+    """yarn's band is d ln(L / 2πβ) / (2 ln base): no band with base 1 (as in HF, a
+    division by zero), refused in a model and in the pe calculator."""
+    raw = scaled(YARN)
+    raw["model"]["pe_base"] = 1
+    with pytest.raises(InputError, match=r"ln\(model.pe_base\)") as err:
+        config_from(raw)
+    assert err.value.path == "model.rope_scaling"
+    op = {"pe": {"kind": "rope", "length": 3, "d_model": 4, "base": 1, "rope_scaling": YARN}}
+    with pytest.raises(InputError, match=r"ln\(pe.base\)"):
+        config_from(op)
+    raw["model"]["rope_scaling"] = LLAMA3  # the others have no such division
+    assert isinstance(config_from(raw), Config)

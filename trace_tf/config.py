@@ -2108,15 +2108,16 @@ class _Validator:
                 expected="a whole number >= 2 with kind rope",
                 found_text=str(d_model),
             )
+        base = self.given_number(
+            self.number(p.get("base", 10000), "pe.base", positive=True), "pe.base"
+        )
         return {
             "length": length,
             "d_model": d_model,
             "kind": kind,
+            "base": base,
             "rope_scaling": self.rope_scaling(
-                p.get("rope_scaling"), "pe.rope_scaling", kind, "pe.kind"
-            ),
-            "base": self.given_number(
-                self.number(p.get("base", 10000), "pe.base", positive=True), "pe.base"
+                p.get("rope_scaling"), "pe.rope_scaling", kind, "pe.kind", base
             ),
         }
 
@@ -2304,6 +2305,7 @@ class _Validator:
                 p + "rope_scaling",
                 m.get("positional", "sinusoidal"),
                 p + "positional",
+                float(m.get("pe_base", 10000)),  # (checked above)
             ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
@@ -2335,7 +2337,7 @@ class _Validator:
         return config
 
     def rope_scaling(
-        self, value: Any, path: str, positional: str, positional_key: str
+        self, value: Any, path: str, positional: str, positional_key: str, base: float
     ) -> RopeScaling | None:
         """model.rope_scaling (pe.rope_scaling): null (or absent) is none; else a mapping of
         `type` (linear, llama3, yarn) and the numbers that type reads (ROPE_SCALINGS), each
@@ -2428,6 +2430,15 @@ class _Validator:
                 "beta_fast >= beta_slow",
                 expected=f"a number >= beta_slow {exact(beta_slow)}",
                 found_text=exact(beta_fast),
+            )
+        if base == 1:
+            base_key = "pe.base" if path.startswith("pe.") else "model.pe_base"
+            raise self.ctx.err(
+                path,
+                f"yarn finds its band of pairs by dividing by ln({base_key}), and "
+                f"{base_key} is 1 (every pair turns alike)" + self.ctx.set_by(base_key),
+                expected=f"{base_key} other than 1 with yarn",
+                found_text="1",
             )
         truncate = self.boolean(given.get("truncate", True), join(path, "truncate"))
         return RopeScaling(

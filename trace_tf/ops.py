@@ -394,12 +394,10 @@ class RopeScaling:
     original_max_len: int = 0  # llama3, yarn: the context length of pre-training
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_max_len / this: ÷ factor
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_max_len / this: kept
-    beta_fast: float = 32.0  # yarn: pairs turning more than this often are kept
-    beta_slow: float = 1.0  # yarn: pairs turning less than this often are ÷ factor
+    beta_fast: float = 32.0  # yarn: pairs turning more often in original_max_len are kept
+    beta_slow: float = 1.0  # yarn: pairs turning less often in original_max_len are ÷ factor
     truncate: bool = True  # yarn: the band's bounds rounded out to whole pairs
-    attention_factor: float = (
-        1.0  # yarn: multiplies cos and sin (its "mscale"), so q·k by its square
-    )
+    attention_factor: float = 1.0  # yarn: times cos and sin ("mscale"), q·k by its square
 
 
 def rope_frequencies(d: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> Array:
@@ -416,8 +414,9 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
     linear: θ / factor. llama3: by wavelength λ = 2π/θ, kept below original_max_len /
     high_freq_factor, θ / factor above original_max_len / low_freq_factor, and between,
     (1 − k) θ / factor + k θ with k = (original_max_len / λ − low) / (high − low). yarn:
-    θ / factor · (1 − e) + θ · e, e = 1 − ramp(i) rising from 0 to 1 over the pairs that
-    turn between beta_slow and beta_fast times in original_max_len positions. -> [d // 2]
+    θ / factor · (1 − e) + θ · e, e = 1 − ramp(i), the ramp rising from 0 to 1 over the
+    pairs between those that turn beta_fast and beta_slow times in original_max_len
+    positions (yarn_band). -> [d // 2]
     """
     if s.type == "linear":
         return theta / s.factor
