@@ -120,6 +120,9 @@ KNOWN = [
     (128, 1000000.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
     (64, 10000.0, {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}),
+    # a band of one point (beta_fast = beta_slow, not truncated): HF widens it by 0.001
+    (16, 100.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 2.0, "beta_slow": 2.0, "truncate": False}),
 ]  # fmt: skip
 
 

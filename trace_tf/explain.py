@@ -659,8 +659,6 @@ def _scaled_frequency(ctx: _Ctx, sc: ops.RopeScaling, base: float, p: int, d: in
             f"= {ctx.f.num(k)}"
         )
     low_pair, high_pair = ops.yarn_band(d, base, sc)
-    if low_pair == high_pair:
-        high_pair += 0.001  # (as ops.rope_scaled)
     ramp = min(max((p - low_pair) / (high_pair - low_pair), 0.0), 1.0)
     return (
         f"yarn: θ_p ÷ {f} · r + θ_p · (1 − r), r = clip(({p} − {exact(low_pair)}) / "

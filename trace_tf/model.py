@@ -92,8 +92,6 @@ def rope_scaling_text(s: ops.RopeScaling, d: int, base: float) -> str:
             f"+ k θ_i, k = ({L}/λ_i − {exact(low)}) / ({exact(high)} − {exact(low)})"
         )
     low_pair, high_pair = ops.yarn_band(d, base, s)
-    if low_pair == high_pair:
-        high_pair += 0.001  # (as ops.rope_scaled)
     return (
         f"yarn: factor {f}, original_max_len {s.original_max_len}, beta_fast "
         f"{exact(s.beta_fast)}, beta_slow {exact(s.beta_slow)}"

@@ -435,8 +435,6 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
         return np.where(medium, smoothed, out)
     if s.type == "yarn":
         low, high = yarn_band(d, base, s)
-        if low == high:
-            high += 0.001  # (as Hugging Face: no division by 0)
         ramp = np.clip((np.arange(len(theta), dtype=np.float64) - low) / (high - low), 0, 1)
         extrapolated = 1 - ramp
         return theta / s.factor * (1 - extrapolated) + theta * extrapolated
@@ -446,7 +444,8 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
 def yarn_band(d: int, base: float, s: RopeScaling) -> tuple[float, float]:
     """yarn's band of pairs [low, high] over which the frequencies go from kept to ÷ factor:
     the pair that turns r times in original_max_len positions is d ln(L / 2πr) / (2 ln base),
-    for r = beta_fast (low) and beta_slow (high); rounded out (truncate) and held in 0..d − 1."""
+    for r = beta_fast (low) and beta_slow (high); rounded out (truncate) and held in 0..d − 1;
+    a band of one pair is widened by 0.001, as Hugging Face does, so its ramp divides by no 0."""
 
     def pair_of(rotations: float) -> float:
         return d * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -454,7 +453,8 @@ def yarn_band(d: int, base: float, s: RopeScaling) -> tuple[float, float]:
     low, high = pair_of(s.beta_fast), pair_of(s.beta_slow)
     if s.truncate:
         low, high = math.floor(low), math.ceil(high)
-    return max(low, 0), min(high, d - 1)
+    low, high = max(low, 0), min(high, d - 1)
+    return low, high + 0.001 if low == high else high
 
 
 def rope_angles(
