@@ -125,6 +125,21 @@ def test_a_drawn_weight_beyond_float32_is_an_overflow_warning_not_numpys(tmp_pat
     assert result.stderr.count("\n") == 1 and "RuntimeWarning" not in result.stderr
 
 
+def test_a_drawn_weight_beyond_float64_is_an_overflow_warning_not_numpys() -> None:
+    # init_std 1e308: a draw of |z| > 1.8 is beyond float64. The product was numpy's
+    # "RuntimeWarning: overflow encountered in multiply" (two lines naming config.py)
+    # before the run's own warning (found by tests/fuzz_configs.py).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as a process's stderr would show it
+        result = runner.invoke(app, ["encode", "--set", "model.init_std=1e308"])
+    assert result.exit_code == 0, result.stderr
+    # (the infinities meet in encoder.0.ffn.hidden, a NaN: the run's warning names it)
+    assert result.stderr.startswith("trace-tf: warning: hello (packaged example): NaN first")
+    assert result.stderr.count("\n") == 1 and "RuntimeWarning" not in result.stderr
+
+
 def test_a_given_model_number_beyond_float32_is_refused_with_its_key() -> None:
     # model.scale 1e39 became an infinity in float32: every scaled score a silent 0
     for key in ("scale", "embed_scale", "temperature", "norm_eps"):

@@ -1868,10 +1868,13 @@ class _Validator:
         return ScoreWeights(**out)
 
     def draw(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
-        """An array the file does not give: N(0, init_std^2), seeded by seed and key path."""
+        """An array the file does not give: N(0, init_std^2), seeded by seed and key path.
+        A draw beyond float64 (init_std 1e308) is an infinity, which the run reports with
+        the step, as _astype's beyond float32; not numpy's RuntimeWarning first."""
         rng = np.random.default_rng([self.seed, zlib.crc32(path.encode())])
         self.drawn.append(path)
-        return rng.standard_normal(shape) * self.init_std
+        with np.errstate(over="ignore"):
+            return rng.standard_normal(shape) * self.init_std
 
     def weight(
         self,
