@@ -820,6 +820,9 @@ def test_decoder_only_generates_from_the_target_prompt() -> None:
         (["--sample", "--seed", "-1"], "--seed must be at least 0"),  # was exit 3
         # 1 + 10 + 100 + ... live beams: --beam 100000 ran for many minutes before
         (["--beam", "20000"], "may need more than 100,000 decoder passes"),
+        # every iteration's prefix is kept: their records grow as the square of the
+        # tokens, and --max-tokens 1000000 ran for ever (found by tests/fuzz_configs.py)
+        (["--max-tokens", "1000000"], "1000000 iteration(s) would hold about"),
         (["--beam", "2", "--length-penalty", "1e308"], "--length-penalty 1e308 overflows"),
         (["--beam", "2", "--length-penalty", "-1e308"], "--length-penalty -1e308 overflows"),
         (["--beam", "0"], "--beam width must be at least 1"),
