@@ -464,20 +464,21 @@ def _npz(arrays: dict[str, Any]) -> bytes:
 
 
 def m_weights_file(rng: np.random.Generator, data: Any, case: Case) -> str:
-    """Move one weight of the YAML into `w.npz`, and spoil it or the file."""
-    weights = data.get("weights") if isinstance(data, dict) else None
-    leaves = [
-        (p, v)
-        for p, v in _nodes(weights)
-        if p and (_is_matrix(v) or (isinstance(v, list) and v and all(map(_num, v))))
-    ]
+    """Move one weight (or embedding) of the YAML into `w.npz`, and spoil it or the file."""
+    leaves = []
+    for root in ("weights", "embeddings"):
+        tree = data.get(root) if isinstance(data, dict) else None
+        for p, v in _nodes(tree):
+            named = bool(p) and isinstance(_get(tree, p[:-1]), dict)  # a weight, not a row
+            if named and (_is_matrix(v) or (isinstance(v, list) and v and all(map(_num, v)))):
+                leaves.append((tree, p, v, "embeddings." if root == "embeddings" else ""))
     arrays: dict[str, Any] = {}
     if leaves:
-        path, value = _pick(rng, leaves)
-        parent = _get(weights, path[:-1])
+        tree, path, value, prefix = _pick(rng, leaves)
+        parent = _get(tree, path[:-1])
         if isinstance(parent, dict):
             del parent[path[-1]]
-        name = ".".join(map(str, path))
+        name = prefix + ".".join(map(str, path))
         arrays[name] = np.asarray(value, dtype=float)
     else:
         name = "encoder.0.ffn.W_1"
@@ -527,9 +528,9 @@ def m_weights_file(rng: np.random.Generator, data: Any, case: Case) -> str:
         arrays[name.replace("_", "", 1) or "x"] = arrays.pop(name)
     elif how == "empty":
         arrays = {}
-    elif how == "both" and isinstance(weights, dict):
-        _put(weights, path, value) if leaves else None
-    if how in ("object",):
+    elif how == "both" and leaves:  # the YAML keeps it too: given twice
+        _put(tree, path, value)
+    if how == "object":  # (numpy pickles it; trace-tf must refuse it unread)
         buf = io.BytesIO()
         np.savez(buf, allow_pickle=True, **arrays)  # type: ignore[arg-type]
         blob: bytes | None = buf.getvalue()
@@ -925,6 +926,13 @@ def make_case(rng: np.random.Generator, sources: list[tuple[str, Any]]) -> Case:
     if fault == "npz":
         case.what.append(m_weights_file(rng, data, case))
     case.args = (wild_command if fault == "command" else valid_command)(rng, data)
+    if fault == "npz" and rng.integers(3) == 0:  # an override over the npz's array
+        name = case.what[-1].split()[1]
+        where = _pick(rng, ["", ".0", ".0.0", ".9", ".0.9"])
+        value = _pick(rng, ["1", "[1]", "[[1]]", "null", "{}", "abc"])
+        case.args += [_pick(rng, ["--set", "--set"] + ["--set-b"] * (case.args[0] == "diff"))]
+        key = name if name.startswith("embeddings.") else f"weights.{name}"
+        case.args.append(f"{key}{where}={value}")
     text = dump(data)
     if fault == "raw":
         case.text, how = raw(rng, text)
