@@ -348,6 +348,43 @@ def test_traced_and_untraced_generation_agree() -> None:
         assert np.array_equal(x.model_probs, y.model_probs)
 
 
+def _record_numbers(g: gen.Generation) -> int:
+    """The numbers a generation's iterations hold: each distinct array over the vocabulary
+    (greedy's chosen distribution is the model's), and each prefix's and beam's tokens."""
+    total = 0
+    for it in g.iterations:
+        arrays = [
+            it.probs,
+            it.model_probs,
+            *(p for _, p in it.stages),
+            *(b.probs for b in it.beams),
+        ]
+        total += sum(a.size for a in {id(a): a for a in arrays}.values())
+        total += len(it.prefix) + sum(len(b.tokens) for b in it.beams)
+    return total
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(sample=True, top_k=50, top_p=0.9), dict(beam=3)],
+    ids=["greedy", "sample", "beam"],
+)
+def test_the_size_estimate_bounds_the_records_and_is_close_to_them(options: Any) -> None:
+    """generate.records, the numbers the iterations' records may hold (which --max-tokens
+    1000000 made terabytes), against what a run holds: never below it, and, where the
+    distributions over a large vocabulary dominate, within 1.5× (counting each of them five
+    times per beam and one more, as first written, would have refused runs that fit)."""
+    vocab = [f"w{i}" for i in range(1500)]
+    raw = {"model": {"d_model": 4, "encoder_layers": 0, "decoder_layers": 1}, "vocab": vocab,
+           "tokens": {"bos": "w0"}}  # fmt: skip
+    cfg = model_of(raw)  # (no eos: every run makes --max-tokens iterations)
+    s = gen.settings(max_tokens=12, **options)
+    g = gen.run(cfg, s)
+    assert len(g.iterations) == 12
+    held, bound = _record_numbers(g), gen.records(cfg, s)
+    assert held <= bound <= 1.5 * held, (held, bound)
+
+
 # ---------------------------------------------------------------------------
 # Sampling: temperature, top-k, top-p and the draw, checked by hand
 # ---------------------------------------------------------------------------

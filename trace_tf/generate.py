@@ -428,10 +428,9 @@ def start_of(cfg: Config, s: Settings) -> tuple[str, ...]:
 def size(cfg: Config, s: Settings, traced: bool) -> int:
     """About how many numbers a generation holds at its peak: one iteration's
     intermediates (with the cache, the cached K and V too) per beam; with `traced`,
-    everything the trace records; and, traced or not, every iteration's record (its
-    prefix, its distributions over the vocabulary, its beams and candidates), kept to
-    the end and written out: the prefixes alone grow as the square of --max-tokens
-    (--max-tokens 1000000 ran for ever, its records bound for terabytes)."""
+    everything the trace records; and, traced or not, every iteration's record (records),
+    kept to the end and written out: the prefixes alone grow as the square of
+    --max-tokens (--max-tokens 1000000 ran for ever, its records bound for terabytes)."""
     m = cfg.model
     longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
     decoder_only = replace(m, encoder_layers=0)
@@ -443,10 +442,18 @@ def size(cfg: Config, s: Settings, traced: bool) -> int:
         iteration = trace_size(decoder_only, longest, len(cfg.vocab))
     source = len(cfg.source) if cfg.source is not None else 0
     encoder = trace_size(replace(m, decoder_layers=0), source, 0) if m.encoder_layers else 0
-    # prefix (or a beam's) and its distributions (the model's, and sampling's stages),
-    # per live beam and the chosen extension, each iteration's objects counted as 128
-    records = s.max_tokens * (s.width + 1) * (longest + 5 * len(cfg.vocab) + 128)
-    return encoder + iteration * s.width * (s.max_tokens if traced else 1) + records
+    return encoder + iteration * s.width * (s.max_tokens if traced else 1) + records(cfg, s)
+
+
+def records(cfg: Config, s: Settings) -> int:
+    """At most how many numbers the iterations' records hold (Iteration), each kept to
+    the end: its distributions over the vocabulary (greedy's one, the model's; sampling's
+    model's and up to three stages; each live beam's), its prefix and the live beams'
+    (one number a token), and its other objects counted as 128."""
+    longest = (len(cfg.target) if cfg.target is not None else 1) + s.max_tokens
+    distributions = {"greedy": 1, "sample": 4}.get(s.strategy, s.width)
+    prefixes = (s.width + 1 if s.strategy == "beam" else 1) * longest
+    return s.max_tokens * (distributions * len(cfg.vocab) + prefixes + 128)
 
 
 # Decoder passes a beam search may make: about 30 s on the hello example (0.3 ms each).
