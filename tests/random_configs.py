@@ -32,6 +32,12 @@ WORDS = [f"t{i}" for i in range(6)]
 BOS, EOS, PAD = "t0", "t1", "PAD"
 
 
+# LLaMA's conventions: pre-norm RMSNorm, RoPE by halves (Hugging Face's rotate_half), SwiGLU
+LLAMA: dict[str, Any] = dict(
+    norm_position="pre", norm="rms", positional="rope", rope_pairs="halves", activation="swiglu"
+)
+
+
 def random_config(
     rng: np.random.Generator,
     *,

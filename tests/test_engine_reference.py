@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import config_from
-from random_configs import random_config, to_per_head
+from random_configs import LLAMA, random_config, to_per_head
 from reference_torch import reference_forward
 
 from trace_tf import model
@@ -118,11 +118,7 @@ SHAPES = [
         n_kv_heads=1,
         encoder_layers=0,
         decoder_layers=2,
-        norm_position="pre",
-        norm="rms",
-        positional="rope",
-        rope_pairs="halves",
-        activation="swiglu",
+        **LLAMA,
         biases=False,
         tgt_len=5,
     ),
@@ -217,11 +213,7 @@ SHAPES = [
         n_kv_heads=1,
         encoder_layers=0,
         decoder_layers=2,
-        norm_position="pre",
-        norm="rms",
-        positional="rope",
-        rope_pairs="halves",
-        activation="swiglu",
+        **LLAMA,
         tgt_len=12,
         pe_base=100.0,
         rope_scaling={

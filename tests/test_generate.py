@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import config_from
-from random_configs import random_config
+from random_configs import LLAMA, random_config
 from reference_torch import reference_forward
 from rich.cells import cell_len
 from typer.testing import CliRunner
@@ -123,11 +123,7 @@ ROPE = [
         n_kv_heads=1,
         encoder_layers=0,
         decoder_layers=2,
-        positional="rope",
-        rope_pairs="halves",
-        norm_position="pre",
-        norm="rms",
-        activation="swiglu",
+        **LLAMA,
     ),
 ]
 
@@ -156,11 +152,7 @@ WINDOW = [
         n_kv_heads=2,
         encoder_layers=0,
         decoder_layers=2,
-        positional="rope",
-        rope_pairs="halves",
-        norm_position="pre",
-        norm="rms",
-        activation="swiglu",
+        **LLAMA,
         window=3,
     ),
     dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, tgt_len=4, window=2),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import config_from
-from random_configs import random_config, to_per_head
+from random_configs import LLAMA, random_config, to_per_head
 from typer.testing import CliRunner
 
 from trace_tf import cost, model
@@ -34,11 +34,7 @@ GROUPED = [
         n_kv_heads=1,
         encoder_layers=0,
         decoder_layers=2,
-        norm_position="pre",
-        norm="rms",
-        positional="rope",
-        rope_pairs="halves",
-        activation="swiglu",
+        **LLAMA,
         tgt_len=4,
     ),
     # 2 K/V heads of 4, encoder-decoder (cross-attention shares too), fused, padded
