@@ -245,7 +245,13 @@ def test_explain_writes_the_lookup_and_the_three_terms(tmp_path: Path) -> None:
     code, out, err = invoke("explain", "encoder.token_type", path, "--cell", "2,1")
     assert code == 0, err
     assert "encoder.token_type[2,1] = token_types[1,1] = 4" in out
-    assert "row 2 has type 1 (source_types" in out
+    assert "row 2 has type 1 (source_types)" in out
+    # types not given: every one 0, and explain says so rather than naming source_types
+    code, out, err = invoke(
+        "explain", "encoder.token_type", path, "--cell", "2,1", "--set", "source_types=null"
+    )
+    assert code == 0, err
+    assert "row 2 has type 0 (every type 0: the config gives no source_types)" in out
     assert "token_types = weights.token_types (" in out
     code, out, err = invoke("explain", "encoder.input", path, "--cell", "1,0", "--format", "json")
     assert code == 0, err

@@ -300,6 +300,7 @@ class Sequence_:
     matrix: np.ndarray | None = None  # [L, d_model], when given as numbers
     # each position's token type (source_types, target_types), with model.token_types
     types: tuple[int, ...] | None = None
+    types_given: bool = False  # the config gave them (else every type is 0)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -2946,7 +2947,7 @@ class _Validator:
                     found_text=str(t),
                 )
             types.append(t)
-        return replace(seq, types=tuple(types))
+        return replace(seq, types=tuple(types), types_given=True)
 
     def norm(self, value: Any, path: str, d: int) -> NormWeights:
         n = self.mapping(value, path, ("gamma", "beta"))

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
-from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Source, head_part
+from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.model import decoder_types, target_of
 from trace_tf.runner import named_arrays
@@ -1388,15 +1388,21 @@ def _type_of(ctx: _Ctx, path: str, i: int) -> tuple[int, int, str]:
     pos = _first_position(ctx, path) + i  # a KV-cached iteration's new rows: start..
     stack = _STACK.match(path)
     if stack is not None and stack.group(1) == "encoder":
-        assert ctx.cfg.source is not None and ctx.cfg.source.types is not None
-        return pos, ctx.cfg.source.types[i], "source_types; 0 where not given"
+        source = ctx.cfg.source
+        assert source is not None and source.types is not None
+        return pos, source.types[i], _given_types(source, "source_types")
     types = decoder_types(ctx.cfg, pos + 1)
     assert types is not None
     if pos >= len(target_of(ctx.cfg)):  # generated: the type of the position before it
         return pos, types[pos], f"a generated token: the type of position {pos - 1}"
     if ctx.cfg.target is None:
         return pos, types[pos], "the start [tokens.bos]: type 0"
-    return pos, types[pos], "target_types; 0 where not given"
+    return pos, types[pos], _given_types(ctx.cfg.target, "target_types")
+
+
+def _given_types(seq: Sequence_, key: str) -> str:
+    """Where a sequence's token types came from: the config's key, or its default."""
+    return key if seq.types_given else f"every type 0: the config gives no {key}"
 
 
 def _token_type(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
