@@ -96,6 +96,42 @@ def test_yarn_by_hand() -> None:
         assert q[2, i] == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("betas", "band"),
+    [((1e308, 1.0), (0, 1)), ((32.0, 1e-308), (0, 7)), ((1e308, 1e-308), (0, 7))],
+)
+def test_yarn_betas_beyond_float64_give_the_limiting_band(
+    betas: tuple[float, float], band: tuple[int, int], tmp_path: Path
+) -> None:
+    """beta_fast 1e308 (2π·β overflows: L / ∞ = 0, ln 0) and beta_slow 1e-308 (L / 2πβ
+    overflows: ceil(∞)) were internal errors (exit 3). The band's bounds are then those of
+    the logarithms, d ln(L / 2πβ) / (2 ln base) computed as ln L − ln β − ln 2π: pair
+    −∞ held at 0, +∞ at d − 1 = 7 here (d_k 8; Hugging Face's bound, though pairs end at
+    3), and a finite beta's as by hand."""
+    fast, slow = betas
+    L, d, base = 8, 8, 100.0
+
+    def pair_of(beta: float) -> float:
+        return d * (math.log(L) - math.log(beta) - math.log(2 * math.pi)) / (2 * math.log(base))
+
+    assert (max(math.floor(pair_of(fast)), 0), min(math.ceil(pair_of(slow)), d - 1)) == band
+    raw = scaled({**YARN, "beta_fast": fast, "beta_slow": slow})
+    file = write(tmp_path, raw)
+    result = runner.invoke(app, ["decode", file])
+    assert result.exit_code == 0, result.output
+    low, high = band
+    assert f"r = clip((i − {low}) / ({high} − {low}), 0, 1)" in " ".join(result.output.split())
+    q_raw, q = q_of(raw)
+    s = 0.1 * math.log(4) + 1
+    for i in range(4):
+        theta, r = 100 ** (-2 * i / 8), min(max((i - low) / (high - low), 0), 1)
+        angle = 3 * (theta / 4 * r + theta * (1 - r))
+        a, b = q_raw[3, i], q_raw[3, i + 4]
+        assert q[3, i] == pytest.approx(
+            a * s * math.cos(angle) - b * s * math.sin(angle), rel=1e-12
+        )
+
+
 def test_position_0_is_not_turned_and_no_scaling_differs_at_every_later_one() -> None:
     raw, q = q_of(scaled(LLAMA3))
     _, plain = q_of(scaled(None))

@@ -445,10 +445,17 @@ def yarn_band(d: int, base: float, s: RopeScaling) -> tuple[float, float]:
     """yarn's band of pairs [low, high] over which the frequencies go from kept to ÷ factor:
     the pair that turns r times in original_max_len positions is d ln(L / 2πr) / (2 ln base),
     for r = beta_fast (low) and beta_slow (high); rounded out (truncate) and held in 0..d − 1;
-    a band of one pair is widened by 0.001, as Hugging Face does, so its ramp divides by no 0."""
+    a band of one pair is widened by 0.001, as Hugging Face does, so its ramp divides by no 0.
+    A ratio L / 2πr beyond float64 (a beta near 1e308 or 1e-308) is taken as a difference of
+    logarithms, which is finite, where Hugging Face's would be ln 0 or ∞."""
 
     def pair_of(rotations: float) -> float:
-        return d * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        ratio = s.original_max_len / (rotations * 2 * math.pi)
+        if 0 < ratio < math.inf:
+            log_ratio = math.log(ratio)  # (Hugging Face's find_correction_dim, as written)
+        else:
+            log_ratio = math.log(s.original_max_len) - math.log(rotations) - math.log(2 * math.pi)
+        return d * log_ratio / (2 * math.log(base))
 
     low, high = pair_of(s.beta_fast), pair_of(s.beta_slow)
     if s.truncate:
