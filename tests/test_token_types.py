@@ -298,6 +298,9 @@ REFUSED = [
     Bad(TYPED + "source_types: [0, 2, 1]\n", "source_types.1", 6,
         ("type 2 is beyond the token-type table (model.token_types 2: types 0 to 1)",
          "expected a whole number from 0 to 1, found 2")),
+    # a whole float far beyond the table is said as written, not as its 309 digits
+    Bad(TYPED + "source_types: [0, 1e308, 1]\n", "source_types.1", 6,
+        ("type 1e+308 is beyond the token-type table", "found 1e+308")),
     Bad(TYPED + "source_types: [0, -1, 1]\n", "source_types.1", 6, ("a whole number >= 0",)),
     Bad(TYPED + "source_types: [0, 0.5, 1]\n", "source_types.1", 6, ("not a whole number",)),
     Bad(TYPED + "source_types: 1\n", "source_types", 6, ("not a list of token types",)),

@@ -2939,12 +2939,13 @@ class _Validator:
         for i, raw in enumerate(value):
             t = self.integer(raw, join(path, i), 0)
             if t >= n:
+                shown = exact(raw) if isinstance(raw, float) else str(t)  # 1e+308, not 309 digits
                 raise self.ctx.err(
                     join(path, i),
-                    f"type {t} is beyond the token-type table (model.token_types {n}: "
+                    f"type {shown} is beyond the token-type table (model.token_types {n}: "
                     f"types 0 to {n - 1})" + self.ctx.set_by("model.token_types"),
                     expected=f"a whole number from 0 to {n - 1}",
-                    found_text=str(t),
+                    found_text=shown,
                 )
             types.append(t)
         return replace(seq, types=tuple(types), types_given=True)
