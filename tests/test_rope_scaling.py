@@ -205,6 +205,27 @@ def test_explain_writes_the_scaled_frequency(
     assert "the arithmetic above agrees" in text
 
 
+def test_explain_names_the_llama3_band_the_engine_used(tmp_path: Path) -> None:
+    """A wavelength on a band's edge: pair 2 of d_k 6, base 3, has θ = 3^(−4/6), and
+    Hugging Face's wavelength (1/θ)·2π (torch's number ÷ tensor) is exactly
+    original_max_len / high_freq_factor = 8 / 0.6121097287642295, so the pair is smoothed
+    (not below the edge), while 2π/θ is one unit below it. explain wrote "kept" from 2π/θ
+    beside the smoothed frequency the engine turned by; it names the band used."""
+    theta = 3.0 ** (-4 / 6)
+    edge = 8 / 0.6121097287642295
+    assert (1 / theta) * (2 * math.pi) == edge and 2 * math.pi / theta < edge  # the trap
+    raw = scaled({"type": "llama3", "factor": 4, "low_freq_factor": 0.1,
+                  "high_freq_factor": 0.6121097287642295, "original_max_len": 8})  # fmt: skip
+    raw["model"].update(d_model=6, d_k=6, pe_base=3, rope_pairs="adjacent")
+    path = write(tmp_path, raw)
+    args = ["explain", "decoder.0.self_attn.h0.q", path, "--cell", "2,4", "--precision", "17"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "kept" not in text and "(1 − k) θ_p / 4 + k θ_p" in text
+    assert "the arithmetic above agrees" in text
+
+
 def test_set_variant_and_diff_reach_the_scaling(tmp_path: Path) -> None:
     """--set of one parameter, a variant, and diff against no scaling: q and what follows
     differ, q_raw does not."""

@@ -645,14 +645,14 @@ def _scaled_frequency(ctx: _Ctx, sc: ops.RopeScaling, base: float, p: int, d: in
     if sc.type == "linear":
         return f"÷ factor {f} (linear)"
     if sc.type == "llama3":
-        wavelength = 2 * math.pi / _pow(base, -2 * p / d)
+        wavelengths, ks = ops.llama3_smoothing(ops.rope_frequencies(d, base)[p : p + 1], sc)
+        wavelength, k = float(wavelengths[0]), float(ks[0])  # (the engine's band, as it is)
         L, low, high = sc.original_max_len, sc.low_freq_factor, sc.high_freq_factor
         said = f"llama3: wavelength 2π/θ_p = {ctx.f.num(wavelength)}"
         if wavelength < L / high:
             return f"{said} < {exact(L / high)} (original_max_len / high_freq_factor): kept"
         if wavelength > L / low:
             return f"{said} > {exact(L / low)} (original_max_len / low_freq_factor): ÷ {f}"
-        k = (L / wavelength - low) / (high - low)
         return (
             f"{said}, between {exact(L / high)} and {exact(L / low)}: (1 − k) θ_p / {f} + k θ_p, "
             f"k = ({L}/{ctx.f.num(wavelength)} − {exact(low)}) / ({exact(high)} − {exact(low)}) "

@@ -423,13 +423,8 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
     if s.type == "llama3":
         low_wavelength = s.original_max_len / s.low_freq_factor
         high_wavelength = s.original_max_len / s.high_freq_factor
-        # 2π / θ and L / λ as torch divides a number by a tensor, 1/θ · 2π and 1/λ · L:
-        # the rounding of Hugging Face's, which k, near 0 at a band's edge, magnifies
-        wavelength = (1 / theta) * (2 * math.pi)
+        wavelength, k = llama3_smoothing(theta, s)
         out = np.where(wavelength > low_wavelength, theta / s.factor, theta)
-        k = ((1 / wavelength) * s.original_max_len - s.low_freq_factor) / (
-            s.high_freq_factor - s.low_freq_factor
-        )
         smoothed = (1 - k) * out / s.factor + k * out
         medium = ~(wavelength < high_wavelength) & ~(wavelength > low_wavelength)
         return np.where(medium, smoothed, out)
@@ -439,6 +434,18 @@ def rope_scaled(theta: Array, d: int, base: float, s: RopeScaling) -> Array:
         extrapolated = 1 - ramp
         return theta / s.factor * (1 - extrapolated) + theta * extrapolated
     raise ValueError(f"unknown RoPE scaling {s.type!r}")  # (config.py refuses it first)
+
+
+def llama3_smoothing(theta: Array, s: RopeScaling) -> tuple[Array, Array]:
+    """llama3's wavelength λ = 2π/θ and smoothing k = (original_max_len / λ − low) / (high −
+    low) of frequencies θ, for rope_scaled and explain alike (so both pick the same band).
+    2π / θ and L / λ as torch divides a number by a tensor, 1/θ · 2π and 1/λ · L: the
+    rounding of Hugging Face's, which k, near 0 at a band's edge, magnifies."""
+    wavelength = (1 / theta) * (2 * math.pi)
+    k = ((1 / wavelength) * s.original_max_len - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    return wavelength, k
 
 
 def yarn_band(d: int, base: float, s: RopeScaling) -> tuple[float, float]:
