@@ -301,6 +301,13 @@ REFUSED = [
     # a whole float far beyond the table is said as written, not as its 309 digits
     Bad(TYPED + "source_types: [0, 1e308, 1]\n", "source_types.1", 6,
         ("type 1e+308 is beyond the token-type table", "found 1e+308")),
+    # Hugging Face's names say trace-tf's, not a spelling suggestion (tokens, pe_base)
+    Bad(TYPED + "token_type_ids: [0, 1, 1]\n", "token_type_ids", 6,
+        ("Hugging Face's name; trace-tf's are source_types and target_types",)),
+    Bad(TYPED.replace("token_types: 2", "type_vocab_size: 2"), "model.type_vocab_size", 3,
+        ("Hugging Face's name; trace-tf's is model.token_types",)),
+    Bad(TYPED + "weights: {token_type_embeddings: [[1, 2]]}\n", "weights.token_type_embeddings",
+        6, ("Hugging Face's name; trace-tf's is weights.token_types",)),
     Bad(TYPED + "source_types: [0, -1, 1]\n", "source_types.1", 6, ("a whole number >= 0",)),
     Bad(TYPED + "source_types: [0, 0.5, 1]\n", "source_types.1", 6, ("not a whole number",)),
     Bad(TYPED + "source_types: 1\n", "source_types", 6, ("not a list of token types",)),

@@ -129,6 +129,13 @@ HF_ROPE_KEYS = {
     "rope_theta": "trace-tf's is model.pe_base",
     "partial_rotary_factor": "trace-tf turns every pair of d_k",
 }
+# Hugging Face's names of token types' keys (BertConfig, BertModel's forward), by the key
+# path they would take, and trace-tf's for them: said instead of a spelling suggestion
+HF_TOKEN_TYPE_KEYS = {
+    "model.type_vocab_size": "trace-tf's is model.token_types",
+    "token_type_ids": "trace-tf's are source_types and target_types",
+    "weights.token_type_embeddings": "trace-tf's is weights.token_types",
+}
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
 # Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).
 BOUNDED_POSITIONAL = {
@@ -1551,9 +1558,11 @@ class _Validator:
             raise self.ctx.err(path, "not a mapping", value, "a mapping of keys")
         for key in value:
             if key not in allowed:
+                hf = HF_TOKEN_TYPE_KEYS.get(join(path, key)) if isinstance(key, str) else None
                 raise self.ctx.err(
                     join(path, key),
-                    f"unknown key {quoted(key)}{suggest(key, allowed)}",
+                    f"unknown key {quoted(key)}"
+                    + (f": Hugging Face's name; {hf}" if hf else suggest(key, allowed)),
                     expected="one of: " + ", ".join(allowed),
                 )
         return value
