@@ -326,6 +326,24 @@ def relative_bias(b: Tensor, n_q: int, n_k: int, max_len: int) -> Tensor:
     return b[offset + (max_len - 1)]
 
 
+def alibi_slopes(n: int) -> list[float]:
+    """ALiBi's head slopes as the paper's code writes them (ofirpress/attention_with_linear_
+    biases, get_slopes): a geometric sequence starting at, and with ratio, 2^(−8/n) for n a
+    power of two; otherwise the closest power of two's, then every other one of twice it."""
+    if math.log2(n).is_integer():
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+    below = 2 ** math.floor(math.log2(n))
+    return alibi_slopes(below) + alibi_slopes(2 * below)[0::2][: n - below]
+
+
+def alibi_bias(slope: float, n_q: int, n_k: int, causal: bool) -> Tensor:
+    """ALiBi's B[i,j] = slope · (j − i) (the paper's −m·(i − j)) for a causal decoder;
+    −slope · |j − i| for a bidirectional encoder (MosaicBERT's symmetric form). [n_q, n_k]"""
+    offset = (torch.arange(n_k)[None, :] - torch.arange(n_q)[:, None]).to(DTYPE)  # j − i
+    return slope * (offset if causal else -offset.abs())
+
+
 def check_against_sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, context: Tensor
 ) -> None:
@@ -354,10 +372,12 @@ def attention_head(
     rel: Tensor | None = None,
     rotary: bool = False,
     kv: tuple[Tensor, Tensor] | None = None,
+    alibi: tuple[float, bool] | None = None,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
-    position biases, lecture 000 section 6.2; `rotary`: q and k turned by RoPE, the query
-    and key rows at positions 0, 1, ...). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    position biases, lecture 000 section 6.2, or with `alibi` (slope, causal) ALiBi's;
+    `rotary`: q and k turned by RoPE, the query and key rows at positions 0, 1, ...).
+    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
     q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
     k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
     if rotary:
@@ -368,8 +388,13 @@ def attention_head(
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
     scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
     sdpa_mask = mask
-    if rel is not None:
-        B = tr.rec(f"{path}.rel_bias", relative_bias(rel, q.shape[0], k.shape[0], hp.max_len))
+    if rel is not None or alibi is not None:
+        B = tr.rec(
+            f"{path}.rel_bias",
+            relative_bias(rel, q.shape[0], k.shape[0], hp.max_len)
+            if rel is not None
+            else alibi_bias(alibi[0], q.shape[0], k.shape[0], alibi[1]),  # type: ignore[index]
+        )
         scaled = tr.rec(f"{path}.biased", scaled + B)
         sdpa_mask = B if mask is None else B + mask  # SDPA adds a float mask to the scores
     if mask is not None:
@@ -397,13 +422,19 @@ def multi_head_attention(
     relative = hp.positional == "relative" and path.endswith("self_attn")
     tables = relative_bias_table(block, hp) if relative else [None] * hp.n_heads
     rotary = hp.positional == "rope" and path.endswith("self_attn")  # RoPE, likewise
+    # ALiBi, likewise: causal in the decoder's self-attention, symmetric in the encoder's
+    slopes: list[tuple[float, bool] | None] = [None] * hp.n_heads
+    if hp.positional == "alibi" and path.endswith("self_attn"):
+        slopes = [(m, path.startswith("decoder")) for m in alibi_slopes(hp.n_heads)]
     if hp.n_kv_heads < hp.n_heads:  # grouped-query attention: K, V per K/V head, repeated
         k, v = kv_projections(x_kv, block, hp)
         kvs: list[tuple[Tensor, Tensor] | None] = [(k[n], v[n]) for n in range(hp.n_heads)]
     else:
         kvs = [None] * hp.n_heads
     heads = [
-        attention_head(x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n])
+        attention_head(
+            x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n], slopes[n]
+        )
         for n, w in enumerate(head_weights(block, hp))
     ]
     concat = tr.rec(f"{path}.concat", torch.cat(heads, dim=1))  # [n_q, H*d_v]
@@ -520,7 +551,12 @@ def embed_sequence(
         x = x + tr.rec(f"{name}.pe", sinusoidal(length, hp.d_model, hp.pe_base))
     elif hp.positional == "learned":  # rows 0..L-1 of the table both stacks share
         x = x + tr.rec(f"{name}.pe", tensor(cfg["weights"]["positional"])[:length])
-    elif hp.positional not in ("none", "relative", "rope"):  # the others act in self-attention
+    elif hp.positional not in (
+        "none",
+        "relative",
+        "alibi",
+        "rope",
+    ):  # the others act in self-attention
         raise NotImplementedError(f"positional {hp.positional!r} is not in the reference")
     if hp.token_types:  # BERT's segment embedding: row type_i of the table (default type 0)
         sequence_name = "source" if name == "encoder" else "target"

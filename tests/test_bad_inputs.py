@@ -856,7 +856,7 @@ UNKNOWN_KEYS = [
         "model.positional",
         4,
         "not a valid choice (did you mean 'sinusoidal'?)",
-        "expected one of: sinusoidal, learned, relative, rope, none, found the string 'sinusodal'",
+        "expected one of: sinusoidal, learned, relative, alibi, rope, none, found the string 'sinusodal'",
     ),
     case(
         "activation-choice",

@@ -234,6 +234,24 @@ SHAPES = [
         tgt_len=5,
         rope_scaling={"type": "linear", "factor": 2.5},
     ),
+    # ALiBi (model.positional alibi): symmetric in a padded encoder, causal in the decoder,
+    # 3 heads (not a power of two); and BLOOM's shape: decoder-only, pre-norm, 4 heads,
+    # the embedding norm, tanh GELU, tied embeddings, in a sliding window
+    dict(d_model=6, n_heads=3, decoder_layers=1, positional="alibi", pad=True, src_len=5),
+    dict(
+        d_model=8,
+        n_heads=4,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="alibi",
+        norm_position="pre",
+        embed_norm=True,
+        final_norm=True,
+        activation="gelu_tanh",
+        tie_embeddings=True,
+        tgt_len=6,
+        window=4,
+    ),
 ]
 
 

@@ -143,6 +143,23 @@ RELATIVE = [
     ),
 ]
 
+# ALiBi (model.positional alibi): likewise the new rows at start.., B = −m·(i − j) of
+# their positions; an encoder-decoder of 3 heads and BLOOM's decoder-only pre-norm shape
+ALIBI = [
+    dict(d_model=6, n_heads=3, positional="alibi", pad=True, src_len=4),
+    dict(
+        d_model=8,
+        n_heads=4,
+        encoder_layers=0,
+        decoder_layers=2,
+        positional="alibi",
+        norm_position="pre",
+        embed_norm=True,
+        activation="gelu_tanh",
+        tie_embeddings=True,
+    ),
+]
+
 # Sliding-window attention (model.window, Mistral): a cached row at position start + i
 # attends over the cached keys start + i − W < j <= start + i only.
 WINDOW = [
@@ -196,7 +213,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW + TYPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=_ids)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -249,7 +266,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + WINDOW + TYPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=_ids)
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
     for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):
@@ -263,7 +280,7 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
                 assert np.abs(bx.probs - by.probs).max() <= 1e-12
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0]], ids=_ids)
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)
     raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: four iterations

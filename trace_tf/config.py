@@ -98,7 +98,7 @@ EXPECT_KEYS = ("step", "value", "atol", "rtol", "note", "variant", "document", "
 OP_KINDS = ("attention", "norm", "pe")
 # The command that runs each single operation (also step, explain, check, diff)
 OP_COMMANDS = {"attention": "attend", "norm": "norm", "pe": "pe"}
-POSITIONAL = ("sinusoidal", "learned", "relative", "rope", "none")
+POSITIONAL = ("sinusoidal", "learned", "relative", "alibi", "rope", "none")
 # RoPE's pairings, each with the columns of its pair i as formulas and the header write
 # them: (2i, 2i+1) (RoFormer, lecture 000) or (i, i + d_k/2) (GPT-NeoX, LLaMA, Hugging
 # Face's rotate_half); pair i turns by pos · base^(−2i/d_k) in both (ops.rope_pairs)
@@ -1514,7 +1514,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     attn = H * (4 * L * dk + 2 * L * dv + 4 * L * L) + L * (H * dv + 3 * d + 2)
     if m.score in ("bilinear", "additive"):  # q_b; or q_a, k_a and tanh(q_a[i] + k_a[j])
         attn += H * (L * dk + L * (L + 2) * m.d_a)
-    if m.positional == "relative":  # rel_bias and biased (as steps, RoPE's q_raw and k_raw's)
+    if m.positional in ("relative", "alibi"):  # rel_bias and biased (as RoPE's q_raw and k_raw)
         attn += H * 2 * L * L
     ffn = L * (2 * dff + 3 * d + 2)
     # embed, pe, token_type, input, embedding norm, final norm, output (norms'
@@ -3151,13 +3151,21 @@ class _Validator:
 
     def refuse_rel_bias(self, where: str, m: ModelConfig, path: str) -> NoReturn:
         """A rel_bias where the model has none: a cross-attention (its keys are another
-        sequence) or a model whose positional is not relative."""
+        sequence) or a model whose positional is not relative (alibi's is fixed)."""
         if path.endswith("cross_attn"):
             raise self.ctx.err(
                 where,
                 "cross-attention has no relative position bias (its keys are another sequence)",
                 expected="rel_bias only in self_attn blocks",
                 found_text="rel_bias in cross_attn",
+            )
+        if m.positional == "alibi":
+            raise self.ctx.err(
+                where,
+                "ALiBi's bias is fixed, not learned: B = −m·(i − j) with each head's slope "
+                "m = 2^(−8(h+1)/H), no table to give" + self.ctx.set_by("model.positional"),
+                expected="no rel_bias with model.positional: alibi (or positional: relative)",
+                found_text="a rel_bias",
             )
         raise self.ctx.err(
             where,

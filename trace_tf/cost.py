@@ -133,7 +133,7 @@ COSTS: dict[str, tuple[Product | Free, ...]] = {
         Product("attention", "L_q·d_k·L_k", pairs_w),  # gaussian
     ),
     "scaled": (FREE,),
-    "rel_bias": (FREE,),  # a lookup in the table of offsets
+    "rel_bias": (FREE,),  # a lookup in the table of offsets; alibi: m times a distance
     "biased": (FREE,),
     "masked": (FREE,),
     "softmax": (FREE,),

@@ -27,7 +27,7 @@ from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.model import decoder_types, target_of
+from trace_tf.model import alibi_slope_text, decoder_types, target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -790,10 +790,12 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     In self-attention the queries are the last L_q of the L_k positions (all of them, but
     for a KV-cached step's new rows), so row i is position L_k − L_q + i."""
     i, j = cell
-    name = step.inputs[0]
-    table = ctx.get(name)
     n_q, n_k = step.value.shape
     pos = n_k - n_q + i
+    if not step.inputs:  # positional alibi: no table, a fixed slope per head
+        return _alibi(ctx, step, j, pos, n_k - n_q)
+    name = step.inputs[0]
+    table = ctx.get(name)
     offset = j - pos
     centre = ops.offset_zero(table)  # max_len − 1
     index = centre + offset
@@ -819,6 +821,30 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     )
 
 
+def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
+    """ALiBi's B[i,j] = −m·(pos − j) (the encoder's −m·|pos − j|): head h's slope m
+    (ops.alibi_slopes) times the distance from query position pos back to key j."""
+    assert isinstance(ctx.cfg, Config)
+    h = int(step.path.rpartition(".h")[2].partition(".")[0])
+    H = ctx.cfg.model.n_heads
+    symmetric = "encoder" in step.path.split(".")
+    slope = ctx.f.shown(float(ops.alibi_slopes(H)[h]))
+    distance = abs(pos - j) if symmetric else pos - j
+    row = f"({start} + i)" if start else "i"
+    dist = f"|{row} − j|" if symmetric else f"({row} − j)"
+    return _Parts(
+        [f"−m·{dist}", f"−{ctx.f.num(slope)} · {distance}"],
+        -slope * distance + 0.0,
+        [
+            f"m = {alibi_slope_text(h, H)} = {exact(slope)}: head {h}'s slope of {H} "
+            f"(ALiBi, {'2^(−8(h+1)/H)' if H & (H - 1) == 0 else 'H not a power of two'})",
+            f"distance {'|i − j|' if symmetric else 'i − j'} = {distance} (key {j} seen from "
+            f"query position {pos}; {'bidirectional encoder' if symmetric else 'causal'})",
+        ],
+        {"m": [slope], "distance": [float(distance)]},
+    )
+
+
 def _plus(ctx: _Ctx, step: Step, cell: tuple[int, ...], term: str) -> _Parts:
     """The step's first input plus its second, `term`, at the cell: scaled + B (biased);
     scaled + M, or biased + M where a relative position bias came between (masked)."""
@@ -837,7 +863,12 @@ def _plus(ctx: _Ctx, step: Step, cell: tuple[int, ...], term: str) -> _Parts:
 
 
 def _biased(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    return _plus(ctx, step, cell, "B")
+    """scaled + B; under alibi, B's slope and distance said too (its step has no table)."""
+    parts = _plus(ctx, step, cell, "B")
+    b = ctx.trace.steps.get(step.inputs[1])
+    if b is not None and not b.inputs:
+        parts.where += _rel_bias(ctx, b, cell).where
+    return parts
 
 
 def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:

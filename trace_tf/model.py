@@ -318,6 +318,43 @@ def keys_values(
     return KeysValues(k, v, k_formula, v_formula, k_inputs, v_inputs, k_raw, k_raw_formula, scopes)
 
 
+@dataclass(frozen=True)
+class Alibi:
+    """ALiBi's fixed bias of one self-attention head (Press et al. 2022; model.positional
+    alibi): its slope m and how the slope is written, and whether the attention is
+    bidirectional (an encoder's: −m·|i − j|) or causal (−m·(i − j))."""
+
+    slope: float
+    slope_text: str  # 2^(−8·1/4)
+    symmetric: bool
+
+
+def alibi_slope_text(h: int, n_heads: int) -> str:
+    """How head h's slope is formed (ops.alibi_slopes): 2^(−8·(h+1)/H), or for H not a
+    power of two, 2^(−8·(h+1)/H') then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
+    below = 2 ** (n_heads.bit_length() - 1)
+    if h < below:
+        return f"2^(−8·{h + 1}/{below})"
+    return f"2^(−8·{2 * (h - below) + 1}/{2 * below})"
+
+
+def alibi_heads(m: ModelConfig, symmetric: bool) -> tuple[Alibi, ...] | None:
+    """Each head's ALiBi bias with positional alibi (a self-attention's), else None."""
+    if m.positional != "alibi":
+        return None
+    slopes = ops.alibi_slopes(m.n_heads)
+    return tuple(
+        Alibi(float(s), alibi_slope_text(h, m.n_heads), symmetric) for h, s in enumerate(slopes)
+    )
+
+
+def alibi_formula(a: Alibi, start: int) -> str:
+    """B's formula with this head's slope: query row i at position start + i."""
+    row = "i" if start == 0 else f"({start} + i)"
+    distance = f"|{row} − j|" if a.symmetric else f"({row} − j)"
+    return f"B[i,j] = −m·{distance},  m = {a.slope_text} = {exact(a.slope)}"
+
+
 def attention_head(
     x_q: Array,
     x_kv: Array,
@@ -331,9 +368,11 @@ def attention_head(
     start: int = 0,
     kv: KeysValues | None = None,
     shared: str = "",
+    alibi: Alibi | None = None,
 ) -> tuple[Array, KeysValues]:
     """softmax(Q Kᵀ / scale + B + M) V for one head (eq. 1; B, the relative position
-    bias of 000 section 6.2, with positional relative). [L_q, d] x [L_k, d] -> [L_q, d_v]
+    bias of 000 section 6.2 with positional relative, ALiBi's fixed one with positional
+    alibi: `alibi`). [L_q, d] x [L_k, d] -> [L_q, d_v]
 
     The query rows sit at positions start.. (after the cached ones, with a KV cache).
     K and V are computed here (`keys_values`, with the K/V head's `cache`), or are `kv`,
@@ -369,6 +408,7 @@ def attention_head(
         score=m.score,
         sw=hw.score,
         rel_bias=hw.rel_bias,
+        alibi=alibi,
         start=start,
     )
     return out, kv
@@ -439,6 +479,7 @@ def attend(
     score: str = "scaled_dot",
     sw: ScoreWeights | None = None,
     rel_bias: Array | None = None,
+    alibi: Alibi | None = None,
     start: int = 0,
 ) -> Array:
     """softmax((score(Q, K) / scale + B + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
@@ -446,7 +487,8 @@ def attend(
     The score function is chosen by name (SCORE_FUNCTIONS); the default is the
     paper's scaled dot product Q Kᵀ / √d_k (eq. 1). B, with a `rel_bias` table, is the
     relative position bias of lecture 000 section 6.2: B[i,j] = rel_bias[max_len − 1 +
-    j − i], query row i at position start + i.
+    j − i], query row i at position start + i; with `alibi`, ALiBi's B[i,j] = −m·(i − j)
+    (bidirectional: −m·|i − j|), recorded as the same steps rel_bias and biased.
     """
     scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
     name, where = named(scale_text)
@@ -461,6 +503,14 @@ def attend(
             rel_bias,
             cols="keys",
         )
+    elif alibi is not None:
+        b = tr.rec(
+            "rel_bias",
+            ops.alibi_bias(alibi.slope, len(q), len(k), start, alibi.symmetric).astype(q.dtype),
+            alibi_formula(alibi, start),
+            cols="keys",
+        )
+    if rel_bias is not None or alibi is not None:
         scaled = tr.rec("biased", scaled + b, "S / scale + B", scaled, b, cols="keys")
         plus_b = " + B"
     if mask is not None:
@@ -489,6 +539,7 @@ def multi_head_attention(
     rotary: bool,
     tr: Tracer = NULL_TRACER,
     cache: Sequence[HeadCache] | None = None,
+    alibi: Sequence[Alibi] | None = None,
 ) -> Array:
     """Concat(head_1..head_H) W_o + b_o (section 3.2.2). [L_q, d] x [L_k, d] -> [L_q, d]
 
@@ -515,6 +566,7 @@ def multi_head_attention(
                     start=start,
                     kv=kv,
                     shared=shared,
+                    alibi=alibi[h] if alibi is not None else None,
                 )
             heads.append(out)
     concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
@@ -628,10 +680,18 @@ def _self_attention(
     m: ModelConfig,
     tr: Tracer,
     cache: Sequence[HeadCache] | None = None,
+    *,
+    causal: bool,
 ) -> Array:
+    """Self-attention with add & norm; `causal` (the decoder's) chooses ALiBi's form."""
     rotary = m.positional == "rope"
+    alibi = alibi_heads(m, symmetric=not causal)
     return add_and_norm(
-        x, lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr, cache), aw.norm, m, tr
+        x,
+        lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr, cache, alibi),
+        aw.norm,
+        m,
+        tr,
     )
 
 
@@ -640,7 +700,7 @@ def encoder_layer(
 ) -> Array:
     """Self-attention, then feed-forward, each with add & norm. [L, d] -> [L, d]"""
     with tr.scope("self_attn"):
-        x = _self_attention(x, lw.self_attn, mask, m, tr)
+        x = _self_attention(x, lw.self_attn, mask, m, tr, causal=False)
     with tr.scope("ffn"):
         return add_and_norm(x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr)
 
@@ -662,7 +722,7 @@ def decoder_layer(
     incrementally (`x` then holds only the new rows)."""
     self_cache, cross_cache = cache if cache is not None else (None, None)
     with tr.scope("self_attn"):
-        x = _self_attention(x, lw.self_attn, mask, m, tr, self_cache)
+        x = _self_attention(x, lw.self_attn, mask, m, tr, self_cache, causal=True)
     if lw.cross_attn is not None and enc is not None:
         aw = lw.cross_attn
         with tr.scope("cross_attn", keys=src_labels):

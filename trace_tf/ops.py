@@ -493,6 +493,29 @@ def relative_bias(table: Array, n_q: int, n_k: int, start: int = 0) -> Array:
     return table[offset_zero(table) + offsets]
 
 
+def alibi_slopes(n_heads: int) -> Array:
+    """ALiBi's slope m_h of each head (Press et al. 2022, "Train Short, Test Long").
+
+    H a power of two: m_h = 2^(−8(h+1)/H), a geometric sequence from 2^(−8/H) down to
+    2^(−8). Otherwise (the paper's rule, Hugging Face's _get_alibi_slopes): the H' = 2^⌊log₂ H⌋
+    slopes of H', then the odd-numbered ones of 2H', 2^(−8(2k+1)/(2H')), k = 0..H − H' − 1.
+    -> [H]
+    """
+    below = 2 ** int(np.floor(np.log2(n_heads)))  # H', the power of two at or below H
+    first = 2.0 ** (-8.0 * np.arange(1, below + 1) / below)
+    rest = 2.0 ** (-8.0 * np.arange(1, 2 * (n_heads - below), 2) / (2 * below))
+    return np.concatenate([first, rest])
+
+
+def alibi_bias(slope: float, n_q: int, n_k: int, start: int = 0, symmetric: bool = False) -> Array:
+    """B[i,j] = −m·((start + i) − j): ALiBi's penalty, linear in the distance from query
+    row i (at position start + i) back to key j; `symmetric`, −m·|i − j| (a bidirectional
+    encoder's form, as MosaicBERT's). Keys sit at 0..n_k − 1. -> [n_q, n_k]
+    """
+    distance = (start + np.arange(n_q))[:, None] - np.arange(n_k)[None, :]
+    return slope * -(np.abs(distance) if symmetric else distance)  # −0: 0
+
+
 def offset_zero(table: Array) -> int:
     """max_len − 1: where offset 0 sits in a relative bias table, which holds the
     2·max_len − 1 offsets −(max_len − 1) .. +(max_len − 1) in order."""

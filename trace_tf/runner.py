@@ -223,6 +223,17 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "relative": "relative bias B[i,j] = b_rel[j − i] added to the scaled scores, "
         "its own table per layer and head (rel_bias), self-attention only, offsets "
         f"±{m.max_len - 1} (max_len − 1)",
+        "alibi": "ALiBi (Press et al. 2022), fixed, no weights: B[i,j] = −m_h·(i − j) added "
+        "to the scaled scores in causal (decoder) self-attention, −m_h·|i − j| in the "
+        "bidirectional encoder's (MosaicBERT's symmetric form), none in cross-attention; "
+        "slopes m_h = "
+        + (
+            "2^(−8(h+1)/H)"
+            if m.n_heads & (m.n_heads - 1) == 0
+            else "2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = "
+            f"{2 ** (m.n_heads.bit_length() - 1)} (Hugging Face's, for H not a power of two)"
+        )
+        + f": {spaced([exact(x) for x in ops.alibi_slopes(m.n_heads)])}",
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)

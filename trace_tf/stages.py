@@ -202,25 +202,26 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "rel_bias",
         ("<stack>.<l>.self_attn.h<n>.rel_bias",),
-        "B[i,j] = b_rel[j − i] = rel_bias[max_len − 1 + j − i]  (a KV-cached row i: "
-        "position start + i)",
+        "B[i,j] = b_rel[j − i] = rel_bias[max_len − 1 + j − i]; alibi: B[i,j] = −m·(i − j), "
+        "the encoder's −m·|i − j|, m = 2^(−8(h+1)/H)  (a KV-cached row i: position start + i)",
         "L_q × L_k",
-        "relative: the learned bias of each query-key offset j − i (000 §6.2); "
+        "relative: the learned bias of each query-key offset j − i (000 §6.2); alibi: "
+        "ALiBi's fixed linear penalty of the distance, one slope per head (no weights); "
         "constant along each diagonal",
-        "with model.positional: relative",
+        "with model.positional: relative or alibi",
     ),
     Stage(
         "biased",
         ("<stack>.<l>.self_attn.h<n>.biased",),
         "S / scale + B",
         "L_q × L_k",
-        "relative: the scaled scores with the position bias added, before the mask",
-        "with model.positional: relative",
+        "relative, alibi: the scaled scores with the position bias added, before the mask",
+        "with model.positional: relative or alibi",
     ),
     Stage(
         "masked",
         (f"{_HEAD}.masked", "attn.masked"),
-        "S / scale + M  (relative: S / scale + B + M)",
+        "S / scale + M  (relative, alibi: S / scale + B + M)",
         "L_q × L_k",
         "the scaled scores with the hidden keys at −inf (only when a mask applies)",
         "where a mask applies: in a decoder, or with a tokens.pad token in a sequence",
