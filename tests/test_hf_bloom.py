@@ -22,6 +22,7 @@ The conventions mapped:
 from __future__ import annotations
 
 import math
+import os
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,11 +32,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import yaml
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
+    decode_json,
     draw_parameters,
+    hf_greedy,
+    invoke_json,
     prompt_for,
+    run_readme,
     traced,
     vocab_of,
 )
@@ -213,3 +219,26 @@ def test_wrong_slopes_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_bloom_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(bloom(shape, 5), to_config, tmp_path, float64)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's BLOOM code, after GPT-2's (its Quoted), as printed: every value as BLOOM
+    computes it, and greedy generate as BLOOM's; then its functions convert every test
+    model (the mapping written again, independently of to_config above)."""
+    monkeypatch.chdir(tmp_path)
+    scope = run_readme("From Hugging Face BLOOM", 0, run_readme("From Hugging Face GPT-2"))
+    assert os.path.exists("bloom.yaml") and os.path.exists("bloom.npz")
+    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
+    assert_matches(hf_outputs(model, prompt), decode_json("bloom.yaml"))
+    with float64():
+        greedy = hf_greedy(model, prompt, 8, None)
+    out = invoke_json("generate", "bloom.yaml", "--greedy", "--max-tokens", "8")
+    assert out["generated"] == [vocab[i] for i in greedy]
+    for n, shape in enumerate(SHAPES):
+        model = bloom(shape, 9 + n)
+        prompt, vocab = prompt_for(model, 9 + n, 6), vocab_of(model)
+        np.savez("m.npz", **scope["bloom_arrays"](model, vocab))
+        config = scope["bloom_config"](model, vocab, [vocab[i] for i in prompt], "m.npz")
+        Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+        assert_matches(hf_outputs(model, prompt), decode_json("m.yaml"))
