@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, config_from
 from random_configs import random_config, to_per_head
+from test_bad_inputs import Bad, _run_bad
 from test_generate import invoke, model_of
 
 from trace_tf import cost, ops
@@ -186,16 +187,11 @@ CASES = [
     "text, path, words", CASES, ids=[c[1] + str(i) for i, c in enumerate(CASES)]
 )
 def test_a_bias_the_model_cannot_take_is_exit_2(
-    tmp_yaml, text: str, path: str, words: list[str]
-) -> None:  # type: ignore[no-untyped-def]
-    file = tmp_yaml(text)
-    before = Path(file).read_text(encoding="utf-8")
-    code, _, err = invoke("encode", file)
-    assert code == 2, err
-    assert file in err and path in err and "Traceback" not in err and "expected" in err
-    for word in words:
-        assert word in err, (word, err)
-    assert Path(file).read_text(encoding="utf-8") == before
+    text: str, path: str, words: list[str], tmp_path: Path
+) -> None:
+    """The bad-input corpus's oracle (one line, exit 2, the file and key path, nothing
+    written), and each message's words, with what was expected."""
+    _run_bad(Bad(text, path, None, (*words, "expected")), tmp_path)
 
 
 # ---------------------------------------------------------------------------
