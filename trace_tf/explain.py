@@ -837,7 +837,7 @@ def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
         -slope * distance + 0.0,
         [
             f"m = {alibi_slope_text(h, H)} = {exact(slope)}: head {h}'s slope of {H} "
-            f"(ALiBi, {'2^(−8(h+1)/H)' if H & (H - 1) == 0 else 'H not a power of two'})",
+            f"(ALiBi, {'2^(−8(h+1)/H)' if ops.alibi_power(H) == H else 'H not a power of two'})",
             f"distance {'|i − j|' if symmetric else 'i − j'} = {distance} (key {j} seen from "
             f"query position {pos}; {'bidirectional encoder' if symmetric else 'causal'})",
         ],

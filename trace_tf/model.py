@@ -332,7 +332,7 @@ class Alibi:
 def alibi_slope_text(h: int, n_heads: int) -> str:
     """How head h's slope is formed (ops.alibi_slopes): 2^(−8·(h+1)/H), or for H not a
     power of two, 2^(−8·(h+1)/H') then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
-    below = 2 ** (n_heads.bit_length() - 1)
+    below = ops.alibi_power(n_heads)
     if h < below:
         return f"2^(−8·{h + 1}/{below})"
     return f"2^(−8·{2 * (h - below) + 1}/{2 * below})"

@@ -501,10 +501,16 @@ def alibi_slopes(n_heads: int) -> Array:
     slopes of H', then the odd-numbered ones of 2H', 2^(−8(2k+1)/(2H')), k = 0..H − H' − 1.
     -> [H]
     """
-    below = 2 ** int(np.floor(np.log2(n_heads)))  # H', the power of two at or below H
+    below = alibi_power(n_heads)
     first = 2.0 ** (-8.0 * np.arange(1, below + 1) / below)
     rest = 2.0 ** (-8.0 * np.arange(1, 2 * (n_heads - below), 2) / (2 * below))
     return np.concatenate([first, rest])
+
+
+def alibi_power(n_heads: int) -> int:
+    """H' = 2^⌊log₂ H⌋, the power of two at or below H whose slopes ALiBi takes first
+    (H itself when H is a power of two)."""
+    return 1 << (n_heads.bit_length() - 1)
 
 
 def alibi_bias(slope: float, n_q: int, n_k: int, start: int = 0, symmetric: bool = False) -> Array:

@@ -229,9 +229,9 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "slopes m_h = "
         + (
             "2^(−8(h+1)/H)"
-            if m.n_heads & (m.n_heads - 1) == 0
+            if ops.alibi_power(m.n_heads) == m.n_heads
             else "2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = "
-            f"{2 ** (m.n_heads.bit_length() - 1)} (Hugging Face's, for H not a power of two)"
+            f"{ops.alibi_power(m.n_heads)} (Hugging Face's, for H not a power of two)"
         )
         + f": {spaced([exact(x) for x in ops.alibi_slopes(m.n_heads)])}",
         "none": "none",
