@@ -28,6 +28,11 @@ def readme_python(section: str) -> str:
     return str(blocks[0])
 
 
+def shape_id(shape: dict[str, Any]) -> str:
+    """A parametrised shape's test id: its keys and values, `d_model=4,n_heads=2`."""
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
 def config_from(data: dict[str, Any], **kw: Any) -> Config | OpConfig:
     """A config built from plain data, as if read from a file named test.yaml."""
     return build(Document("test.yaml", data, Lines()), **kw)

@@ -132,16 +132,17 @@ def vocab_of(model: Any) -> list[str]:
     return [f"t{i}" for i in range(model.config.vocab_size)]
 
 
-def draw_parameters(model: Any, seed: int) -> Any:
+def draw_parameters(model: Any, seed: int, norm_weight: float = 1.0) -> Any:
     """`model` in float64, eval, every parameter drawn anew with `seed` (HF's own init
-    leaves biases at 0 and γ at 1, where a misplaced norm or bias would not show)."""
+    leaves biases at 0 and γ at 1, where a misplaced norm or bias would not show); a
+    norm's weight near `norm_weight` (0 for Gemma's, whose γ is 1 + weight)."""
     model = model.double().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied lm_head.weight is not listed
             noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
             if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * noise)  # γ near 1
+                p.copy_(norm_weight + 0.3 * noise)  # γ near 1
             elif p.dim() == 1:
                 p.copy_(0.3 * noise)  # biases
             elif "embed_tokens" in name:
@@ -273,16 +274,24 @@ def largest_error(expected: dict[str, np.ndarray], value: Callable[[str], np.nda
 
 
 def assert_recipe_runs(
-    section: str, name: str, float64: Callable[[], AbstractContextManager[Any]]
-) -> None:
-    """README's `section` run as printed (in the current directory), writing `name`.yaml
-    and `name`.npz for its LLaMA-shaped `model` and `prompt`: every value as HF computes it
-    (under `float64`), and greedy generate as HF's."""
-    scope = run_readme(section, seed=0)
+    section: str,
+    name: str,
+    float64: Callable[[], AbstractContextManager[Any]],
+    outputs: Callable[[Any, list[int]], dict[str, np.ndarray]] = hf_outputs,
+    after: dict[str, Any] | None = None,
+    eos: int | None = None,
+) -> dict[str, Any]:
+    """README's `section` run as printed (in the current directory; `after`, the names an
+    earlier section's code defined), writing `name`.yaml and `name`.npz for its `model`
+    and `prompt`: every value as HF computes it (`outputs`, a LLaMA-shaped model's by
+    default, under `float64`), and greedy generate as HF's (stopping at `eos`). -> the
+    names the code defined"""
+    scope = run_readme(section, 0, after)
     assert os.path.exists(f"{name}.yaml") and os.path.exists(f"{name}.npz")
     model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
     with float64():
-        assert_matches(hf_outputs(model, prompt), decode_json(f"{name}.yaml"))
-        greedy = hf_greedy(model, prompt, 8, None)
+        assert_matches(outputs(model, prompt), decode_json(f"{name}.yaml"))
+        greedy = hf_greedy(model, prompt, 8, eos)
     out = invoke_json("generate", f"{name}.yaml", "--greedy", "--max-tokens", "8")
     assert out["generated"] == [vocab[i] for i in greedy]
+    return scope

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import config_from
+from conftest import config_from, shape_id
 from random_configs import LLAMA, random_config, to_per_head
 from reference_torch import reference_forward
 
@@ -255,11 +255,7 @@ SHAPES = [
 ]
 
 
-def _ids(shape: dict[str, object]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_step_matches_the_torch_reference(shape: dict[str, object]) -> None:
     raw = random_config(np.random.default_rng(7), **shape)  # type: ignore[arg-type]
     expected = reference_forward(raw)
@@ -276,7 +272,7 @@ def test_every_step_matches_the_torch_reference(shape: dict[str, object]) -> Non
     assert "probs" in trace or cfg.model.decoder_layers == 0
 
 
-@pytest.mark.parametrize("shape", SHAPES[:6], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[:6], ids=shape_id)
 def test_traced_equals_untraced(shape: dict[str, object]) -> None:
     cfg = config_from(random_config(np.random.default_rng(3), **shape))  # type: ignore[arg-type]
     assert isinstance(cfg, Config)

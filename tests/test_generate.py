@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import config_from
+from conftest import config_from, shape_id
 from random_configs import LLAMA, random_config
 from reference_torch import reference_forward
 from rich.cells import cell_len
@@ -184,10 +184,6 @@ TYPES = [
 ]
 
 
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
 # ---------------------------------------------------------------------------
 # Greedy against the independent reference, iteration by iteration
 # ---------------------------------------------------------------------------
@@ -213,7 +209,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
     return produced, dists
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=shape_id)
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
     expected, dists = reference_greedy(raw, max_tokens=6)
@@ -266,7 +262,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES, ids=shape_id)
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
     for strategy in (dict(greedy=True), dict(sample=True, seed=4), dict(beam=3)):
@@ -280,7 +276,9 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
                 assert np.abs(bx.probs - by.probs).max() <= 1e-12
 
 
-@pytest.mark.parametrize("shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0]], ids=_ids)
+@pytest.mark.parametrize(
+    "shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0]], ids=shape_id
+)
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)
     raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: four iterations
@@ -315,7 +313,7 @@ def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]
     assert "encoder.output" in c and not any(p.startswith("t1.encoder") for p in c.steps)
 
 
-@pytest.mark.parametrize("shape", WINDOW, ids=_ids)
+@pytest.mark.parametrize("shape", WINDOW, ids=shape_id)
 def test_the_window_hides_cached_keys_as_recomputing_does(shape: dict[str, Any]) -> None:
     raw = generation_config(6, **shape)
     raw["weights"]["output"]["b"][1] = -1000.0  # EOS never: every iteration runs
@@ -595,7 +593,7 @@ def test_sampling_is_reproducible_with_a_seed(cache: bool) -> None:
     assert code == code2 == 0 and json.loads(out)["generated"] == json.loads(out2)["generated"]
 
 
-@pytest.mark.parametrize("shape", SHAPES[:4], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=shape_id)
 def test_top_k_1_and_beam_width_1_equal_greedy(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(6, **shape))
     greedy = gen.run(cfg, gen.settings(greedy=True, max_tokens=8))

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import config_from
+from conftest import config_from, shape_id
 from test_explain_by_numpy import Reference, _case
-from test_generate import RELATIVE, ROPE, SHAPES, TYPES, WINDOW, _ids, generation_config
+from test_generate import RELATIVE, ROPE, SHAPES, TYPES, WINDOW, generation_config
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -72,7 +72,7 @@ def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize(
     "shape",
     [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW, *TYPES],
-    ids=_ids,
+    ids=shape_id,
 )
 def test_every_step_of_a_generation_is_explained_and_agrees(
     shape: dict[str, Any], strategy: str

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import config_from
+from conftest import config_from, shape_id
 from random_configs import LLAMA, random_config, to_per_head
 from typer.testing import CliRunner
 
@@ -44,10 +44,6 @@ GROUPED = [
 ]
 
 
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
 def duplicated(raw: dict[str, Any]) -> dict[str, Any]:
     """The same model as multi-head attention: per head, each query head given its K/V
     head's W_k, W_v, b_k, b_v (the recipe before n_kv_heads), n_kv_heads removed."""
@@ -71,7 +67,7 @@ def grouped_cfg(shape: dict[str, Any], seed: int = 5) -> Config:
     return cfg
 
 
-@pytest.mark.parametrize("shape", GROUPED, ids=_ids)
+@pytest.mark.parametrize("shape", GROUPED, ids=shape_id)
 def test_native_gqa_equals_the_model_with_duplicated_kv_weights_bit_for_bit(
     shape: dict[str, Any],
 ) -> None:

@@ -41,6 +41,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import shape_id
 from hf_common import assert_matches, decode_json, listed, run_readme, traced
 from transformers import BertConfig, BertModel
 
@@ -52,10 +53,6 @@ SHAPES: list[dict[str, Any]] = [
     dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=32, intermediate_size=64),
 ]
 VOCAB_SIZE, MAX_POSITIONS = 20, 16
-
-
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def bert(shape: dict[str, Any], seed: int) -> BertModel:
@@ -235,7 +232,7 @@ def encoded(raw: dict[str, Any]) -> Callable[[str], np.ndarray]:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_and_head_matches_bert(shape: dict[str, Any], seed: int) -> None:
     model = bert(shape, seed)
     ids = sentence(seed, 5 + seed)
@@ -251,7 +248,7 @@ def pair(seed: int, first: int, second: int) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("seed", [2, 3])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_a_sentence_pair_s_token_types_natively(shape: dict[str, Any], seed: int) -> None:
     """token_type_ids as source_types, token_type_embeddings as weights.token_types: the
     rows each position looks up (encoder.token_type), the sum, every state."""
@@ -270,7 +267,7 @@ def test_a_sentence_pair_s_token_types_natively(shape: dict[str, Any], seed: int
     assert_matches(hf_outputs(model, other_ids, other_types), encoded(raw))
 
 
-@pytest.mark.parametrize("shape", SHAPES[:2], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=shape_id)
 def test_a_sentence_pair_folds_each_positions_token_type(shape: dict[str, Any]) -> None:
     """The folded recipe, positional[i] = position_embeddings[i] + token_type_embeddings
     [type_i], still computes BERT; and gives the native form's numbers (to 1e-12: BERT
@@ -297,7 +294,7 @@ def test_a_sentence_pair_folds_each_positions_token_type(shape: dict[str, Any]) 
     )
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:3], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=shape_id)
 def test_a_padded_sentence_pair_with_native_token_types(shape: dict[str, Any]) -> None:
     """A pair padded to a longer batch: the pads' type 0 looked up, and masked as keys."""
     model = bert(shape, 4)
@@ -308,7 +305,7 @@ def test_a_padded_sentence_pair_with_native_token_types(shape: dict[str, Any]) -
     assert_matches(expected, encoded(to_config(model, ids, types, pad=True)))
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:3], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=shape_id)
 def test_pad_positions_masked_as_keys_as_bert_s_attention_mask_does(shape: dict[str, Any]) -> None:
     """tokens.pad masks pad keys with −inf; BERT adds the dtype's least number where
     attention_mask is 0. Both give the pad keys a weight of exactly 0, so every row
@@ -422,7 +419,7 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     assert_matches(hf_outputs(model, ids, types), decode_json("bert.yaml", "encode"))
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_converts_any_bert(
     shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

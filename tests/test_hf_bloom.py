@@ -22,7 +22,6 @@ The conventions mapped:
 from __future__ import annotations
 
 import math
-import os
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,13 +32,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import shape_id
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
+    assert_recipe_runs,
     decode_json,
     draw_parameters,
-    hf_greedy,
-    invoke_json,
     prompt_for,
     run_readme,
     traced,
@@ -55,10 +54,6 @@ SHAPES: list[dict[str, Any]] = [
     dict(n_layer=2, n_head=3, hidden_size=12, vocab_size=13, layer_norm_epsilon=1e-3),
     dict(n_layer=2, n_head=4, hidden_size=16, vocab_size=11, layer_norm_epsilon=0.1),
 ]
-
-
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 class _Float64F(types.ModuleType):
@@ -159,7 +154,7 @@ def hf_outputs(model: BloomForCausalLM, prompt: list[int]) -> dict[str, np.ndarr
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_bloom(shape: dict[str, Any], seed: int) -> None:
     model = bloom(shape, seed)
     prompt = prompt_for(model, seed, 6)
@@ -215,7 +210,7 @@ def test_wrong_slopes_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> Non
         assert_matches(expected, traced(to_config(model, prompt)).value)
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_bloom_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(bloom(shape, 5), to_config, tmp_path, float64)
@@ -227,14 +222,8 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     computes it, and greedy generate as BLOOM's; then its functions convert every test
     model (the mapping written again, independently of to_config above)."""
     monkeypatch.chdir(tmp_path)
-    scope = run_readme("From Hugging Face BLOOM", 0, run_readme("From Hugging Face GPT-2"))
-    assert os.path.exists("bloom.yaml") and os.path.exists("bloom.npz")
-    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
-    assert_matches(hf_outputs(model, prompt), decode_json("bloom.yaml"))
-    with float64():
-        greedy = hf_greedy(model, prompt, 8, None)
-    out = invoke_json("generate", "bloom.yaml", "--greedy", "--max-tokens", "8")
-    assert out["generated"] == [vocab[i] for i in greedy]
+    gpt2 = run_readme("From Hugging Face GPT-2")
+    scope = assert_recipe_runs("From Hugging Face BLOOM", "bloom", float64, hf_outputs, gpt2)
     for n, shape in enumerate(SHAPES):
         model = bloom(shape, 9 + n)
         prompt, vocab = prompt_for(model, 9 + n, 6), vocab_of(model)

@@ -36,11 +36,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import shape_id
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
     assert_recipe_runs,
     decode_json,
+    draw_parameters,
     float64_hf,
     hf_outputs,
     largest_error,
@@ -88,10 +90,6 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
 def gemma(shape: dict[str, Any], seed: int, eos: int | None = None) -> GemmaForCausalLM:
     """A GemmaForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
     shape = dict(shape)
@@ -107,20 +105,7 @@ def gemma(shape: dict[str, Any], seed: int, eos: int | None = None) -> GemmaForC
         **shape,
     )
     assert config.hidden_act == "gelu_pytorch_tanh"
-    model = GemmaForCausalLM(config).double().eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # a tied lm_head.weight is not listed
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            if name.endswith("norm.weight"):
-                p.copy_(0.3 * noise)  # 1 + weight near 1
-            elif p.dim() == 1:
-                p.copy_(0.3 * noise)  # biases
-            elif "embed_tokens" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / p.shape[1] ** 0.5)  # nn.Linear, out x in: unit-size outputs
-    return model
+    return draw_parameters(GemmaForCausalLM(config), seed, norm_weight=0.0)  # 1 + weight near 1
 
 
 def to_config(model: GemmaForCausalLM, prompt: list[int]) -> dict[str, Any]:
@@ -205,7 +190,7 @@ def float64_gemma() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_gemma(shape: dict[str, Any], seed: int) -> None:
     model = gemma(shape, seed)
     prompt = prompt_for(model, seed)
@@ -228,7 +213,7 @@ def test_the_embeddings_are_scaled_and_the_output_tied_to_the_unscaled_table() -
     np.testing.assert_allclose(expected["logits"], expected["decoder.output"] @ wte.T, rtol=1e-12)
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=shape_id)
 def test_as_shipped_gemma_differs_by_float32_roundings_only(shape: dict[str, Any]) -> None:
     """Unpatched, HF's float32 norm, angles, softmax and embedding scale put it about
     1e-7 away (relative to 1 + |value|): more than float64 roundings, less than any
@@ -294,7 +279,7 @@ def test_a_gemma_config_s_hidden_act_gelu_is_the_tanh_form() -> None:
 # ------------------------------------------------------------ generate --greedy
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_gemma_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(gemma(shape, 5), to_config, tmp_path, float64_gemma)
@@ -309,7 +294,7 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     assert_recipe_runs("From Hugging Face Gemma", "gemma", float64_gemma)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_converts_any_gemma(
     shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -18,8 +18,8 @@ The conventions mapped:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import readme_python
+from conftest import readme_python, shape_id
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
+    assert_recipe_runs,
     decode_json,
     hf_greedy,
     invoke_json,
@@ -75,10 +76,6 @@ SHAPES: list[dict[str, Any]] = [
     ),
     dict(n_layer=3, n_head=1, n_embd=9, vocab_size=14, scale_attn_weights=False, n_inner=5),
 ]
-
-
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def gpt2(shape: dict[str, Any], seed: int, eos: int | None = None) -> GPT2LMHeadModel:
@@ -171,7 +168,7 @@ def hf_outputs(model: GPT2LMHeadModel, prompt: list[int]) -> dict[str, np.ndarra
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_gpt2(shape: dict[str, Any], seed: int) -> None:
     model = gpt2(shape, seed)
     prompt = prompt_for(model, seed)
@@ -226,7 +223,7 @@ def test_the_comparison_catches_a_wrong_mapping(mutate: Callable[[dict[str, Any]
 # ------------------------------------------------------------ generate --greedy
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:4], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_gpt2_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(gpt2(shape, 5), to_config, tmp_path)
@@ -242,15 +239,10 @@ def readme_recipe() -> str:
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    scope = run_readme("From Hugging Face GPT-2", seed=0)
-    assert os.path.exists("gpt2.yaml") and os.path.exists("gpt2.npz")
-    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
-    assert_matches(hf_outputs(model, prompt), decode_json("gpt2.yaml"))
-    out = invoke_json("generate", "gpt2.yaml", "--greedy", "--max-tokens", "8")
-    assert out["generated"] == [vocab[i] for i in hf_greedy(model, prompt, 8, 11)]
+    assert_recipe_runs("From Hugging Face GPT-2", "gpt2", nullcontext, hf_outputs, eos=11)
 
 
-@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3], SHAPES[6]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3], SHAPES[6]], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_converts_any_gpt2(
     shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import shape_id
 from hf_common import (
     assert_greedy_matches,
     assert_matches,
@@ -103,10 +104,6 @@ SHAPES: list[dict[str, Any]] = [
         rope_theta=500000.0,
     ),
 ]
-
-
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
 
 
 def llama(shape: dict[str, Any], seed: int, eos: int | None = None) -> LlamaForCausalLM:
@@ -252,7 +249,7 @@ def float64_llama() -> AbstractContextManager[pytest.MonkeyPatch]:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_llama(shape: dict[str, Any], seed: int) -> None:
     model = llama(shape, seed)
     prompt = prompt_for(model, seed)
@@ -263,7 +260,7 @@ def test_every_hidden_state_head_and_logit_matches_llama(shape: dict[str, Any], 
     assert_matches(expected, traced(to_config(model, prompt)).value)
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:3], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:3], ids=shape_id)
 def test_as_shipped_llama_differs_by_float32_roundings_only(shape: dict[str, Any]) -> None:
     """Unpatched, HF's float32 norm, angles and softmax put it about 1e-7 away (relative to
     1 + |value|): more than float64 roundings, less than anything a mapping error gives."""
@@ -331,7 +328,7 @@ def test_left_out_n_kv_heads_is_an_error_that_names_the_fused_width() -> None:
         traced(raw)
 
 
-@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3]], ids=shape_id)
 def test_the_duplicated_kv_recipe_gives_the_native_numbers(shape: dict[str, Any]) -> None:
     """Before n_kv_heads, README gave each query head its K/V head's columns: the same
     model, every step equal to the native one's (bit for bit) and to LLaMA's."""
@@ -350,7 +347,7 @@ def test_the_duplicated_kv_recipe_gives_the_native_numbers(shape: dict[str, Any]
 # ------------------------------------------------------------ generate --greedy
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:4], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_llama_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(llama(shape, 5), to_config, tmp_path, float64_llama)
@@ -365,7 +362,7 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     assert_recipe_runs("From Hugging Face LLaMA", "llama", float64_llama)
 
 
-@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3], SHAPES[4]], ids=_ids)
+@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3], SHAPES[4]], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_readme_recipe_converts_any_llama(
     shape: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from conftest import shape_id
 from hf_common import (
     assert_matches,
+    assert_recipe_runs,
     decode_json,
     draw_parameters,
     float64_hf,
@@ -64,10 +66,6 @@ SHAPES: list[dict[str, Any]] = [
 PROMPT = 7
 
 
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
 def mistral(shape: dict[str, Any], seed: int) -> MistralForCausalLM:
     """A MistralForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
     shape = dict(shape)
@@ -99,7 +97,7 @@ def mistral_config(model: MistralForCausalLM, prompt: list[int]) -> dict[str, An
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_mistral(
     shape: dict[str, Any], seed: int
 ) -> None:
@@ -142,7 +140,7 @@ def test_the_comparison_catches_a_wrong_window(mutate: Callable[[dict[str, Any]]
         assert_matches(expected, traced(raw).value)
 
 
-@pytest.mark.parametrize("shape", SHAPES[:3], ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_mistral_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     """HF's cache (its sliding-window layers) and trace-tf's KV cache both on, the prompt
@@ -164,14 +162,9 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     """README's Mistral code, after LLaMA's, as printed; then its functions on a drawn
     Mistral with grouped-query attention and a window of 2."""
     monkeypatch.chdir(tmp_path)
-    scope = run_readme("From Hugging Face Mistral", 0, run_readme("From Hugging Face LLaMA"))
-    model, prompt, vocab = scope["model"], scope["prompt"], scope["vocab"]
+    llama = run_readme("From Hugging Face LLaMA")
+    scope = assert_recipe_runs("From Hugging Face Mistral", "mistral", float64_mistral, after=llama)
     assert yaml.safe_load(Path("mistral.yaml").read_text(encoding="utf-8"))["model"]["window"] == 3
-    with float64_mistral():
-        assert_matches(hf_outputs(model, prompt), decode_json("mistral.yaml"))
-        greedy = hf_greedy(model, prompt, 8, None)
-    out = invoke_json("generate", "mistral.yaml", "--greedy", "--max-tokens", "8")
-    assert out["generated"] == [vocab[i] for i in greedy]
     model = mistral(SHAPES[1], 8)
     prompt, vocab = prompt_for(model, 8, PROMPT), vocab_of(model)  # type: ignore[arg-type]
     np.savez("m.npz", **scope["llama_arrays"](model, vocab))

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import config_from, readme_python
+from conftest import config_from, readme_python, shape_id
 from random_configs import PAD, random_config
 from torch import nn
 
@@ -225,10 +225,6 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
-def _ids(shape: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
-
-
 def traced(shape: dict[str, Any], seed: int) -> tuple[dict[str, Any], Trace]:
     """A random config of `shape` (`eps`: its norm_eps), every array given, and its trace."""
     options = dict(shape)
@@ -319,7 +315,7 @@ def check_decoder(
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])
-@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @torch.no_grad()
 def test_every_layer_matches_torch_nn(
     shape: dict[str, Any], mask_kind: str, fastpath: bool
