@@ -121,20 +121,20 @@ NO_ROPE_SCALING = {
     "longrope": "(Phi-3) is not supported",
     "proportional": "is not supported",
 }
-# Hugging Face's names in rope_parameters, and trace-tf's for them
-HF_ROPE_KEYS = {
-    "rope_type": "trace-tf's is type",
-    "original_max_position_embeddings": "trace-tf's is original_max_len (as max_len is "
-    "max_position_embeddings)",
-    "rope_theta": "trace-tf's is model.pe_base",
-    "partial_rotary_factor": "trace-tf turns every pair of d_k",
-}
-# Hugging Face's names of token types' keys (BertConfig, BertModel's forward), by the key
-# path they would take, and trace-tf's for them: said instead of a spelling suggestion
-HF_TOKEN_TYPE_KEYS = {
-    "model.type_vocab_size": "trace-tf's is model.token_types",
-    "token_type_ids": "trace-tf's are source_types and target_types",
-    "weights.token_type_embeddings": "trace-tf's is weights.token_types",
+# Hugging Face's names for keys trace-tf names otherwise, by the key path they would take
+# (`*` any parent: model.rope_scaling, pe.rope_scaling), and what to say instead of a
+# spelling suggestion: rope_parameters' keys, token types' (BertConfig, BertModel's forward)
+HF_KEYS = {
+    "*.rope_scaling.rope_type": "Hugging Face's name in rope_parameters; trace-tf's is type",
+    "*.rope_scaling.original_max_position_embeddings": "Hugging Face's name in "
+    "rope_parameters; trace-tf's is original_max_len (as max_len is max_position_embeddings)",
+    "*.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's is "
+    "model.pe_base",
+    "*.rope_scaling.partial_rotary_factor": "Hugging Face's name in rope_parameters; "
+    "trace-tf turns every pair of d_k",
+    "model.type_vocab_size": "Hugging Face's name; trace-tf's is model.token_types",
+    "token_type_ids": "Hugging Face's name; trace-tf's are source_types and target_types",
+    "weights.token_type_embeddings": "Hugging Face's name; trace-tf's is weights.token_types",
 }
 # The positionals whose table ends at max_len: learned rows, relative offsets ±(max_len − 1).
 # Each says what max_len counts: positions (relative: max_len positions, 2·max_len − 1 offsets).
@@ -1558,11 +1558,11 @@ class _Validator:
             raise self.ctx.err(path, "not a mapping", value, "a mapping of keys")
         for key in value:
             if key not in allowed:
-                hf = HF_TOKEN_TYPE_KEYS.get(join(path, key)) if isinstance(key, str) else None
+                at = join(path, key)
+                hf = HF_KEYS.get(at) or HF_KEYS.get("*." + at.split(".", 1)[-1])
                 raise self.ctx.err(
-                    join(path, key),
-                    f"unknown key {quoted(key)}"
-                    + (f": Hugging Face's name; {hf}" if hf else suggest(key, allowed)),
+                    at,
+                    f"unknown key {quoted(key)}" + (f": {hf}" if hf else suggest(key, allowed)),
                     expected="one of: " + ", ".join(allowed),
                 )
         return value
@@ -2359,15 +2359,7 @@ class _Validator:
             return None
         if not isinstance(value, dict):
             raise self.ctx.err(path, "not a mapping", value, "a mapping: type, factor, ...")
-        for key in value:
-            if key in HF_ROPE_KEYS:
-                raise self.ctx.err(
-                    join(path, key),
-                    f"unknown key {quoted(key)}: Hugging Face's name in rope_parameters; "
-                    + HF_ROPE_KEYS[key],
-                    expected="one of: " + ", ".join(ROPE_SCALING_KEYS),
-                )
-        given = self.mapping(value, path, ROPE_SCALING_KEYS)
+        given = self.mapping(value, path, ROPE_SCALING_KEYS)  # (HF's names said: HF_KEYS)
         if positional != "rope":
             raise self.ctx.err(
                 path,
