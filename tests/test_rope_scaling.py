@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import config_from
+from test_bad_inputs import Bad, _run_bad
 from typer.testing import CliRunner
 
 from trace_tf.cli import app
@@ -408,3 +409,23 @@ def test_yarn_refuses_a_base_of_1() -> None:
         config_from(op)
     raw["model"]["rope_scaling"] = LLAMA3  # the others have no such division
     assert isinstance(config_from(raw), Config)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "ours"),
+    [
+        ("model: {d_model: 4, positional: rope, RS}\nvocab: [a]\nsource: [a]\n", "model", "model.pe_base"),
+        ("pe: {length: 2, d_model: 4, kind: rope, RS}\n", "pe", "pe.base"),
+    ],
+    ids=["model", "pe"],
+)  # fmt: skip
+def test_hf_rope_theta_names_the_base_of_its_own_block(
+    text: str, where: str, ours: str, tmp_path: Path
+) -> None:
+    """rope_theta under pe.rope_scaling is the calculator's pe.base, not model.pe_base."""
+    text = text.replace("RS", "rope_scaling: {type: linear, factor: 2, rope_theta: 3}")
+    command = "encode" if where == "model" else "pe"
+    says = (f"Hugging Face's name in rope_parameters; trace-tf's is {ours};",)
+    _run_bad(
+        Bad(text, f"{where}.rope_scaling.rope_theta", None, says, (command, "{file}")), tmp_path
+    )

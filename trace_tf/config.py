@@ -128,8 +128,9 @@ HF_KEYS = {
     "*.rope_scaling.rope_type": "Hugging Face's name in rope_parameters; trace-tf's is type",
     "*.rope_scaling.original_max_position_embeddings": "Hugging Face's name in "
     "rope_parameters; trace-tf's is original_max_len (as max_len is max_position_embeddings)",
-    "*.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's is "
-    "model.pe_base",
+    "model.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's "
+    "is model.pe_base",
+    "pe.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's is pe.base",
     "*.rope_scaling.partial_rotary_factor": "Hugging Face's name in rope_parameters; "
     "trace-tf turns every pair of d_k",
     "model.type_vocab_size": "Hugging Face's name; trace-tf's is model.token_types",
