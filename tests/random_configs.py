@@ -69,6 +69,7 @@ def random_config(
     token_types: int = 0,
     pe_base: float | None = None,
     rope_scaling: dict[str, Any] | None = None,
+    qk_norm: str = "none",
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -87,6 +88,8 @@ def random_config(
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
     `rope_scaling` (positional rope): model.rope_scaling as given.
+    `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
+    after its W_o and norm (the other arrays are those of the same call without it).
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -168,6 +171,9 @@ def random_config(
         if biases:
             block["b_o"] = vector(d_model)
         block["norm"] = norm_params()
+        if qk_norm != "none":
+            for name in ("q_norm", "k_norm"):
+                block[name] = {"gamma": vector(dk, mean=1.0), "beta": vector(dk)}
         return block
 
     def ffn_block() -> dict[str, Any]:
@@ -212,6 +218,7 @@ def random_config(
         "window": window,
         "pe_base": pe_base,
         "rope_scaling": rope_scaling,
+        "qk_norm": None if qk_norm == "none" else qk_norm,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {
