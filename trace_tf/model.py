@@ -426,7 +426,9 @@ def attention_head(
     bias of 000 section 6.2 with positional relative, ALiBi's fixed one with positional
     alibi: `alibi`). [L_q, d] x [L_k, d] -> [L_q, d_v]
 
-    The query rows sit at positions start.. (after the cached ones, with a KV cache).
+    With QK-norm (model.qk_norm; `hw.q_norm`, the block's) Q is normalised before RoPE, as
+    K is in `keys_values`. The query rows sit at positions start.. (after the cached ones,
+    with a KV cache).
     K and V are computed here (`keys_values`, with the K/V head's `cache`), or are `kv`,
     which another query head of the same K/V head computed (grouped-query attention);
     -> the head's output, and its K and V as recorded, for the other query heads."""
