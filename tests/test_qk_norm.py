@@ -242,3 +242,29 @@ def test_qk_norm_runs_in_every_format(tmp_path: Path) -> None:
         assert f"{H}.q_norm" in z.files and f"{H}.k_norm.var" in z.files
     rows = (tmp_path / "o.csv").read_text(encoding="utf-8").splitlines()
     assert rows[1:] == ["x0,-0.5,2.0", "x1,1.5,-4.0"]  # (−1, 1) and (1, −1), · γ + β
+
+
+def test_diff_and_the_layer_and_head_filters(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(_gqa()), encoding="utf-8")
+    off = ["--set-b", "model.qk_norm=none"]
+    out = runner.invoke(app, ["diff", str(f), *off])
+    assert out.exit_code == 2 and "model.qk_norm is none" in out.stderr  # γ given: refused
+    for norm in ("q_norm", "k_norm"):  # the file's norms taken out too
+        off += ["--set-b", f"weights.encoder.0.self_attn.{norm}=null"]
+    out = runner.invoke(app, ["diff", str(f), *off, "--format", "json"])
+    assert out.exit_code == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["first_difference"] == f"{H}.q_norm.rms" and d["only_b"] == []
+    assert f"{H}.k_norm" in d["only_a"] and "encoder.0.self_attn.h1.q_norm" in d["only_a"]
+    status = {s["path"]: s["status"] for s in d["steps"]}
+    assert status[f"{H}.q_raw"] == "same" and status[f"{H}.q"] != "same"  # q_raw X W_q in both
+    only = {w["path"] for w in d["weights"] if w["status"] == "only in A"}
+    assert only == {f"weights.encoder.0.self_attn.{n}.{p}" for n in ("q_norm", "k_norm")
+                    for p in ("gamma", "beta")}  # fmt: skip
+    out = runner.invoke(
+        app,
+        ["step", str(f), "--stage", "k_norm", "--head", "1", "--layer", "0", "--format", "json"],
+    )
+    assert out.exit_code == 0, out.stderr
+    assert [s["path"] for s in json.loads(out.stdout)["steps"]] == ["encoder.0.self_attn.h1.k_norm"]
