@@ -175,6 +175,23 @@ def test_explain_writes_the_slope_and_the_distance(tmp_yaml) -> None:  # type: i
     assert any(w.startswith("distance i − j = 2") for w in e["where"])
 
 
+def test_explain_under_a_cache_writes_the_distance_from_the_row_s_position(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    """A KV-cached step's row i is position t + i: its distance is (t + i) − j as the
+    formula's, not i − j (which is −1 here: row 0 minus key 1)."""
+    import yaml
+
+    raw = three_tokens() | {"target": ["a"], "tokens": {"bos": "a"}}
+    file = tmp_yaml(yaml.safe_dump(raw))
+    code, out, err = invoke("generate", file, "--greedy", "--max-tokens", "3", "--explain",
+                            "t2.decoder.0.self_attn.h0.biased", "--cell", "0,1",
+                            "--format", "json")  # fmt: skip
+    assert code == 0, err
+    e = json.loads(out)
+    distance = [w for w in e["where"] if w.startswith("distance")]
+    assert distance == ["distance (2 + i) − j = 1 (key 1 seen from query position 2; causal)"]
+    assert e["agrees"]
+
+
 def test_stages_document_alibi() -> None:
     code, out, err = invoke("stages", "--format", "json")
     assert code == 0, err

@@ -833,15 +833,15 @@ def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
     symmetric = "encoder" in step.path.split(".")
     slope = ctx.f.shown(float(ops.alibi_slopes(H)[h]))
     distance = abs(pos - j) if symmetric else pos - j
-    row = f"({start} + i)" if start else "i"
-    dist = f"|{row} − j|" if symmetric else f"({row} − j)"
+    row = f"({start} + i)" if start else "i"  # a KV-cached step's row i is position start + i
+    apart = f"|{row} − j|" if symmetric else f"{row} − j"
     return _Parts(
-        [f"−m·{dist}", f"−{ctx.f.num(slope)} · {distance}"],
+        [f"−m·{apart if symmetric else f'({apart})'}", f"−{ctx.f.num(slope)} · {distance}"],
         -slope * distance + 0.0,
         [
             f"m = {alibi_slope_text(h, H)} = {exact(slope)}: head {h}'s slope of {H} "
             f"(ALiBi, {'2^(−8(h+1)/H)' if ops.alibi_power(H) == H else 'H not a power of two'})",
-            f"distance {'|i − j|' if symmetric else 'i − j'} = {distance} (key {j} seen from "
+            f"distance {apart} = {distance} (key {j} seen from "
             f"query position {pos}; {'bidirectional encoder' if symmetric else 'causal'})",
         ],
         {"m": [slope], "distance": [float(distance)]},
