@@ -58,6 +58,7 @@ MODEL_KEYS = [
     "pe_base",
     "rope_pairs",
     "rope_scaling",
+    "alibi_slopes",
     "max_len",
     "token_types",
     "embed_scale",
@@ -196,6 +197,9 @@ class ModelConfig:
     pe_base: float = 10000.0
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     rope_scaling: RopeScaling | None = None  # rope: its frequencies rescaled (None: as they are)
+    # alibi: each head's slope as given (a model's own: BLOOM's float32 ones, MPT's
+    # alibi_bias_max); None: the paper's rule, ops.alibi_slopes
+    alibi_slopes: tuple[float, ...] | None = None
     max_len: int = 128
     # rows of the token-type table (BERT's segments, type_vocab_size); 0: no token types
     token_types: int = 0
@@ -2347,6 +2351,12 @@ class _Validator:
                 p + "positional",
                 float(m.get("pe_base", 10000)),  # (checked above)
             ),
+            alibi_slopes=self.alibi_slopes(
+                m.get("alibi_slopes"),
+                p + "alibi_slopes",
+                m.get("positional", "sinusoidal"),  # (checked above)
+                n_heads,
+            ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
             embed_scale=embed_scale,
@@ -2534,6 +2544,34 @@ class _Validator:
                 found_text=f"model.score: {score}",
             )
         return qk_norm
+
+    def alibi_slopes(
+        self, value: Any, path: str, positional: str, n_heads: int
+    ) -> tuple[float, ...] | None:
+        """model.alibi_slopes: null (or absent) is the paper's rule (ops.alibi_slopes); else
+        one slope > 0 per head, each used exactly as written; only with positional alibi."""
+        if value is None:
+            return None
+        if positional != "alibi":
+            raise self.ctx.err(
+                path,
+                f"ALiBi's slopes are given, and model.positional is {positional}"
+                + self.ctx.set_by("model.positional"),
+                expected=f"model.positional: alibi beside {path}, or {path}: null "
+                "(a variant leaving alibi sets both)",
+                found_text=f"positional {positional}",
+            )
+        slopes = self.array(value, path, (n_heads,), dims="n_heads")
+        if (slopes <= 0).any():
+            where, at = _first(path, slopes <= 0)
+            raise self.ctx.err(
+                where,
+                "an ALiBi slope must be positive: B = −m·(i − j) is a penalty growing with "
+                "the distance",
+                float(slopes[at]),
+                "a number > 0",
+            )
+        return tuple(float(x) for x in slopes)
 
     def window(self, value: Any, path: str, encoder_layers: int) -> int:
         """model.window: null (or absent) is unlimited, 0; else a whole number >= 1 of keys
@@ -3219,7 +3257,8 @@ class _Validator:
             raise self.ctx.err(
                 where,
                 "ALiBi's bias is fixed, not learned: B = −m·(i − j) with each head's slope "
-                "m = 2^(−8(h+1)/H), no table to give" + self.ctx.set_by("model.positional"),
+                "m = 2^(−8(h+1)/H) (or model.alibi_slopes), no table to give"
+                + self.ctx.set_by("model.positional"),
                 expected="no rel_bias with model.positional: alibi (or positional: relative)",
                 found_text="a rel_bias",
             )

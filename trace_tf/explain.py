@@ -27,7 +27,7 @@ from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import QK_KEYS, TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.model import alibi_slope_text, decoder_types, target_of
+from trace_tf.model import alibi_slope_text, alibi_slopes, decoder_types, target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -826,12 +826,18 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
     """ALiBi's B[i,j] = −m·(pos − j) (the encoder's −m·|pos − j|): head h's slope m
-    (ops.alibi_slopes) times the distance from query position pos back to key j."""
+    (model.alibi_slopes, given or the paper's) times the distance from query position pos
+    back to key j."""
     assert isinstance(ctx.cfg, Config)
+    m = ctx.cfg.model
     h = int(step.path.rpartition(".h")[2].partition(".")[0])
-    H = ctx.cfg.model.n_heads
+    H = m.n_heads
     symmetric = "encoder" in step.path.split(".")
-    slope = ctx.f.shown(float(ops.alibi_slopes(H)[h]))
+    slope = ctx.f.shown(float(alibi_slopes(m)[h]))
+    if m.alibi_slopes is not None:
+        rule = "given"
+    else:
+        rule = "2^(−8(h+1)/H)" if ops.alibi_power(H) == H else "H not a power of two"
     distance = abs(pos - j) if symmetric else pos - j
     row = f"({start} + i)" if start else "i"  # a KV-cached step's row i is position start + i
     apart = f"|{row} − j|" if symmetric else f"{row} − j"
@@ -839,8 +845,8 @@ def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
         [f"−m·{apart if symmetric else f'({apart})'}", f"−{ctx.f.num(slope)} · {distance}"],
         -slope * distance + 0.0,
         [
-            f"m = {alibi_slope_text(h, H)} = {exact(slope)}: head {h}'s slope of {H} "
-            f"(ALiBi, {'2^(−8(h+1)/H)' if ops.alibi_power(H) == H else 'H not a power of two'})",
+            f"m = {alibi_slope_text(h, m)} = {exact(slope)}: head {h}'s slope of {H} "
+            f"(ALiBi, {rule})",
             f"distance {apart} = {distance} (key {j} seen from "
             f"query position {pos}; {'bidirectional encoder' if symmetric else 'causal'})",
         ],

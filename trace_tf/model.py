@@ -381,22 +381,44 @@ class Alibi:
     symmetric: bool
 
 
-def alibi_slope_text(h: int, n_heads: int) -> str:
-    """How head h's slope is formed (ops.alibi_slopes): 2^(−8·(h+1)/H), or for H not a
-    power of two, 2^(−8·(h+1)/H') then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
-    below = ops.alibi_power(n_heads)
+def alibi_slope_text(h: int, m: ModelConfig) -> str:
+    """How head h's slope is formed: given (model.alibi_slopes), or by the paper's rule
+    (ops.alibi_slopes), 2^(−8·(h+1)/H), or for H not a power of two, 2^(−8·(h+1)/H')
+    then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
+    if m.alibi_slopes is not None:
+        return f"model.alibi_slopes[{h}]"
+    below = ops.alibi_power(m.n_heads)
     if h < below:
         return f"2^(−8·{h + 1}/{below})"
     return f"2^(−8·{2 * (h - below) + 1}/{2 * below})"
+
+
+def alibi_slopes(m: ModelConfig) -> Array:
+    """Each head's ALiBi slope: model.alibi_slopes as given, else the paper's rule. -> [H]"""
+    if m.alibi_slopes is not None:
+        return np.array(m.alibi_slopes, dtype=np.float64)
+    return ops.alibi_slopes(m.n_heads)
+
+
+def alibi_rule(m: ModelConfig) -> str:
+    """Where the slopes come from, for the header: given, or the paper's rule for this H."""
+    if m.alibi_slopes is not None:
+        return "given (model.alibi_slopes)"
+    below = ops.alibi_power(m.n_heads)
+    if below == m.n_heads:
+        return "= 2^(−8(h+1)/H)"
+    return (
+        f"= 2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = {below} (Hugging Face's, for H "
+        "not a power of two)"
+    )
 
 
 def alibi_heads(m: ModelConfig, symmetric: bool) -> tuple[Alibi, ...] | None:
     """Each head's ALiBi bias with positional alibi (a self-attention's), else None."""
     if m.positional != "alibi":
         return None
-    slopes = ops.alibi_slopes(m.n_heads)
     return tuple(
-        Alibi(float(s), alibi_slope_text(h, m.n_heads), symmetric) for h, s in enumerate(slopes)
+        Alibi(float(s), alibi_slope_text(h, m), symmetric) for h, s in enumerate(alibi_slopes(m))
     )
 
 

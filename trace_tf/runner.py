@@ -226,14 +226,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "alibi": "ALiBi (Press et al. 2022), fixed, no weights: B[i,j] = −m_h·(i − j) added "
         "to the scaled scores in causal (decoder) self-attention, −m_h·|i − j| in the "
         "bidirectional encoder's (MosaicBERT's symmetric form), none in cross-attention; "
-        "slopes m_h = "
-        + (
-            "2^(−8(h+1)/H)"
-            if ops.alibi_power(m.n_heads) == m.n_heads
-            else "2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = "
-            f"{ops.alibi_power(m.n_heads)} (Hugging Face's, for H not a power of two)"
-        )
-        + f": {spaced([exact(x) for x in ops.alibi_slopes(m.n_heads)])}",
+        f"slopes m_h {model.alibi_rule(m)}: {spaced([exact(x) for x in model.alibi_slopes(m)])}",
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)

@@ -225,7 +225,8 @@ STAGES: tuple[Stage, ...] = (
         "rel_bias",
         ("<stack>.<l>.self_attn.h<n>.rel_bias",),
         "B[i,j] = b_rel[j − i] = rel_bias[max_len − 1 + j − i]; alibi: B[i,j] = −m·(i − j), "
-        "the encoder's −m·|i − j|, m = 2^(−8(h+1)/H)  (a KV-cached row i: position start + i)",
+        "the encoder's −m·|i − j|, m = 2^(−8(h+1)/H) or as given (alibi_slopes)  (a KV-cached "
+        "row i: position start + i)",
         "L_q × L_k",
         "relative: the learned bias of each query-key offset j − i (000 §6.2); alibi: "
         "ALiBi's fixed linear penalty of the distance, one slope per head (no weights); "
