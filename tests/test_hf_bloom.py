@@ -263,6 +263,26 @@ def test_the_paper_s_float64_slopes_are_not_bloom_s_from_9_heads(shape: dict[str
     assert 1e-10 < as_bloom < 1e-6
 
 
+@torch.no_grad()
+def test_a_pad_is_a_position_in_trace_tf_not_in_bloom() -> None:
+    """BLOOM given an attention_mask numbers only the unmasked tokens (build_alibi_tensor's
+    cumsum): with a pad between tokens, its logits after the pad are trace-tf's for the
+    sequence without the pad, and not those of trace-tf's masked pad (README's ALiBi)."""
+    model = bloom(SHAPES[2], 8)
+    prompt, pad = [3, 1, 4, 0, 5, 9], 3  # token 0 at position 3, masked
+    mask = torch.ones(1, len(prompt), dtype=torch.long)
+    mask[0, pad] = 0
+    with float64():
+        logits = model(torch.tensor([prompt]), attention_mask=mask).logits[0].numpy()
+    without = traced(to_config(model, prompt[:pad] + prompt[pad + 1 :])).value("logits")
+    np.testing.assert_allclose(logits[pad + 1 :], without[pad:], rtol=1e-12, atol=1e-12)
+    raw = to_config(model, prompt)
+    raw["tokens"] = {"pad": raw["vocab"][0]}
+    masked = traced(raw).value("logits")
+    np.testing.assert_allclose(logits[:pad], masked[:pad], rtol=1e-12, atol=1e-12)
+    assert np.abs(logits[pad + 1 :] - masked[pad + 1 :]).max() > 1e-4
+
+
 @pytest.mark.parametrize("shape", SHAPES[1:] + MANY_HEADS[:1], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_bloom_generate(shape: dict[str, Any], tmp_path: Path) -> None:
