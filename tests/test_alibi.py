@@ -162,6 +162,20 @@ def test_explain_says_a_given_slope(tmp_yaml) -> None:  # type: ignore[no-untype
     assert "m = model.alibi_slopes[1] = 0.125: head 1's slope of 2 (ALiBi, given)" in e["where"]
 
 
+@pytest.mark.parametrize("score", ["dot", "additive", "bilinear", "gaussian"])
+def test_every_score_function_gets_the_same_b(score: str) -> None:
+    """B is added to score / scale whatever the score: −m·(i − j) by hand, then the
+    softmax of row 2 of head 0 from the recorded scaled scores plus that B."""
+    trace = run(model_of(three_tokens(score=score)), "full")
+    h0 = "decoder.0.self_attn.h0"
+    B = [[0, 1 / 16, 2 / 16], [-1 / 16, 0, 1 / 16], [-2 / 16, -1 / 16, 0]]
+    assert trace.value(f"{h0}.rel_bias").tolist() == B
+    row = trace.value(f"{h0}.scaled")[2] + np.array(B[2])
+    np.testing.assert_array_equal(trace.value(f"{h0}.biased")[2], row)
+    e = np.exp(row - row.max())
+    np.testing.assert_allclose(trace.value(f"{h0}.softmax")[2], e / e.sum(), rtol=1e-15)
+
+
 def test_no_max_len_bounds_alibi() -> None:
     raw = three_tokens(max_len=2)
     assert run(model_of(raw), "full").value("decoder.0.self_attn.h0.rel_bias").shape == (3, 3)
