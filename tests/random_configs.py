@@ -72,6 +72,7 @@ def random_config(
     rope_scaling: dict[str, Any] | None = None,
     rope_dims: int | None = None,
     parallel: str = "none",
+    qk_norm: str = "none",
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -91,6 +92,8 @@ def random_config(
     are those of the same call without token types).
     `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise.
     `parallel` (pre-norm): separate or shared; with shared, the FFN has no norm of its own.
+    `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
+    after its W_o and norm (the other arrays are those of the same call without it).
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -172,6 +175,9 @@ def random_config(
         if biases:
             block["b_o"] = vector(d_model)
         block["norm"] = norm_params()
+        if qk_norm != "none":
+            for name in ("q_norm", "k_norm"):
+                block[name] = {"gamma": vector(dk, mean=1.0), "beta": vector(dk)}
         return block
 
     def ffn_block() -> dict[str, Any]:
@@ -218,6 +224,7 @@ def random_config(
         "pe_base": pe_base,
         "rope_scaling": rope_scaling,
         "rope_dims": rope_dims,
+        "qk_norm": None if qk_norm == "none" else qk_norm,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {

@@ -59,6 +59,7 @@ class Hyper:
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
     rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
+    qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3)
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -100,6 +101,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         rope_scaling=model.get("rope_scaling"),
         rope_dims=int(model.get("rope_dims") or d_k),
         parallel=model.get("parallel", "none"),
+        qk_norm=model.get("qk_norm", "none"),
     )
 
 
@@ -228,10 +230,11 @@ def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool, window: int = 
     return torch.zeros(n_q, n_k, dtype=DTYPE).masked_fill(blocked, -math.inf)
 
 
-def normalise(x: Tensor, params: dict[str, Any], hp: Hyper) -> Tensor:
+def normalise(x: Tensor, params: dict[str, Any], hp: Hyper, d: int | None = None) -> Tensor:
     """Per row: LayerNorm (x - mean) / sqrt(var + eps) * gamma + beta (biased variance),
-    or RMSNorm x / sqrt(mean(x^2) + eps) * gamma + beta (SPEC 1). [n, d] -> [n, d]"""
-    d = hp.d_model
+    or RMSNorm x / sqrt(mean(x^2) + eps) * gamma + beta (SPEC 1), over the last d columns
+    (d_model unless given: QK-norm's are d_k wide). [n, d] -> [n, d]"""
+    d = hp.d_model if d is None else d
     gamma = param(params, "gamma", (d,), 1.0)
     beta = param(params, "beta", (d,), 0.0)
     if hp.norm == "layer":
@@ -386,16 +389,24 @@ def attention_head(
     rotary: bool = False,
     kv: tuple[Tensor, Tensor] | None = None,
     alibi: tuple[float, bool] | None = None,
+    qk_norm: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
     position biases, lecture 000 section 6.2, or with `alibi` (slope, causal) ALiBi's;
-    `rotary`: q and k turned by RoPE, the query and key rows at positions 0, 1, ...).
-    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    `rotary`: q and k turned by RoPE, the query and key rows at positions 0, 1, ...;
+    `qk_norm`: the block's (q_norm, k_norm) weights, each row of q and k normalised over
+    its d_k columns first, as Qwen3's q_norm and k_norm). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
     q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
     k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
+    if qk_norm is not None:  # named q_norm / k_norm when RoPE follows, else they are q, k
+        q = normalise(tr.rec(f"{path}.q_raw", q), qk_norm[0], hp, hp.d_k)
+        k = normalise(tr.rec(f"{path}.k_raw", k), qk_norm[1], hp, hp.d_k)
+        if rotary:
+            q, k = tr.rec(f"{path}.q_norm", q), tr.rec(f"{path}.k_norm", k)
     if rotary:
-        q = partial_rope(tr.rec(f"{path}.q_raw", q), hp)
-        k = partial_rope(tr.rec(f"{path}.k_raw", k), hp)
+        if qk_norm is None:
+            q, k = tr.rec(f"{path}.q_raw", q), tr.rec(f"{path}.k_raw", k)
+        q, k = partial_rope(q, hp), partial_rope(k, hp)
     q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"] if kv is None else kv[1])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
@@ -444,9 +455,11 @@ def multi_head_attention(
         kvs: list[tuple[Tensor, Tensor] | None] = [(k[n], v[n]) for n in range(hp.n_heads)]
     else:
         kvs = [None] * hp.n_heads
+    # QK-norm in every attention block, one q_norm and one k_norm shared by its heads
+    qk = (block.get("q_norm", {}), block.get("k_norm", {})) if hp.qk_norm == "head" else None
     heads = [
         attention_head(
-            x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n], slopes[n]
+            x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n], slopes[n], qk
         )
         for n, w in enumerate(head_weights(block, hp))
     ]

@@ -130,6 +130,52 @@ def test_the_cached_rows_continue_their_positions_as_recomputing_does() -> None:
         assert np.abs(x.model_probs - y.model_probs).max() <= 1e-12
 
 
+def test_given_slopes_are_used_as_written_by_hand() -> None:
+    """model.alibi_slopes [0.5, 0.125]: B = −m·(i − j) with each, the softmax of row 2 of
+    head 0 by hand (scores 2, 0, 4 as above), and the header, formula and slope text."""
+    trace = run(model_of(three_tokens(alibi_slopes=[0.5, 0.125])), "full")
+    h0, h1 = "decoder.0.self_attn.h0", "decoder.0.self_attn.h1"
+    assert trace.value(f"{h0}.rel_bias").tolist() == [[0, 0.5, 1], [-0.5, 0, 0.5], [-1, -0.5, 0]]
+    assert trace.value(f"{h1}.rel_bias")[2].tolist() == [-0.25, -0.125, 0]
+    e = [math.exp(2 - 1), math.exp(0 - 0.5), math.exp(4)]
+    assert trace.value(f"{h0}.softmax")[2].tolist() == pytest.approx([x / sum(e) for x in e])
+    assert (
+        trace[f"{h1}.rel_bias"].formula == "B[i,j] = −m·(i − j),  m = model.alibi_slopes[1] = 0.125"
+    )
+    positions = dict(conventions(model_of(three_tokens(alibi_slopes=[0.5, 0.125]))))["positions"]
+    assert positions.endswith("slopes m_h given (model.alibi_slopes): 0.5 0.125")
+    # the paper's slopes given are the paper's run, number for number
+    paper = run(model_of(three_tokens()), "full")
+    same = run(model_of(three_tokens(alibi_slopes=by_hand_slopes(2))), "full")
+    assert all((paper.value(p) == same.value(p)).all() for p in paper.steps)
+
+
+def test_explain_says_a_given_slope(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    file = tmp_yaml(yaml.safe_dump(three_tokens(alibi_slopes=[0.5, 0.125])))
+    code, out, err = invoke("explain", "decoder.0.self_attn.h1.biased", file, "--cell", "2,0",
+                            "--format", "json")  # fmt: skip
+    assert code == 0, err
+    e = json.loads(out)
+    assert e["result"] == 0 - 0.25 and e["agrees"]  # head 1's scaled score 0, B −0.125 · 2
+    assert "m = model.alibi_slopes[1] = 0.125: head 1's slope of 2 (ALiBi, given)" in e["where"]
+
+
+@pytest.mark.parametrize("score", ["dot", "additive", "bilinear", "gaussian"])
+def test_every_score_function_gets_the_same_b(score: str) -> None:
+    """B is added to score / scale whatever the score: −m·(i − j) by hand, then the
+    softmax of row 2 of head 0 from the recorded scaled scores plus that B."""
+    trace = run(model_of(three_tokens(score=score)), "full")
+    h0 = "decoder.0.self_attn.h0"
+    B = [[0, 1 / 16, 2 / 16], [-1 / 16, 0, 1 / 16], [-2 / 16, -1 / 16, 0]]
+    assert trace.value(f"{h0}.rel_bias").tolist() == B
+    row = trace.value(f"{h0}.scaled")[2] + np.array(B[2])
+    np.testing.assert_array_equal(trace.value(f"{h0}.biased")[2], row)
+    e = np.exp(row - row.max())
+    np.testing.assert_allclose(trace.value(f"{h0}.softmax")[2], e / e.sum(), rtol=1e-15)
+
+
 def test_no_max_len_bounds_alibi() -> None:
     raw = three_tokens(max_len=2)
     assert run(model_of(raw), "full").value("decoder.0.self_attn.h0.rel_bias").shape == (3, 3)
@@ -173,6 +219,23 @@ def test_explain_writes_the_slope_and_the_distance(tmp_yaml) -> None:  # type: i
     ]
     assert any(w.startswith("m = 2^(−8·1/2)") for w in e["where"])
     assert any(w.startswith("distance i − j = 2") for w in e["where"])
+
+
+def test_explain_under_a_cache_writes_the_distance_from_the_row_s_position(tmp_yaml) -> None:  # type: ignore[no-untyped-def]
+    """A KV-cached step's row i is position t + i: its distance is (t + i) − j as the
+    formula's, not i − j (which is −1 here: row 0 minus key 1)."""
+    import yaml
+
+    raw = three_tokens() | {"target": ["a"], "tokens": {"bos": "a"}}
+    file = tmp_yaml(yaml.safe_dump(raw))
+    code, out, err = invoke("generate", file, "--greedy", "--max-tokens", "3", "--explain",
+                            "t2.decoder.0.self_attn.h0.biased", "--cell", "0,1",
+                            "--format", "json")  # fmt: skip
+    assert code == 0, err
+    e = json.loads(out)
+    distance = [w for w in e["where"] if w.startswith("distance")]
+    assert distance == ["distance (2 + i) − j = 1 (key 1 seen from query position 2; causal)"]
+    assert e["agrees"]
 
 
 def test_stages_document_alibi() -> None:
@@ -240,6 +303,35 @@ CASES = [
         "model.positional",
         ["alibi"],
     ),
+    (
+        "model: {d_model: 2, n_heads: 2, positional: alibi, alibi_slopes: [0.5]}\n"
+        "vocab: [a]\nsource: [a]\n",
+        "model.alibi_slopes",
+        ["wrong shape", "expected shape 2 (n_heads)", "found shape 1"],
+    ),
+    (
+        "model: {d_model: 2, n_heads: 2, positional: alibi, alibi_slopes: [0.5, 0]}\n"
+        "vocab: [a]\nsource: [a]\n",
+        "model.alibi_slopes.1",
+        ["must be positive", "a number > 0", "found the number 0"],
+    ),
+    (
+        "model: {d_model: 2, n_heads: 2, positional: alibi, alibi_slopes: [.nan, 1]}\n"
+        "vocab: [a]\nsource: [a]\n",
+        "model.alibi_slopes.0",
+        ["not a finite number", "found the number nan"],
+    ),
+    (
+        "model: {d_model: 2, n_heads: 2, positional: alibi, alibi_slopes: [0.5, a]}\n"
+        "vocab: [a]\nsource: [a]\n",
+        "model.alibi_slopes.1",
+        ["not a number", "found the string 'a'"],
+    ),
+    (
+        "model: {d_model: 2, n_heads: 2, alibi_slopes: [0.5, 0.25]}\nvocab: [a]\nsource: [a]\n",
+        "model.alibi_slopes",
+        ["model.positional is sinusoidal", "model.positional: alibi beside", "found positional"],
+    ),
 ]
 
 
@@ -257,3 +349,14 @@ def test_a_relative_table_refused_when_set_to_alibi() -> None:
     code, _, err = invoke("encode", fixture, "--set", "model.positional=alibi")
     assert code == 2 and "Traceback" not in err
     assert "rel_bias" in err and "ALiBi's bias is fixed" in err and "set by --set" in err
+
+
+def test_slopes_of_another_n_heads_name_what_set_it() -> None:
+    code, _, err = invoke("encode", "hello", "--set", "model.positional=alibi",
+                          "--set", "model.alibi_slopes=[0.5]")  # fmt: skip
+    assert code == 2 and "Traceback" not in err
+    assert "model.alibi_slopes: wrong shape" in err and "expected shape 2 (n_heads)" in err
+    code, _, err = invoke("encode", "hello", "--set", "model.positional=alibi",
+                          "--set", "model.alibi_slopes=[0.5, 0.1]", "--set", "model.n_heads=1",
+                          "--set", "model.d_k=4")  # fmt: skip
+    assert code == 2 and "model.n_heads set by --set" in err and "found shape 2" in err

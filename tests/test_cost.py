@@ -396,6 +396,13 @@ def _every_option() -> dict[str, Config]:
                       "d_a": None, "n_heads": 1, "d_k": 2},
             "weights": {"encoder": [{"self_attn": {"heads": [{"w": [1.0, 0.5]}]}}]},
         },
+        # QK-norm: before RoPE (q_norm, k_norm), grouped; without RoPE (q, k the norms)
+        "qk_norm_rope_gqa": {
+            **SMALL,
+            "model": {**SMALL["model"], "positional": "rope", "norm": "rms", "qk_norm": "head",
+                      "n_heads": 2, "n_kv_heads": 1, "d_k": 2},
+        },
+        "qk_norm_layer": {**SMALL, "model": {**SMALL["model"], "qk_norm": "head"}},
         "encoder_only_vocab": {
             **{k: v for k, v in SMALL.items() if k != "target"},
             "model": {**SMALL["model"], "decoder_layers": 0},
@@ -490,7 +497,8 @@ def test_every_formula_names_the_sizes_its_numbers_are() -> None:
 
 def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     """An independent route: run the model with the full tracer and, for each product
-    (the stages below, but not RoPE's rotation of q and k in self-attention), count
+    (the stages below, but not RoPE's rotation of q and k in self-attention, nor QK-norm's
+    q and k without it), count
     the product of its output's shape and the inner size, the last axis of the first
     array it was computed from; every other step counts 0, and so does a step whose
     array an earlier step holds (grouped-query attention: a K/V head's K and V, recorded
@@ -510,8 +518,12 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
                 and ".self_attn." in step.path
                 and step.stage in ("q", "k")
             )
+            # QK-norm without RoPE: q and k are the norms of q_raw and k_raw, with their γ
+            normed = step.stage in ("q", "k") and step.inputs[1:2] == (
+                f"weights.{step.path.split('.h')[0]}.{step.stage}_norm.gamma",
+            )
             want = 0
-            if step.stage in products and not rotated and not again:
+            if step.stage in products and not rotated and not normed and not again:
                 first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
                 want = math.prod(step.shape) * first.shape[-1]
             assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)
@@ -540,9 +552,11 @@ def test_a_step_no_listed_way_fits_stops_the_ledger(monkeypatch: pytest.MonkeyPa
         monkeypatch.delitem(cost.COSTS, "q_b")
         cost.ledger(scored("bilinear"))
     monkeypatch.undo()
-    # a q made from one array of another shape is neither X W_q nor a rotation
-    with pytest.raises(LookupError, match="fits 0 of the 2 ways"):
+    # a q made from one array of another shape is neither X W_q, a rotation nor a QK-norm
+    with pytest.raises(LookupError, match="fits 0 of the 3 ways"):
         cost.classify("encoder.0.self_attn.h0.q", (2, 3), [(2, 4)])
+    with pytest.raises(LookupError, match="fits 0 of the 3 ways"):  # γ of the wrong width
+        cost.classify("encoder.0.self_attn.h0.q", (2, 3), [(2, 3), (4,), (4,)])
     with pytest.raises(LookupError):
         cost.classify("encoder.0.nonsense", (2, 3), [(2, 4), (4, 3)])
     result = runner.invoke(app, ["cost", "--set", "model.score=bilinear"])

@@ -252,6 +252,31 @@ SHAPES = [
         tgt_len=6,
         window=4,
     ),
+    # QK-norm (model.qk_norm head): Qwen3's shape (LLaMA's, grouped-query, no biases), q and
+    # k normalised over d_k before RoPE; LayerNorm's in an encoder-decoder without RoPE,
+    # cross-attention included, padded; and RMSNorm, post-norm, fused weights, odd d_k
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        biases=False,
+        tgt_len=5,
+        qk_norm="head",
+    ),
+    dict(d_model=6, n_heads=2, decoder_layers=1, pad=True, src_len=5, qk_norm="head"),
+    dict(
+        d_model=8,
+        n_heads=2,
+        d_k=3,
+        decoder_layers=1,
+        norm="rms",
+        fused=True,
+        positional="rope",
+        qk_norm="head",
+    ),
     # partial rotary (model.rope_dims, GPT-NeoX's rotary_ndims) and parallel layers
     # (model.parallel): GPT-NeoX's shape, decoder-only, pre-norm LayerNorm, exact GELU, RoPE
     # by halves on 2 of d_k 4, a norm each; GPT-J's, one shared norm, tanh GELU, adjacent

@@ -107,6 +107,16 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         norm_position="pre", norm="rms", positional="rope", rope_pairs="halves",
         activation="geglu_tanh", tie_embeddings=True, embed_scale="sqrt_d_model", biases=False,
     ),
+    # QK-norm: Qwen3's shape (grouped-query, RMSNorm before RoPE by halves); LayerNorm
+    # without RoPE, where q and k are the norms themselves, cross-attention too
+    "qk_norm_qwen3": _model(
+        d_model=8, n_heads=4, n_kv_heads=2, encoder_layers=0, decoder_layers=1,
+        norm_position="pre", norm="rms", positional="rope", rope_pairs="halves",
+        activation="swiglu", biases=False, qk_norm="head",
+    ),
+    "qk_norm_layer_cross": _model(
+        d_model=6, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, qk_norm="head",
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

@@ -175,6 +175,23 @@ WINDOW = [
     dict(d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, tgt_len=4, window=2),
 ]
 
+# QK-norm (model.qk_norm head): the cached K is normalised (and turned, with RoPE) when it
+# is computed; Qwen3's shape (LLaMA's, GQA, no biases) and an encoder-decoder without RoPE
+# whose cross-attention normalises the encoder's K once, with LayerNorm
+QK_NORM = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        biases=False,
+        qk_norm="head",
+    ),
+    dict(d_model=6, n_heads=2, pad=True, src_len=4, qk_norm="head"),
+]
+
 # Token types (model.token_types): each generated token takes the type of the position
 # before it (the last target type), with learned positions and the embedding norm, and
 # decoder-only.
@@ -240,7 +257,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + NEOX, ids=shape_id
+    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
@@ -295,7 +312,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + NEOX, ids=shape_id
+    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))
@@ -311,7 +328,7 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0]], ids=shape_id
+    "shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0], QK_NORM[1]], ids=shape_id
 )
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import config_from, shape_id
 from test_explain_by_numpy import Reference, _case
-from test_generate import RELATIVE, ROPE, SHAPES, TYPES, WINDOW, generation_config
+from test_generate import QK_NORM, RELATIVE, ROPE, SHAPES, TYPES, WINDOW, generation_config
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -68,10 +68,15 @@ def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 # SHAPES[-3]: the embedding norm, in both stacks, padded; TYPES: token types (a new
-# token's type, the position before it, in its token_type and input entries)
+# token's type, the position before it, in its token_type and input entries); QK_NORM:
+# q_norm and k_norm before RoPE, and without it a cached K that is the norm itself
 @pytest.mark.parametrize(
     "shape",
-    [SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW, *TYPES],
+    [
+        *(SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW, *TYPES),
+        {**QK_NORM[0], "biases": True},  # (the output's bias keeps eos away)
+        QK_NORM[1],
+    ],
     ids=shape_id,
 )
 def test_every_step_of_a_generation_is_explained_and_agrees(

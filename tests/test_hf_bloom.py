@@ -39,6 +39,7 @@ from hf_common import (
     assert_recipe_runs,
     decode_json,
     draw_parameters,
+    largest_error,
     prompt_for,
     run_readme,
     traced,
@@ -54,6 +55,13 @@ SHAPES: list[dict[str, Any]] = [
     dict(n_layer=2, n_head=3, hidden_size=12, vocab_size=13, layer_norm_epsilon=1e-3),
     dict(n_layer=2, n_head=4, hidden_size=16, vocab_size=11, layer_norm_epsilon=0.1),
 ]
+# H >= 9, where BLOOM's float32 slopes are not the paper's float64 ones (12: its last 4;
+# 16: every one)
+MANY_HEADS: list[dict[str, Any]] = [
+    dict(n_layer=2, n_head=12, hidden_size=24, vocab_size=13),
+    dict(n_layer=1, n_head=16, hidden_size=32, vocab_size=11, layer_norm_epsilon=1e-3),
+]
+_get_alibi_slopes = modeling_bloom._get_alibi_slopes  # HF's, float32
 
 
 class _Float64F(types.ModuleType):
@@ -72,11 +80,21 @@ def gelu_exact_constant(x: torch.Tensor) -> torch.Tensor:
     return x * 0.5 * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * x * (1 + 0.044715 * x * x)))
 
 
+def slopes_float64(num_heads: int, device: Any) -> torch.Tensor:
+    """HF's float32 slopes held in float64, so that BLOOM's bias m·j is a float64 product
+    (slopes[:, None, None] * arange(...): a float32 one otherwise); the slopes the same."""
+    return _get_alibi_slopes(num_heads, device).double()
+
+
 @contextmanager
-def float64() -> Iterator[pytest.MonkeyPatch]:
+def float64(alibi: bool = True) -> Iterator[pytest.MonkeyPatch]:
+    """HF's float32 internals computed in float64: the softmax, GELU's constant and (with
+    `alibi`) the bias m·j, whose slopes stay BLOOM's float32 numbers."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(modeling_bloom, "F", _Float64F("F"))
         mp.setattr(modeling_bloom, "bloom_gelu_forward", gelu_exact_constant)
+        if alibi:
+            mp.setattr(modeling_bloom, "_get_alibi_slopes", slopes_float64)
         yield mp
 
 
@@ -126,6 +144,7 @@ def to_config(model: BloomForCausalLM, prompt: list[int]) -> dict[str, Any]:
             "encoder_layers": 0,
             "decoder_layers": c.n_layer,
             "positional": "alibi",
+            "alibi_slopes": _get_alibi_slopes(H, "cpu").double().tolist(),  # float32's
             "norm_position": "pre",
             "norm_eps": c.layer_norm_epsilon,
             "embed_norm": True,
@@ -144,17 +163,20 @@ def to_config(model: BloomForCausalLM, prompt: list[int]) -> dict[str, Any]:
     }
 
 
-def hf_outputs(model: BloomForCausalLM, prompt: list[int]) -> dict[str, np.ndarray]:
+def hf_outputs(
+    model: BloomForCausalLM, prompt: list[int], alibi: bool = True
+) -> dict[str, np.ndarray]:
     """BLOOM's values under the trace-tf step each one is (hidden_states[0] is after
-    word_embeddings_layernorm: decoder.embed_norm), in float64."""
-    with float64():
+    word_embeddings_layernorm: decoder.embed_norm), in float64 (its bias m·j a float32
+    product unless `alibi`)."""
+    with float64(alibi):
         values = common_outputs(model, prompt, model.transformer.ln_f)
     values["decoder.embed_norm"] = values.pop("decoder.input")
     return values
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape", SHAPES + MANY_HEADS, ids=shape_id)
 def test_every_hidden_state_head_and_logit_matches_bloom(shape: dict[str, Any], seed: int) -> None:
     model = bloom(shape, seed)
     prompt = prompt_for(model, seed, 6)
@@ -170,6 +192,7 @@ def three_heads_slopes(raw: dict[str, Any]) -> None:
 
 def no_alibi(raw: dict[str, Any]) -> None:
     raw["model"]["positional"] = "none"
+    del raw["model"]["alibi_slopes"]
 
 
 def qkv_contiguous(raw: dict[str, Any]) -> None:
@@ -201,16 +224,66 @@ def test_wrong_slopes_fail(variant: str, monkeypatch: pytest.MonkeyPatch) -> Non
     model = bloom(SHAPES[1], 4)  # 3 heads: slopes 1/16, 1/256, 1/4
     prompt = prompt_for(model, 4, 6)
     expected = hf_outputs(model, prompt)
-    right = ops.alibi_slopes
+    raw = to_config(model, prompt)
     if variant == "reversed":
-        monkeypatch.setattr(ops, "alibi_slopes", lambda H: -right(H))
+        right = ops.alibi_bias
+        monkeypatch.setattr(ops, "alibi_bias", lambda *a, **k: -right(*a, **k))
     else:
-        monkeypatch.setattr(ops, "alibi_slopes", lambda H: right(H + 1)[:H])
+        raw["model"]["alibi_slopes"] = _get_alibi_slopes(4, "cpu")[:3].tolist()
     with pytest.raises(AssertionError):
-        assert_matches(expected, traced(to_config(model, prompt)).value)
+        assert_matches(expected, traced(raw).value)
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=shape_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_up_to_8_heads_the_paper_s_rule_is_bloom_s(shape: dict[str, Any]) -> None:
+    """Without alibi_slopes, the paper's slopes: BLOOM's float32 ones are the same numbers
+    for H <= 8 (powers of two), so BLOOM to 1e-12 as with them."""
+    model = bloom(shape, 7)
+    prompt = prompt_for(model, 7, 6)
+    raw = to_config(model, prompt)
+    del raw["model"]["alibi_slopes"]
+    assert_matches(hf_outputs(model, prompt), traced(raw).value)
+
+
+@pytest.mark.parametrize("shape", MANY_HEADS, ids=shape_id)
+def test_the_paper_s_float64_slopes_are_not_bloom_s_from_9_heads(shape: dict[str, Any]) -> None:
+    """Without alibi_slopes (the paper's float64 slopes) BLOOM of 12 or 16 heads differs
+    by about 1e-8 (its slopes' float32 rounding, up to 3e-7 of a slope): over 1e-12, under
+    1e-6; with BLOOM's own slopes and its float32 product m·j as BLOOM computes it (not
+    replaced by the float64 one), the product's rounding alone, of the same size."""
+    model = bloom(shape, 6)
+    prompt = prompt_for(model, 6, 6)
+    raw = to_config(model, prompt)
+    del raw["model"]["alibi_slopes"]
+    rule = largest_error(hf_outputs(model, prompt), traced(raw).value)
+    assert 1e-10 < rule < 1e-6
+    as_bloom = largest_error(
+        hf_outputs(model, prompt, alibi=False), traced(to_config(model, prompt)).value
+    )
+    assert 1e-10 < as_bloom < 1e-6
+
+
+@torch.no_grad()
+def test_a_pad_is_a_position_in_trace_tf_not_in_bloom() -> None:
+    """BLOOM given an attention_mask numbers only the unmasked tokens (build_alibi_tensor's
+    cumsum): with a pad between tokens, its logits after the pad are trace-tf's for the
+    sequence without the pad, and not those of trace-tf's masked pad (README's ALiBi)."""
+    model = bloom(SHAPES[2], 8)
+    prompt, pad = [3, 1, 4, 0, 5, 9], 3  # token 0 at position 3, masked
+    mask = torch.ones(1, len(prompt), dtype=torch.long)
+    mask[0, pad] = 0
+    with float64():
+        logits = model(torch.tensor([prompt]), attention_mask=mask).logits[0].numpy()
+    without = traced(to_config(model, prompt[:pad] + prompt[pad + 1 :])).value("logits")
+    np.testing.assert_allclose(logits[pad + 1 :], without[pad:], rtol=1e-12, atol=1e-12)
+    raw = to_config(model, prompt)
+    raw["tokens"] = {"pad": raw["vocab"][0]}
+    masked = traced(raw).value("logits")
+    np.testing.assert_allclose(logits[:pad], masked[:pad], rtol=1e-12, atol=1e-12)
+    assert np.abs(logits[pad + 1 :] - masked[pad + 1 :]).max() > 1e-4
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:] + MANY_HEADS[:1], ids=shape_id)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_greedy_generate_matches_bloom_generate(shape: dict[str, Any], tmp_path: Path) -> None:
     assert_greedy_matches(bloom(shape, 5), to_config, tmp_path, float64)
@@ -224,7 +297,7 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     gpt2 = run_readme("From Hugging Face GPT-2")
     scope = assert_recipe_runs("From Hugging Face BLOOM", "bloom", float64, hf_outputs, gpt2)
-    for n, shape in enumerate(SHAPES):
+    for n, shape in enumerate(SHAPES + MANY_HEADS):
         model = bloom(shape, 9 + n)
         prompt, vocab = prompt_for(model, 9 + n, 6), vocab_of(model)
         np.savez("m.npz", **scope["bloom_arrays"](model, vocab))

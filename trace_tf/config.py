@@ -42,6 +42,8 @@ DEFAULT_MAX_ELEMENTS = 2**28
 # The weights of a K/V head: under grouped-query attention, in `kv_heads` (or fused
 # n_kv_heads heads wide), shared by the query heads of its group.
 KV_KEYS = ("W_k", "W_v", "b_k", "b_v")
+# A block's QK-norm weights (model.qk_norm), each {gamma, beta} of d_k, shared by its heads
+QK_KEYS = ("q_norm", "k_norm")
 
 MODEL_KEYS = [
     "d_model",
@@ -57,6 +59,7 @@ MODEL_KEYS = [
     "rope_pairs",
     "rope_scaling",
     "rope_dims",
+    "alibi_slopes",
     "max_len",
     "token_types",
     "embed_scale",
@@ -66,6 +69,7 @@ MODEL_KEYS = [
     "embed_norm",
     "norm",
     "norm_eps",
+    "qk_norm",
     "activation",
     "scale",
     "temperature",
@@ -153,6 +157,12 @@ NORM_KINDS = ("layer", "rms")
 # the same input, x + attn(Norm(x)) + ffn(Norm(x)): with a norm each (separate: GPT-NeoX's
 # use_parallel_residual) or one both read (shared: GPT-J, Phi-1/2, Falcon)
 PARALLEL = ("none", "separate", "shared")
+# model.qk_norm (QK-norm: Qwen3, Gemma 3): none, or `head`, each head's Q_raw and each K/V
+# head's K_raw normalised over its d_k columns (model.norm's kind, model.norm_eps) before
+# RoPE, with one γ and β of d_k per attention block shared by its heads (q_norm, k_norm)
+QK_NORMS = ("none", "head")
+# The score functions of a dot product of a query and a key, which QK-norm bounds
+QK_NORM_SCORES = ("scaled_dot", "dot", "bilinear")
 DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
 SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
@@ -199,6 +209,9 @@ class ModelConfig:
     # rope: the first rope_dims columns of each head turn (partial rotary, GPT-NeoX's
     # rotary_ndims), their frequencies over rope_dims; 0 (not given) is all d_k
     rope_dims: int = 0
+    # alibi: each head's slope as given (a model's own: BLOOM's float32 ones, MPT's
+    # alibi_bias_max); None: the paper's rule, ops.alibi_slopes
+    alibi_slopes: tuple[float, ...] | None = None
     max_len: int = 128
     # rows of the token-type table (BERT's segments, type_vocab_size); 0: no token types
     token_types: int = 0
@@ -210,6 +223,7 @@ class ModelConfig:
     embed_norm: bool = False  # the norm of E·scale + PE before layer 0 (BERT, BLOOM)
     norm: str = "layer"
     norm_eps: float = 1e-5
+    qk_norm: str = "none"  # QK_NORMS: the queries and keys normalised per head before RoPE
     activation: str = "relu"
     scale: float = 1.0
     scale_text: str = "sqrt_dk"
@@ -290,6 +304,10 @@ class HeadWeights:
     score: ScoreWeights = field(default_factory=ScoreWeights)
     # positional relative, self-attention: the bias of each offset j − i, −(max_len − 1)..
     rel_bias: np.ndarray | None = None  # [2·max_len − 1]
+    # model.qk_norm head: the block's QK-norm weights (γ, β of d_k), the same objects in
+    # every head of the block (one norm shared by its heads, as Qwen3's q_norm, k_norm)
+    q_norm: NormWeights | None = None
+    k_norm: NormWeights | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -478,6 +496,11 @@ class Config:
                         for k in kv_keys:
                             if getattr(hw, k) is not None:
                                 out[f"{base}.kv_heads.{j}.{k}"] = getattr(hw, k)
+                    for name in QK_KEYS:  # QK-norm: the block's, shared by its heads
+                        qk: NormWeights | None = getattr(aw.heads[0], name)
+                        if qk is not None:
+                            out[f"{base}.{name}.gamma"] = qk.gamma
+                            out[f"{base}.{name}.beta"] = qk.beta
                     out[f"{base}.W_o"] = aw.W_o
                     if aw.b_o is not None:
                         out[f"{base}.b_o"] = aw.b_o
@@ -1536,6 +1559,8 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         attn += H * (L * dk + L * (L + 2) * m.d_a)
     if m.positional in ("relative", "alibi"):  # rel_bias and biased (as RoPE's q_raw and k_raw)
         attn += H * 2 * L * L
+    if m.qk_norm != "none":  # q_norm and k_norm, and their statistics (mean and var at most)
+        attn += H * (2 * L * dk + 4 * L)
     ffn = L * (2 * dff + 3 * d + 2)
     # embed, pe, token_type, input, embedding norm, final norm, output (norms'
     # statistics); the mask
@@ -1543,9 +1568,14 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     stack = (6 + typed) * L * d + L * L + 4 * L
     stacks = (enc > 0) + (dec > 0)
     numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
-    # The steps, each charged OBJECT_COST: per head at most 14, per block 6, per FFN 7,
-    # per stack 9 (10 with token types); the cross mask, logits and probs.
-    steps = blocks * (14 * H + 6) + (enc + dec) * 7 + stacks * (9 + typed) + 3
+    # The steps, each charged OBJECT_COST: per head at most 14 (20 with QK-norm), per block
+    # 6, per FFN 7, per stack 9 (10 with token types); the cross mask, logits and probs.
+    steps = (
+        blocks * ((20 if m.qk_norm != "none" else 14) * H + 6)
+        + (enc + dec) * 7
+        + stacks * (9 + typed)
+        + 3
+    )
     return numbers + OBJECT_COST * steps
 
 
@@ -2344,6 +2374,12 @@ class _Validator:
                 float(m.get("pe_base", 10000)),  # (checked above)
             ),
             rope_dims=self.rope_dims(m.get("rope_dims"), p + "rope_dims", m, d_k),
+            alibi_slopes=self.alibi_slopes(
+                m.get("alibi_slopes"),
+                p + "alibi_slopes",
+                m.get("positional", "sinusoidal"),  # (checked above)
+                n_heads,
+            ),
             max_len=self.integer(m.get("max_len", 128), p + "max_len", 1),
             token_types=self.integer(m.get("token_types", 0), p + "token_types", 0),
             embed_scale=embed_scale,
@@ -2356,6 +2392,7 @@ class _Validator:
             embed_norm=self.boolean(m.get("embed_norm", False), p + "embed_norm"),
             norm=self.choice(m.get("norm", "layer"), p + "norm", NORM_KINDS),
             norm_eps=self.number(m.get("norm_eps", 1e-5), p + "norm_eps", minimum=0),
+            qk_norm=self.qk_norm(m.get("qk_norm", "none"), p + "qk_norm", score),
             activation=self.choice(m.get("activation", "relu"), p + "activation", ACTIVATIONS),
             scale=scale,
             scale_text=scale_text,
@@ -2573,6 +2610,50 @@ class _Validator:
             return mscale(positive("mscale", 1.0)) / mscale(positive("mscale_all_dim", 1.0))
         return mscale(1.0)
 
+    def qk_norm(self, value: Any, path: str, score: str) -> str:
+        """model.qk_norm: none or head; head only beside a score of a dot product of Q and
+        K (QK_NORM_SCORES), whose size it bounds: additive's tanh(q W_a_q + k W_a_k) and
+        gaussian's distances are no such product, and no model normalises for them."""
+        qk_norm = self.choice(value, path, QK_NORMS)
+        if qk_norm != "none" and score not in QK_NORM_SCORES:
+            raise self.ctx.err(
+                path,
+                f"QK-norm normalises the queries and keys of a dot-product score, and "
+                f"model.score is {score}" + self.ctx.set_by("model.score"),
+                expected=f"model.score {', '.join(QK_NORM_SCORES[:-1])} or "
+                f"{QK_NORM_SCORES[-1]} beside qk_norm {qk_norm}, or qk_norm none",
+                found_text=f"model.score: {score}",
+            )
+        return qk_norm
+
+    def alibi_slopes(
+        self, value: Any, path: str, positional: str, n_heads: int
+    ) -> tuple[float, ...] | None:
+        """model.alibi_slopes: null (or absent) is the paper's rule (ops.alibi_slopes); else
+        one slope > 0 per head, each used exactly as written; only with positional alibi."""
+        if value is None:
+            return None
+        if positional != "alibi":
+            raise self.ctx.err(
+                path,
+                f"ALiBi's slopes are given, and model.positional is {positional}"
+                + self.ctx.set_by("model.positional"),
+                expected=f"model.positional: alibi beside {path}, or {path}: null "
+                "(a variant leaving alibi sets both)",
+                found_text=f"positional {positional}",
+            )
+        slopes = self.array(value, path, (n_heads,), dims="n_heads")
+        if (slopes <= 0).any():
+            where, at = _first(path, slopes <= 0)
+            raise self.ctx.err(
+                where,
+                "an ALiBi slope must be positive: B = −m·(i − j) is a penalty growing with "
+                "the distance",
+                float(slopes[at]),
+                "a number > 0",
+            )
+        return tuple(float(x) for x in slopes)
+
     def window(self, value: Any, path: str, encoder_layers: int) -> int:
         """model.window: null (or absent) is unlimited, 0; else a whole number >= 1 of keys
         each causal self-attention query sees. Only a decoder-only model: the encoder's
@@ -2602,6 +2683,7 @@ class _Validator:
         enc, dec = m.encoder_layers, m.decoder_layers
         qkv = H * (d * (2 * dk + dv) + 2 * dk + dv)
         attn = 2 * qkv + H * dv * d + 3 * d  # + W_o, b_o, gamma, beta
+        attn += 4 * dk if m.qk_norm != "none" else 0  # QK-norm's gamma and beta, q and k
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
         ffn = 2 * d * dff + dff + 3 * d
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
@@ -2612,8 +2694,8 @@ class _Validator:
             total += (enc + dec) * H * (2 * m.max_len - 1)
         total += trace_size(m, max(lengths, default=1), V)
         # The weight arrays, at most: per head 6, 3 score weights and a rel_bias; per block W_o,
-        # b_o, gamma, beta; per FFN 6; an embedding per token; a few more.
-        total += OBJECT_COST * (blocks * (10 * H + 4) + (enc + dec) * 6 + V + 8)
+        # b_o, gamma, beta and QK-norm's 4; per FFN 6; an embedding per token; a few more.
+        total += OBJECT_COST * (blocks * (10 * H + 8) + (enc + dec) * 6 + V + 8)
         if total > self.max_elements:
             # every size the bound grows with, so that the one at fault is in sight
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
@@ -3033,15 +3115,16 @@ class _Validator:
             types.append(t)
         return replace(seq, types=tuple(types), types_given=True)
 
-    def norm(self, value: Any, path: str, d: int) -> NormWeights:
+    def norm(self, value: Any, path: str, d: int, dims: str = "d_model") -> NormWeights:
+        """γ and β of d numbers (`dims` names d), ones and zeros where not given."""
         n = self.mapping(value, path, ("gamma", "beta"))
         gamma = (
-            self.array(n["gamma"], f"{path}.gamma", (d,), dims="d_model", base=lambda: np.ones(d))
+            self.array(n["gamma"], f"{path}.gamma", (d,), dims=dims, base=lambda: np.ones(d))
             if n.get("gamma") is not None
             else np.ones(d)
         )
         beta = (
-            self.array(n["beta"], f"{path}.beta", (d,), dims="d_model", base=lambda: np.zeros(d))
+            self.array(n["beta"], f"{path}.beta", (d,), dims=dims, base=lambda: np.zeros(d))
             if n.get("beta") is not None
             else np.zeros(d)
         )
@@ -3059,7 +3142,9 @@ class _Validator:
         p = f"weights.{path}"
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
         per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
-        a = self.mapping(value, p, ("heads", "kv_heads", *per_head, "W_o", "b_o", "norm"))
+        a = self.mapping(
+            value, p, ("heads", "kv_heads", *per_head, "q_norm", "k_norm", "W_o", "b_o", "norm")
+        )
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         kv_keys = KV_KEYS if m.grouped else ()  # held by the K/V heads, not the query heads
         fused_keys = [k for k in per_head if a.get(k) is not None]
@@ -3141,6 +3226,7 @@ class _Validator:
                 {k: projection(kd, k, "kv_heads", j) for k in kv_keys}
                 for j, kd in enumerate(kv_entries)
             ]
+        qk = {name: self.qk_norm_weights(a.get(name), f"{p}.{name}", m) for name in QK_KEYS}
         heads: list[HeadWeights] = []
         for h, hd in enumerate(
             self.head_entries(heads_raw, f"{p}.heads", H, (*per_head, *ALL_SCORE_WEIGHTS), m)
@@ -3165,7 +3251,7 @@ class _Validator:
                 # a shared K/V head's arrays are the same objects in each of its query heads
                 arrays[k] = kv[m.kv_head(h)][k] if k in kv_keys else projection(hd, k, "heads", h)
             sw = self.score_weights(hd, hp, m.score, dk, dk, m.d_a, f"{path}.heads.{h}")
-            heads.append(HeadWeights(**arrays, score=sw))  # type: ignore[arg-type]
+            heads.append(HeadWeights(**arrays, score=sw, **qk))  # type: ignore[arg-type]
         return AttentionWeights(
             heads=tuple(heads),
             W_o=self.weight(
@@ -3174,6 +3260,21 @@ class _Validator:
             b_o=self.bias(a, "b_o", f"{p}.b_o", d, "d_model"),
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
         )
+
+    def qk_norm_weights(self, value: Any, path: str, m: ModelConfig) -> NormWeights | None:
+        """A block's q_norm or k_norm (γ, β of d_k) with model.qk_norm head, else None;
+        given where QK-norm is off, refused."""
+        if m.qk_norm != "none":
+            return self.norm(value, path, m.d_k, "d_k")
+        if value is not None:
+            raise self.ctx.err(
+                path,
+                "QK-norm weights are given but model.qk_norm is none"
+                + self.ctx.set_by("model.qk_norm"),
+                expected=f"model.qk_norm: head, or no {path.rsplit('.', 1)[-1]}",
+                found_text="model.qk_norm: none",
+            )
+        return None
 
     def bounded_list(self, raw: Any, path: str, n: int, unit: str, more: str, of: str) -> list[Any]:
         """`raw` as a list of at most n entries, one per `unit` (none: empty); more than
@@ -3237,7 +3338,8 @@ class _Validator:
             raise self.ctx.err(
                 where,
                 "ALiBi's bias is fixed, not learned: B = −m·(i − j) with each head's slope "
-                "m = 2^(−8(h+1)/H), no table to give" + self.ctx.set_by("model.positional"),
+                "m = 2^(−8(h+1)/H) (or model.alibi_slopes), no table to give"
+                + self.ctx.set_by("model.positional"),
                 expected="no rel_bias with model.positional: alibi (or positional: relative)",
                 found_text="a rel_bias",
             )

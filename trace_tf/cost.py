@@ -104,6 +104,23 @@ class Free:
         return None
 
 
+@dataclass(frozen=True)
+class Normed:
+    """A step with no multiply-adds that normalises `of` by QK-norm (model.qk_norm): made
+    from that array, of the step's own shape, and its γ and β, one number per column."""
+
+    of: str
+
+    @property
+    def formula(self) -> str:
+        return f"— (normalises {self.of}, elementwise)"
+
+    def fit(self, shape: Shape, inputs: Sequence[Shape]) -> tuple[()] | None:
+        if len(inputs) == 3 and inputs[0] == shape and inputs[1] == inputs[2] == shape[-1:]:
+            return ()
+        return None
+
+
 FREE = Free()
 SHARED = "— (a shared K/V head's: computed in its group's first head)"
 
@@ -111,7 +128,7 @@ SHARED = "— (a shared K/V head's: computed in its group's first head)"
 # computed: exactly one must fit each recorded step, or `ledger` stops. A stage the
 # engine records that is missing here stops it too; tests/test_cost.py checks that
 # runs over every option record every stage and way listed, and nothing else.
-COSTS: dict[str, tuple[Product | Free, ...]] = {
+COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
     "embed": (FREE,),  # a lookup
     "pe": (FREE,),
     "token_type": (FREE,),  # a lookup in the token-type table
@@ -120,8 +137,19 @@ COSTS: dict[str, tuple[Product | Free, ...]] = {
     "cross_mask": (FREE,),
     "q_raw": (Product("projection", "L_q·d_model·d_k", x_w),),
     "k_raw": (Product("projection", "L_k·d_model·d_k", x_w),),
-    "q": (Product("projection", "L_q·d_model·d_k", x_w), Free("q_raw")),
-    "k": (Product("projection", "L_k·d_model·d_k", x_w), Free("k_raw")),
+    "q_norm": (Normed("q_raw"),),  # QK-norm before RoPE
+    "k_norm": (Normed("k_raw"),),
+    # a projection; RoPE's rotation (of q_raw, or of q_norm with QK-norm); QK-norm without RoPE
+    "q": (
+        Product("projection", "L_q·d_model·d_k", x_w),
+        Free("q_raw (q_norm with QK-norm)"),
+        Normed("q_raw"),
+    ),
+    "k": (
+        Product("projection", "L_k·d_model·d_k", x_w),
+        Free("k_raw (k_norm with QK-norm)"),
+        Normed("k_raw"),
+    ),
     "v": (Product("projection", "L_k·d_model·d_v", x_w),),
     "q_a": (Product("projection", "L_q·d_k·d_a", x_w),),
     "k_a": (Product("projection", "L_k·d_k·d_a", x_w),),
@@ -218,7 +246,7 @@ def ledger(cfg: Config) -> list[Cost]:
 
 def classify(
     path: str, shape: Shape, inputs: Sequence[Shape]
-) -> tuple[Product | Free, tuple[int, ...]]:
+) -> tuple[Product | Free | Normed, tuple[int, ...]]:
     """How a recorded step is computed (its entry in COSTS) and its terms; an error
     (a bug, not bad input) when no way, or more than one, fits."""
     entry = stage_of(path)
@@ -237,7 +265,7 @@ def cost_of(path: str, shape: Shape, inputs: Sequence[Shape], again: bool = Fals
     another query head of its group), and a product is not made twice."""
     way, terms = classify(path, shape, inputs)
     stage = path.rsplit(".", 1)[-1]
-    if again and (isinstance(way, Product) or way.of is not None):  # (a rotation neither)
+    if again and (isinstance(way, Product) or way.of is not None):  # (a rotation, norm neither)
         return Cost(path, stage, "elementwise", shape, SHARED, (), 0)
     kind = way.kind if isinstance(way, Product) else "elementwise"
     return Cost(path, stage, kind, shape, way.formula, terms, math.prod(terms) if terms else 0)

@@ -25,9 +25,9 @@ from rich.text import Text
 
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
-from trace_tf.config import TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
+from trace_tf.config import QK_KEYS, TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.model import alibi_slope_text, decoder_types, target_of
+from trace_tf.model import alibi_slope_text, alibi_slopes, decoder_types, target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -552,9 +552,12 @@ def _new_row(step: Step, i: int, x: np.ndarray, x_name: str) -> int:
 
 
 def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """q, k: a projection, or (rope) the rotation of q_raw / k_raw."""
+    """q, k: a projection, (rope) the rotation of q_raw / k_raw (q_norm / k_norm with
+    QK-norm), or (QK-norm without RoPE) the norm of q_raw / k_raw, read with its γ."""
     if len(step.inputs) == 1:
         return _rope(ctx, step, cell)
+    if step.inputs[1].endswith(".gamma"):
+        return _norm(ctx, step, cell)
     return _linear(ctx, step, cell)
 
 
@@ -824,22 +827,28 @@ def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 def _alibi(ctx: _Ctx, step: Step, j: int, pos: int, start: int) -> _Parts:
     """ALiBi's B[i,j] = −m·(pos − j) (the encoder's −m·|pos − j|): head h's slope m
-    (ops.alibi_slopes) times the distance from query position pos back to key j."""
+    (model.alibi_slopes, given or the paper's) times the distance from query position pos
+    back to key j."""
     assert isinstance(ctx.cfg, Config)
+    m = ctx.cfg.model
     h = int(step.path.rpartition(".h")[2].partition(".")[0])
-    H = ctx.cfg.model.n_heads
+    H = m.n_heads
     symmetric = "encoder" in step.path.split(".")
-    slope = ctx.f.shown(float(ops.alibi_slopes(H)[h]))
+    slope = ctx.f.shown(float(alibi_slopes(m)[h]))
+    if m.alibi_slopes is not None:
+        rule = "given"
+    else:
+        rule = "2^(−8(h+1)/H)" if ops.alibi_power(H) == H else "H not a power of two"
     distance = abs(pos - j) if symmetric else pos - j
-    row = f"({start} + i)" if start else "i"
-    dist = f"|{row} − j|" if symmetric else f"({row} − j)"
+    row = f"({start} + i)" if start else "i"  # a KV-cached step's row i is position start + i
+    apart = f"|{row} − j|" if symmetric else f"{row} − j"
     return _Parts(
-        [f"−m·{dist}", f"−{ctx.f.num(slope)} · {distance}"],
+        [f"−m·{apart if symmetric else f'({apart})'}", f"−{ctx.f.num(slope)} · {distance}"],
         -slope * distance + 0.0,
         [
-            f"m = {alibi_slope_text(h, H)} = {exact(slope)}: head {h}'s slope of {H} "
-            f"(ALiBi, {'2^(−8(h+1)/H)' if ops.alibi_power(H) == H else 'H not a power of two'})",
-            f"distance {'|i − j|' if symmetric else 'i − j'} = {distance} (key {j} seen from "
+            f"m = {alibi_slope_text(h, m)} = {exact(slope)}: head {h}'s slope of {H} "
+            f"(ALiBi, {rule})",
+            f"distance {apart} = {distance} (key {j} seen from "
             f"query position {pos}; {'bidirectional encoder' if symmetric else 'causal'})",
         ],
         {"m": [slope], "distance": [float(distance)]},
@@ -1104,9 +1113,15 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     f = ctx.f
     x_name, g_name, b_name = step.inputs
+    i = _new_row(step, i, ctx.get(x_name), x_name)  # a KV-cached K: K_raw holds its new rows
     x, g, b = float(ctx.get(x_name)[i, j]), float(ctx.get(g_name)[j]), float(ctx.get(b_name)[j])
     eps = ctx.cfg.model.norm_eps
     where = [f"x = {x_name}", f"γ = {g_name}{ctx.source(g_name)}, β = {b_name}{ctx.source(b_name)}"]
+    if g_name.rsplit(".", 2)[-2] in QK_KEYS:  # QK-norm: one head's row, the block's γ and β
+        where[0] += (
+            f" (QK-norm: row {i}'s {ctx.get(x_name).shape[1]} entries, this head's alone; "
+            "γ and β of d_k shared by every head of the block)"
+        )
     if ctx.cfg.model.norm == "rms":
         r = float(ctx.get(f"{step.path}.rms")[i, 0])
         total, note = _div(x, r) * g + b, ""
@@ -1588,6 +1603,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "cross_mask": _mask,
     "q_raw": _linear,
     "k_raw": _linear,
+    "q_norm": _norm,
+    "k_norm": _norm,
     "q": _projection,
     "k": _kept(_projection),
     "v": _kept(_linear),

@@ -253,6 +253,42 @@ def project(x: Array, W: Array, b: Array | None) -> Array:
     return ops.linear(x, W, b)
 
 
+# What a QK-norm step's formula says after the norm's: the axis and the weights' sharing
+QK_NORM_NOTE = ";  QK-norm: each row's d_k entries, γ and β shared by every head of the block"
+
+
+@dataclass(eq=False, slots=True)
+class QKNormed:
+    """A head's queries, or a K/V head's keys, normalised by QK-norm (model.qk_norm head),
+    computed but not yet recorded: recorded as `name`, q_norm / k_norm when RoPE turns them
+    next, else q / k, what the scores read; its statistics under it."""
+
+    name: str
+    value: Array  # [L, d_k]: the new rows only, for a KV-cached K
+    formula: str
+    stats: tuple[tuple[str, Array, str], ...]
+    nw: NormWeights
+
+    def record(self, tr: Tracer, raw: Array, shared: str = "") -> Array:
+        """Record the statistics and the normalised rows of `raw` (its Q_raw or K_raw, as
+        recorded), the formula followed by `shared`; -> the array as recorded."""
+        record_statistics(tr, self.name, raw, self.stats)
+        self.value = tr.rec(
+            self.name, self.value, self.formula + shared, raw, self.nw.gamma, self.nw.beta
+        )
+        return self.value
+
+
+def qk_normed(raw: Array, nw: NormWeights, m: ModelConfig, rotary: bool, of: str) -> QKNormed:
+    """QK-norm of `raw`, `of` Q or K (Qwen3's q_norm, k_norm): model.norm over each row's d_k
+    entries, before RoPE (then named q_norm / k_norm; else it is q / k). [L, d_k] -> [L, d_k]"""
+    stats = norm_statistics(raw, m)
+    name, lhs = (f"{of.lower()}_norm", f"{of}_norm") if rotary else (of.lower(), of)
+    formula = f"{lhs} = " + norm_step_formula(m, f"{of}_raw", QK_NORM_NOTE)
+    value = normed(raw, [v for _, v, _ in stats], nw, m)
+    return QKNormed(name, value, formula, stats, nw)
+
+
 @dataclass(eq=False, slots=True)
 class KeysValues:
     """One K/V head's K and V (and K_raw, with RoPE), with the formula and inputs each
@@ -265,17 +301,27 @@ class KeysValues:
     v_formula: str
     k_inputs: tuple[Array, ...]
     v_inputs: tuple[Array, ...]
-    k_raw: Array | None = None  # rope: the new rows of X W_k (+ b_k), before the rotation
+    # rope or QK-norm: the new rows of X W_k (+ b_k), before the rotation and the norm
+    k_raw: Array | None = None
     k_raw_formula: str = ""
     scopes: tuple[str, ...] | None = None  # KV-cached: the scope each row was computed in
+    k_norm: QKNormed | None = None  # QK-norm of K_raw: k_norm before RoPE, else K itself
 
     def record(self, tr: Tracer, shared: str = "") -> None:
-        """Record K_raw, K and V in the current scope, each formula followed by `shared`
-        (", K/V head 1 (shared by h2, h3)"), and go on with the arrays as recorded."""
+        """Record K_raw, the norm of QK-norm, K and V in the current scope, each formula
+        followed by `shared` (", K/V head 1 (shared by h2, h3)"), and go on with the
+        arrays as recorded."""
         k_inputs = self.k_inputs
         if self.k_raw is not None:
             self.k_raw = tr.rec("k_raw", self.k_raw, self.k_raw_formula + shared, *k_inputs)
             k_inputs = (self.k_raw,)
+        if self.k_norm is not None and self.k_raw is not None:
+            n = self.k_norm
+            if n.name == "k_norm":  # RoPE turns it next
+                k_inputs = (n.record(tr, self.k_raw, shared),)
+            else:  # K is the norm itself (its cached rows before it): its statistics first
+                record_statistics(tr, n.name, self.k_raw, n.stats)
+                k_inputs = (self.k_raw, n.nw.gamma, n.nw.beta)
         self.k = tr.rec("k", self.k, self.k_formula + shared, *k_inputs, rows="keys")
         self.v = tr.rec("v", self.v, self.v_formula + shared, *self.v_inputs, rows="keys")
         if self.scopes is not None:
@@ -293,8 +339,8 @@ def keys_values(
     cache: HeadCache | None = None,
     scope: str = "",
 ) -> KeysValues:
-    """K = X W_k + b_k (rotated from position `start`, with RoPE) and V = X W_v + b_v of
-    one K/V head, not yet recorded. [L_k, d] -> [L_k, d_k], [L_k, d_v]
+    """K = X W_k + b_k (normalised by QK-norm, then rotated from position `start` with
+    RoPE) and V = X W_v + b_v of one K/V head, not yet recorded. [L_k, d] -> [L_k, d_k], [L_k, d_v]
 
     With a `cache`, self-attention computes K and V for the new rows only, at
     positions start.. after the cached ones, keeps them as computed in `scope` and
@@ -310,12 +356,16 @@ def keys_values(
         )
     k = project(x_kv, hw.W_k, hw.b_k)
     k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
-    k_raw, k_raw_formula = None, ""
-    if rotary:
+    k_raw, k_raw_formula, k_norm = None, "", None
+    if rotary or hw.k_norm is not None:
         k_raw, k_raw_formula = k, k_formula  # the new rows only
-        positions = start + np.arange(len(k_raw))
-        k = ops.rope(k_raw, positions, m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims)
-        k_formula = "K = " + rope_formula("K_raw", m)
+    if k_raw is not None and hw.k_norm is not None:
+        k_norm = qk_normed(k_raw, hw.k_norm, m, rotary, "K")
+        k, k_formula = k_norm.value, k_norm.formula
+    if rotary:
+        positions = start + np.arange(len(k))
+        k = ops.rope(k, positions, m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims)
+        k_formula = "K = " + rope_formula("K_norm" if k_norm is not None else "K_raw", m)
     v = project(x_kv, hw.W_v, hw.b_v)
     scopes = None
     if cache is not None:
@@ -325,7 +375,9 @@ def keys_values(
         k, v = cache.extend(k, v, scope)
         scopes = cache.scopes
     v_inputs = _operands(x_kv, hw.W_v, hw.b_v)
-    return KeysValues(k, v, k_formula, v_formula, k_inputs, v_inputs, k_raw, k_raw_formula, scopes)
+    return KeysValues(
+        k, v, k_formula, v_formula, k_inputs, v_inputs, k_raw, k_raw_formula, scopes, k_norm
+    )
 
 
 @dataclass(frozen=True)
@@ -339,22 +391,44 @@ class Alibi:
     symmetric: bool
 
 
-def alibi_slope_text(h: int, n_heads: int) -> str:
-    """How head h's slope is formed (ops.alibi_slopes): 2^(−8·(h+1)/H), or for H not a
-    power of two, 2^(−8·(h+1)/H') then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
-    below = ops.alibi_power(n_heads)
+def alibi_slope_text(h: int, m: ModelConfig) -> str:
+    """How head h's slope is formed: given (model.alibi_slopes), or by the paper's rule
+    (ops.alibi_slopes), 2^(−8·(h+1)/H), or for H not a power of two, 2^(−8·(h+1)/H')
+    then 2^(−8·(2k+1)/(2H')), H' = 2^⌊log₂ H⌋."""
+    if m.alibi_slopes is not None:
+        return f"model.alibi_slopes[{h}]"
+    below = ops.alibi_power(m.n_heads)
     if h < below:
         return f"2^(−8·{h + 1}/{below})"
     return f"2^(−8·{2 * (h - below) + 1}/{2 * below})"
+
+
+def alibi_slopes(m: ModelConfig) -> Array:
+    """Each head's ALiBi slope: model.alibi_slopes as given, else the paper's rule. -> [H]"""
+    if m.alibi_slopes is not None:
+        return np.array(m.alibi_slopes, dtype=np.float64)
+    return ops.alibi_slopes(m.n_heads)
+
+
+def alibi_rule(m: ModelConfig) -> str:
+    """Where the slopes come from, for the header: given, or the paper's rule for this H."""
+    if m.alibi_slopes is not None:
+        return "given (model.alibi_slopes)"
+    below = ops.alibi_power(m.n_heads)
+    if below == m.n_heads:
+        return "= 2^(−8(h+1)/H)"
+    return (
+        f"= 2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = {below} (Hugging Face's, for H "
+        "not a power of two)"
+    )
 
 
 def alibi_heads(m: ModelConfig, symmetric: bool) -> tuple[Alibi, ...] | None:
     """Each head's ALiBi bias with positional alibi (a self-attention's), else None."""
     if m.positional != "alibi":
         return None
-    slopes = ops.alibi_slopes(m.n_heads)
     return tuple(
-        Alibi(float(s), alibi_slope_text(h, m.n_heads), symmetric) for h, s in enumerate(slopes)
+        Alibi(float(s), alibi_slope_text(h, m), symmetric) for h, s in enumerate(alibi_slopes(m))
     )
 
 
@@ -384,25 +458,29 @@ def attention_head(
     bias of 000 section 6.2 with positional relative, ALiBi's fixed one with positional
     alibi: `alibi`). [L_q, d] x [L_k, d] -> [L_q, d_v]
 
-    The query rows sit at positions start.. (after the cached ones, with a KV cache).
+    With QK-norm (model.qk_norm; `hw.q_norm`, the block's) Q is normalised before RoPE, as
+    K is in `keys_values`. The query rows sit at positions start.. (after the cached ones,
+    with a KV cache).
     K and V are computed here (`keys_values`, with the K/V head's `cache`), or are `kv`,
     which another query head of the same K/V head computed (grouped-query attention);
     -> the head's output, and its K and V as recorded, for the other query heads."""
     src = "X" if x_q is x_kv else "Enc"
     q_formula = "Q = X W_q" + _plus(hw.b_q, "b_q")
     q = tr.rec(
-        "q_raw" if rotary else "q",
+        "q_raw" if rotary or hw.q_norm is not None else "q",
         project(x_q, hw.W_q, hw.b_q),
         q_formula,
         *_operands(x_q, hw.W_q, hw.b_q),
     )
+    if hw.q_norm is not None:  # QK-norm, before RoPE (Qwen3's q_norm)
+        q = qk_normed(q, hw.q_norm, m, rotary, "Q").record(tr, q)
     if rotary:
         q = tr.rec(
             "q",
             ops.rope(
                 q, start + np.arange(len(q)), m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims
             ),
-            "Q = " + rope_formula("Q_raw", m),
+            "Q = " + rope_formula("Q_norm" if hw.q_norm is not None else "Q_raw", m),
             q,
         )
     if kv is None:
@@ -648,20 +726,40 @@ def normalize(
     """LayerNorm or RMSNorm of each row, its statistics recorded under `name`. [L, d] -> [L, d]
 
     `of` names x in the formula (`X` for the embeddings), `note` follows it."""
+    stats = record_statistics(tr, name, x, norm_statistics(x, m))
+    return tr.rec(
+        name, normed(x, stats, nw, m), norm_step_formula(m, of, note), x, nw.gamma, nw.beta
+    )
+
+
+def norm_statistics(x: Array, m: ModelConfig) -> tuple[tuple[str, Array, str], ...]:
+    """What model.norm divides each row of x by: its rms, or its mean and biased variance,
+    each with the name and formula it is recorded under (not recorded here). -> [L, 1] each"""
+    if m.norm == "rms":
+        return (("rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {exact(m.norm_eps)}"),)
+    mean, var = ops.row_mean_var(x)
+    return (("mean", mean, "mean of each row"), ("var", var, "biased variance of each row (÷ d)"))
+
+
+def record_statistics(
+    tr: Tracer, name: str, x: Array, stats: Sequence[tuple[str, Array, str]]
+) -> list[Array]:
+    """Record a norm's statistics (norm_statistics) under `name`: the arrays as recorded."""
     with tr.scope(name):
-        if m.norm == "rms":
-            r = tr.rec(
-                "rms", ops.rms(x, m.norm_eps), f"√(mean(x²) + ε), ε = {exact(m.norm_eps)}", x
-            )
-            out = ops.rms_scale(x, r, nw.gamma, nw.beta, m.norm_eps)
-        else:
-            mean, var = ops.row_mean_var(x)
-            mean = tr.rec("mean", mean, "mean of each row", x)
-            var = tr.rec("var", var, "biased variance of each row (÷ d)", x)
-            out = ops.standardize(x, mean, var, nw.gamma, nw.beta, m.norm_eps)
+        return [tr.rec(stat, value, formula, x) for stat, value, formula in stats]
+
+
+def normed(x: Array, stats: Sequence[Array], nw: NormWeights, m: ModelConfig) -> Array:
+    """x normalised by its statistics (rms, or mean and var: norm_statistics), · γ + β."""
+    if m.norm == "rms":
+        return ops.rms_scale(x, stats[0], nw.gamma, nw.beta, m.norm_eps)
+    return ops.standardize(x, stats[0], stats[1], nw.gamma, nw.beta, m.norm_eps)
+
+
+def norm_step_formula(m: ModelConfig, of: str, note: str = "") -> str:
+    """`RMSNorm(x) = x / √(mean(x²) + ε) · γ + β,  ε = 1e-05` and the note."""
     kind = "RMSNorm" if m.norm == "rms" else "LayerNorm"
-    formula = f"{kind}({of}) = " + norm_formula(m, of) + note
-    return tr.rec(name, out, formula, x, nw.gamma, nw.beta)
+    return f"{kind}({of}) = " + norm_formula(m, of) + note
 
 
 def add_and_norm(

@@ -252,14 +252,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         "alibi": "ALiBi (Press et al. 2022), fixed, no weights: B[i,j] = −m_h·(i − j) added "
         "to the scaled scores in causal (decoder) self-attention, −m_h·|i − j| in the "
         "bidirectional encoder's (MosaicBERT's symmetric form), none in cross-attention; "
-        "slopes m_h = "
-        + (
-            "2^(−8(h+1)/H)"
-            if ops.alibi_power(m.n_heads) == m.n_heads
-            else "2^(−8(h+1)/H') then 2^(−8(2k+1)/(2H')), H' = "
-            f"{ops.alibi_power(m.n_heads)} (Hugging Face's, for H not a power of two)"
-        )
-        + f": {spaced([exact(x) for x in ops.alibi_slopes(m.n_heads)])}",
+        f"slopes m_h {model.alibi_rule(m)}: {spaced([exact(x) for x in model.alibi_slopes(m)])}",
         "none": "none",
     }[m.positional]
     drawn = _summarize(cfg.drawn)
@@ -276,6 +269,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             + (", embedding norm on" if m.embed_norm else "")
             + (", final norm on" if m.final_norm else ""),
         ),
+        *([("qk norm", qk_norm_text(m))] if m.qk_norm != "none" else []),
         (
             "attention",
             score_text(m.score, m.d_a)
@@ -335,6 +329,20 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         variant = f"variant {quoted(cfg.variant)}; " if cfg.variant is not None else ""
         rows.append(("overrides", variant + "keys set: " + ", ".join(cfg.overrides)))
     return rows
+
+
+def qk_norm_text(m: ModelConfig) -> str:
+    """What QK-norm (model.qk_norm head) computes, for the header and `explain`."""
+    kind = "RMSNorm x/√(mean(x²)+ε)·γ+β" if m.norm == "rms" else "LayerNorm (x−mean)/√(var+ε)·γ+β"
+    rope = m.positional == "rope"
+    return (
+        f"per head {kind}, ε = {exact(m.norm_eps)}, of each row's d_k = {m.d_k} entries of Q_raw "
+        "= X W_q + b_q and K_raw = X W_k + b_k"
+        + (" (once per K/V head)" if m.grouped else "")
+        + ("; before RoPE" if rope else "")
+        + "; γ and β of d_k shared by every head of a block (its q_norm, k_norm); in every "
+        "attention block, cross-attention too"
+    )
 
 
 def types_text(cfg: Config) -> str:

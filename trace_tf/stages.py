@@ -115,19 +115,39 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "q_raw",
-        ("<stack>.<l>.self_attn.h<n>.q_raw",),
+        (f"{_HEAD}.q_raw",),
         "X W_q + b_q",
         "L × d_k",
-        "rope: the queries before their rotation",
-        "with model.positional: rope",
+        "rope: the queries before their rotation; qk_norm: before their norm",
+        "with model.positional: rope (self-attention) or model.qk_norm: head",
     ),
     Stage(
         "k_raw",
-        ("<stack>.<l>.self_attn.h<n>.k_raw",),
-        "X W_k + b_k",
+        (f"{_HEAD}.k_raw",),
+        "X W_k + b_k  (a KV-cached step: the new rows only)",
         "L × d_k",
-        "rope: the keys before their rotation",
-        "with model.positional: rope",
+        "rope: the keys before their rotation; qk_norm: before their norm",
+        "with model.positional: rope (self-attention) or model.qk_norm: head",
+    ),
+    Stage(
+        "q_norm",
+        (f"{_HEAD}.q_norm",),
+        "Norm(q_raw) over each row's d_k entries, γ and β of the block's q_norm (model.norm, "
+        "model.norm_eps)",
+        "L_q × d_k",
+        "QK-norm: the queries normalised before RoPE turns them (without RoPE the norm is q "
+        "itself)",
+        "with model.qk_norm: head and model.positional: rope, in self-attention",
+    ),
+    Stage(
+        "k_norm",
+        (f"{_HEAD}.k_norm",),
+        "Norm(k_raw) over each row's d_k entries, γ and β of the block's k_norm  (a KV-cached "
+        "step: the new rows only)",
+        "L × d_k",
+        "QK-norm: the keys normalised before RoPE turns them, once per K/V head (without RoPE "
+        "the norm is k itself)",
+        "with model.qk_norm: head and model.positional: rope, in self-attention",
     ),
     Stage(
         "q",
@@ -135,14 +155,16 @@ STAGES: tuple[Stage, ...] = (
         "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
         "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
         "rope_scaling rescales it: linear, llama3 or yarn; with rope_dims r only columns "
-        "0..r−1 turn, pairs and frequencies over r)",
+        "0..r−1 turn, pairs and frequencies over r; qk_norm: Norm(q_raw), or "
+        "RoPE(q_norm, pos))",
         "L_q × d_k",
         "what each position looks for (one head)",
     ),
     Stage(
         "k",
         (f"{_HEAD}.k",),
-        "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated)",
+        "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated; qk_norm: "
+        "Norm(k_raw), or RoPE(k_norm, pos))",
         "L_k × d_k",
         "what each position is found by (with model.n_kv_heads: its K/V head's, shared)",
     ),
@@ -204,7 +226,8 @@ STAGES: tuple[Stage, ...] = (
         "rel_bias",
         ("<stack>.<l>.self_attn.h<n>.rel_bias",),
         "B[i,j] = b_rel[j − i] = rel_bias[max_len − 1 + j − i]; alibi: B[i,j] = −m·(i − j), "
-        "the encoder's −m·|i − j|, m = 2^(−8(h+1)/H)  (a KV-cached row i: position start + i)",
+        "the encoder's −m·|i − j|, m = 2^(−8(h+1)/H) or as given (alibi_slopes)  (a KV-cached "
+        "row i: position start + i)",
         "L_q × L_k",
         "relative: the learned bias of each query-key offset j − i (000 §6.2); alibi: "
         "ALiBi's fixed linear penalty of the distance, one slope per head (no weights); "
@@ -276,6 +299,10 @@ STAGES: tuple[Stage, ...] = (
         "mean",
         (
             "<stack>.<l>.<sub>.norm.mean",
+            f"{_HEAD}.q_norm.mean",
+            f"{_HEAD}.k_norm.mean",
+            f"{_HEAD}.q.mean",
+            f"{_HEAD}.k.mean",
             "<stack>.embed_norm.mean",
             "<stack>.final_norm.mean",
             "norm.mean",
@@ -289,6 +316,10 @@ STAGES: tuple[Stage, ...] = (
         "var",
         (
             "<stack>.<l>.<sub>.norm.var",
+            f"{_HEAD}.q_norm.var",
+            f"{_HEAD}.k_norm.var",
+            f"{_HEAD}.q.var",
+            f"{_HEAD}.k.var",
             "<stack>.embed_norm.var",
             "<stack>.final_norm.var",
             "norm.var",
@@ -302,6 +333,10 @@ STAGES: tuple[Stage, ...] = (
         "rms",
         (
             "<stack>.<l>.<sub>.norm.rms",
+            f"{_HEAD}.q_norm.rms",
+            f"{_HEAD}.k_norm.rms",
+            f"{_HEAD}.q.rms",
+            f"{_HEAD}.k.rms",
             "<stack>.embed_norm.rms",
             "<stack>.final_norm.rms",
             "norm.rms",
@@ -406,7 +441,8 @@ STAGES: tuple[Stage, ...] = (
 
 # What each group of SPEC section 3 selects (trace.GROUPS holds the predicates).
 GROUP_MEANINGS = {
-    "qkv": "q, k, v of every head (and q_raw, k_raw with rope)",
+    "qkv": "q, k, v of every head (and q_raw, k_raw with rope or qk_norm; q_norm, k_norm and "
+    "the statistics of QK-norm with qk_norm)",
     "add_norm": "residual and norm, with the norm's mean, var or rms; embed_norm and final_norm; "
     "all of `norm`'s steps",
     "ffn": "everything under <stack>.<l>.ffn",

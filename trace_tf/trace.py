@@ -98,7 +98,10 @@ class Step:
 
 # Groups of stage names (SPEC section 3), each a predicate on a path.
 GROUPS: dict[str, Callable[[str], bool]] = {
-    "qkv": lambda p: p.rsplit(".", 1)[-1] in {"q", "k", "v", "q_raw", "k_raw"},
+    "qkv": lambda p: (
+        p.rsplit(".", 1)[-1] in {"q", "k", "v", "q_raw", "k_raw", "q_norm", "k_norm"}
+        or bool(re.search(r"\.h\d+\.(q|k|q_norm|k_norm)\.(mean|var|rms)$", p))  # QK-norm's
+    ),
     # ... and every step of the norm calculator, as `attention` holds attend's
     "add_norm": lambda p: bool(
         re.search(r"(^|\.)(residual|norm|embed_norm|final_norm)(\.(mean|var|rms))?$", p)
