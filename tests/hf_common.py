@@ -183,12 +183,14 @@ def hf_rope_init(config: Any) -> tuple[torch.Tensor, float]:
 
 
 def rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
-    """LlamaRotaryEmbedding.forward with its angles in float64: the default rope type's
-    inverse frequencies written here, a scaled type's by HF's own function (hf_rope_init),
-    cos and sin times its attention scaling as forward does."""
+    """LlamaRotaryEmbedding.forward (GPTNeoXRotaryEmbedding's is the same) with its angles
+    in float64: the default rope type's inverse frequencies written here, over the
+    int(head_dim · partial_rotary_factor) columns turned, a scaled type's by HF's own
+    function (hf_rope_init), cos and sin times its attention scaling as forward does."""
     c = self.config
     if c.rope_parameters["rope_type"] == "default":
-        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        d = int(head * c.rope_parameters.get("partial_rotary_factor", 1.0))
         base = c.rope_parameters["rope_theta"]
         inv_freq, scaling = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), 1.0
     else:
@@ -209,8 +211,8 @@ def eager_float64(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """eager_attention_forward with its softmax in the model's dtype; each K/V head
-    repeated for the query heads of its group (HF's repeat_kv)."""
-    groups = module.num_key_value_groups
+    repeated for the query heads of its group (HF's repeat_kv; GPT-NeoX has no groups)."""
+    groups = getattr(module, "num_key_value_groups", 1)
     keys = key.repeat_interleave(groups, dim=1)
     values = value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, keys.transpose(2, 3)) * scaling

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "embed_scale": 1,
     "tie_embeddings": False,
     "embed_norm": False,
+    "parallel": "none",
 }
 WORDS = [f"t{i}" for i in range(6)]
 BOS, EOS, PAD = "t0", "t1", "PAD"
@@ -69,6 +70,8 @@ def random_config(
     token_types: int = 0,
     pe_base: float | None = None,
     rope_scaling: dict[str, Any] | None = None,
+    rope_dims: int | None = None,
+    parallel: str = "none",
     qk_norm: str = "none",
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
@@ -87,7 +90,8 @@ def random_config(
     `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
-    `rope_scaling` (positional rope): model.rope_scaling as given.
+    `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise.
+    `parallel` (pre-norm): separate or shared; with shared, the FFN has no norm of its own.
     `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
     after its W_o and norm (the other arrays are those of the same call without it).
     """
@@ -184,7 +188,8 @@ def random_config(
             ffn["W_3"] = matrix(d_model, dff)
             if biases:
                 ffn["b_3"] = vector(dff)
-        ffn["norm"] = norm_params()
+        if parallel != "shared":
+            ffn["norm"] = norm_params()
         return ffn
 
     def layer(cross: bool) -> dict[str, Any]:
@@ -218,6 +223,7 @@ def random_config(
         "window": window,
         "pe_base": pe_base,
         "rope_scaling": rope_scaling,
+        "rope_dims": rope_dims,
         "qk_norm": None if qk_norm == "none" else qk_norm,
     }
     model.update({key: value for key, value in given.items() if value is not None})
@@ -230,6 +236,7 @@ def random_config(
         "embed_scale": embed_scale,
         "tie_embeddings": tie_embeddings,
         "embed_norm": embed_norm,
+        "parallel": parallel,
     }
     model.update({key: value for key, value in chosen.items() if value != DEFAULTS[key]})
 

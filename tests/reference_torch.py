@@ -57,6 +57,8 @@ class Hyper:
     scale: float  # scores are divided by this
     window: int  # sliding window (Mistral): query i sees keys i − window < j <= i; 0 unlimited
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
+    rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
+    parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
     qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3)
 
 
@@ -97,6 +99,8 @@ def hyper(model: dict[str, Any]) -> Hyper:
         scale=math.sqrt(d_k) if scale == "sqrt_dk" else float(scale),
         window=int(model.get("window") or 0),
         rope_scaling=model.get("rope_scaling"),
+        rope_dims=int(model.get("rope_dims") or d_k),
+        parallel=model.get("parallel", "none"),
         qk_norm=model.get("qk_norm", "none"),
     )
 
@@ -201,6 +205,15 @@ def rope(x: Tensor, base: float, pairs: str, scaling: dict[str, Any] | None = No
     else:
         raise ValueError(f"unknown rope_pairs {pairs!r}")
     return torch.cat((out, rest), dim=1)
+
+
+def partial_rope(x: Tensor, hp: Hyper) -> Tensor:
+    """GPT-NeoX's partial rotary (apply_rotary_pos_emb's q_rot, q_pass): the first
+    rope_dims columns turned as a RoPE of that width (its pairs and inv_freq over
+    rope_dims, not d_k), the others passed through. [n, d_k]"""
+    r = hp.rope_dims
+    turned = rope(x[:, :r], hp.pe_base, hp.rope_pairs, hp.rope_scaling)
+    return torch.cat((turned, x[:, r:]), dim=-1)
 
 
 def additive_mask(n_q: int, key_is_pad: list[bool], causal: bool, window: int = 0) -> Tensor:
@@ -393,8 +406,7 @@ def attention_head(
     if rotary:
         if qk_norm is None:
             q, k = tr.rec(f"{path}.q_raw", q), tr.rec(f"{path}.k_raw", k)
-        q = rope(q, hp.pe_base, hp.rope_pairs, hp.rope_scaling)
-        k = rope(k, hp.pe_base, hp.rope_pairs, hp.rope_scaling)
+        q, k = partial_rope(q, hp), partial_rope(k, hp)
     q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"] if kv is None else kv[1])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
@@ -496,6 +508,29 @@ def sublayer_output(
     return residual
 
 
+def parallel_layer(
+    x: Tensor,
+    attn: dict[str, Any],
+    ffn: dict[str, Any],
+    mask: Tensor | None,
+    hp: Hyper,
+    tr: Trace,
+    path: str,
+) -> Tensor:
+    """GPTNeoXLayer with use_parallel_residual: mlp(ln2(x)) + attention(ln1(x)) + x; with
+    a shared norm (GPT-J's GPTJBlock) both read ln_1(x). No cross-attention. [n, d]"""
+    if hp.norm_position != "pre":
+        raise ValueError("parallel layers are pre-norm")
+    ln1 = tr.rec(f"{path}.self_attn.norm", normalise(x, attn.get("norm", {}), hp))
+    attn_out = multi_head_attention(ln1, ln1, attn, mask, hp, tr, f"{path}.self_attn")
+    if hp.parallel == "shared":
+        ln2 = ln1
+    else:
+        ln2 = tr.rec(f"{path}.ffn.norm", normalise(x, ffn.get("norm", {}), hp))
+    mlp_out = feed_forward(ln2, ffn, hp, tr, f"{path}.ffn")
+    return tr.rec(f"{path}.ffn.residual", mlp_out + attn_out + x)
+
+
 def run_stack(
     name: str,
     x: Tensor,
@@ -515,6 +550,9 @@ def run_stack(
     for n, layer in enumerate(layers):
         path = f"{name}.{n}"
         attn, ffn = layer["self_attn"], layer["ffn"]
+        if hp.parallel != "none":
+            x = parallel_layer(x, attn, ffn, self_mask, hp, tr, path)
+            continue
         h = sublayer_input(x, attn, hp, tr, f"{path}.self_attn")
         y = multi_head_attention(h, h, attn, self_mask, hp, tr, f"{path}.self_attn")
         x = sublayer_output(x, y, attn, hp, tr, f"{path}.self_attn")

@@ -2619,6 +2619,96 @@ def test_a_message_never_echoes_a_huge_text_whole(tmp_path: Path) -> None:
         assert len(result.stderr) < 2000, (param.id, len(result.stderr))
 
 
+# Partial rotary (model.rope_dims) and parallel layers (model.parallel): each refusal.
+NEOX_DEC = (
+    "model:\n  d_model: 8\n  n_heads: 2\n  encoder_layers: 0\n  decoder_layers: 1\n"
+    "  norm_position: pre\n  positional: rope\nvocab: [a, b]\ntarget: [a]\n"
+)
+NEOX = [
+    case(
+        "rope-dims-odd",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_dims: 3\n"),
+        "model.rope_dims",
+        "rope_dims",
+        "expected an even whole number from 2 to d_k 4, found 3",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-dims-over-d_k",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_dims: 6\n"),
+        "model.rope_dims",
+        "rope_dims",
+        "among the first rope_dims of d_k 4",
+        "found 6",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-dims-without-rope",
+        NEOX_DEC.replace("rope\n", "sinusoidal\n  rope_dims: 2\n"),
+        "model.rope_dims",
+        "rope_dims",
+        "rope_dims counts the columns RoPE turns, and positional is sinusoidal",
+        "found positional sinusoidal",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "partial-rotary-factor-hf-name",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_scaling: {type: linear, factor: 2, "
+                         "partial_rotary_factor: 0.25}\n"),
+        "model.rope_scaling.partial_rotary_factor",
+        "partial_rotary_factor",
+        "trace-tf's is model.rope_dims",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "parallel-misspelt",
+        NEOX_DEC.replace("rope\n", "rope\n  parallel: seperate\n"),
+        "model.parallel",
+        "parallel",
+        "did you mean 'separate'?",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "parallel-post-norm",
+        NEOX_DEC.replace("pre\n", "post\n  parallel: separate\n"),
+        "model.parallel",
+        "parallel",
+        "a pre-norm layer, and norm_position is post",
+        "found norm_position post",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "parallel-cross-attention",
+        ENC_DEC.replace("decoder_layers: 1", "decoder_layers: 1\n  norm_position: pre\n"
+                        "  parallel: shared"),
+        "model.parallel",
+        "parallel",
+        "no settled place beside them",
+        "found encoder_layers 1, decoder_layers 1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "parallel-shared-ffn-norm",
+        NEOX_DEC.replace("rope\n", "rope\n  parallel: shared\n")
+        + "weights:\n  decoder:\n    - ffn:\n        norm: {gamma: [1, 1, 1, 1, 1, 1, 1, 1]}\n",
+        "weights.decoder.0.ffn.norm",
+        "norm:",
+        "the FFN reads the attention's, self_attn.norm",
+        "expected no ffn.norm (the norm's weights under weights.decoder.0.self_attn.norm)",
+        "found model.parallel: shared",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-rope-dims-odd",
+        "pe: {length: 3, d_model: 8, kind: rope, rope_dims: 5}\n",
+        "pe.rope_dims",
+        1,
+        "expected an even whole number from 2 to d_model 8, found 5",
+        args=("pe", "{file}"),
+    ),
+]  # fmt: skip
+
+
 CORPUS = [
     *LONG_TEXT,
     *SHAPES,
@@ -2637,6 +2727,7 @@ CORPUS = [
     *FILES,
     *CALCULATORS,
     *PERFORMANCE,
+    *NEOX,
 ]
 
 

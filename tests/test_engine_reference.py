@@ -277,6 +277,56 @@ SHAPES = [
         positional="rope",
         qk_norm="head",
     ),
+    # partial rotary (model.rope_dims, GPT-NeoX's rotary_ndims) and parallel layers
+    # (model.parallel): GPT-NeoX's shape, decoder-only, pre-norm LayerNorm, exact GELU, RoPE
+    # by halves on 2 of d_k 4, a norm each; GPT-J's, one shared norm, tanh GELU, adjacent
+    # pairs on 4 of 6 with llama3-scaled frequencies over those 4; a parallel encoder with
+    # padding, RMSNorm, rope_dims d_k (all of it); and a sequential one turning 2 of an odd 5
+    dict(
+        d_model=8,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        rope_pairs="halves",
+        rope_dims=2,
+        activation="gelu",
+        parallel="separate",
+        tgt_len=5,
+    ),
+    dict(
+        d_model=12,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        rope_dims=4,
+        activation="gelu_tanh",
+        parallel="shared",
+        tgt_len=12,
+        pe_base=100.0,
+        rope_scaling={
+            "type": "llama3",
+            "factor": 4,
+            "low_freq_factor": 0.25,
+            "high_freq_factor": 1.25,
+            "original_max_len": 8,
+        },
+    ),
+    dict(
+        d_model=8,
+        n_heads=2,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_dims=4,
+        parallel="shared",
+        pad=True,
+        src_len=5,
+    ),
+    dict(d_model=6, n_heads=2, d_k=5, decoder_layers=1, positional="rope", rope_dims=2, fused=True),
 ]
 
 

@@ -200,6 +200,36 @@ TYPES = [
     dict(d_model=4, n_heads=2, encoder_layers=0, decoder_layers=2, tgt_len=3, token_types=2),
 ]
 
+# Partial rotary (model.rope_dims) and parallel layers (model.parallel): a cached row's
+# first rope_dims columns turned at its own position, the rest as projected; the layer's
+# input read by both sublayers. GPT-NeoX's shape (a norm each) and GPT-J's (one, shared).
+NEOX = [
+    dict(
+        d_model=8,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        rope_pairs="halves",
+        rope_dims=2,
+        activation="gelu",
+        parallel="separate",
+        tgt_len=2,
+    ),
+    dict(
+        d_model=12,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        rope_dims=4,
+        activation="gelu_tanh",
+        parallel="shared",
+    ),
+]
+
 
 # ---------------------------------------------------------------------------
 # Greedy against the independent reference, iteration by iteration
@@ -227,7 +257,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM, ids=shape_id
+    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
@@ -282,7 +312,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM, ids=shape_id
+    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))

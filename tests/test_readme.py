@@ -116,6 +116,7 @@ def test_the_config_reference_gives_the_defaults_the_code_has() -> None:
             (m.scale, model(d_model=8, score="dot").scale),
         ),
         "null (unlimited)": (0, base.window),
+        "null (all of d_k)": ((0, m.d_k), (m.rope_dims, m.rotary_dims)),
     }
     for key, default, _ in _table("`model` key"):
         key = key.strip("`")

@@ -287,7 +287,7 @@ BAD: list[tuple[Any, str, str]] = [
     ({**LLAMA3, "original_max_position_embeddings": 8}, "original_max_position_embeddings",
      "trace-tf's is original_max_len"),
     ({"type": "linear", "factor": 2, "partial_rotary_factor": 0.5}, "partial_rotary_factor",
-     "turns every pair"),
+     "model.rope_dims"),
     ({k: v for k, v in LLAMA3.items() if k != "original_max_len"}, "model.rope_scaling.original_max_len",
      "missing required key original_max_len"),
     ({k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}, "model.rope_scaling.low_freq_factor",

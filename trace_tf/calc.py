@@ -110,15 +110,17 @@ def pe_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
     """The sinusoidal encoding matrix, or RoPE's rotation angles."""
     length, d, base = int(p["length"]), int(p["d_model"]), float(p["base"])
     if p["kind"] == "rope":
-        scaling = p.get("rope_scaling")
-        angles = ops.rope_angles(np.arange(length), d, base, scaling)
-        frequency = f"{exact(base)}^(−2i/d)" + (f", {scaling.type}-scaled" if scaling else "")
+        scaling, r = p.get("rope_scaling"), int(p.get("rope_dims") or d)
+        angles = ops.rope_angles(np.arange(length), r, base, scaling)
+        over = "d" if r == d else "r"
+        frequency = f"{exact(base)}^(−2i/{over})" + (f", {scaling.type}-scaled" if scaling else "")
+        pairs = f"(2i, 2i+1) or (i, i+{over}/2)"
+        partial = f"; r = rope_dims {r}: columns {r}..{d - 1} not turned" if r < d else ""
         with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
             return tr.rec(
                 "pe",
                 angles,
-                f"θ[pos, i] = pos · {frequency}: pair i, columns (2i, 2i+1) or (i, i+d/2), "
-                "rotates by θ",
+                f"θ[pos, i] = pos · {frequency}: pair i, columns {pairs}, rotates by θ{partial}",
             )
     with tr.scope(None, rows=tuple(f"pos {i}" for i in range(length))):
         return tr.rec(

@@ -1558,6 +1558,13 @@ def pe(
             "--base", click_type=FLOAT_TEXT, help="The base of the frequencies (default 10000)."
         ),
     ] = None,
+    rope_dims: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--rope-dims",
+            help="rope: the columns turned (partial rotary), frequencies over them (default d).",
+        ),
+    ] = None,
 ) -> None:
     """The positional encoding matrix (sinusoidal), or RoPE's rotation angles."""
     if file is None and (length is None or d_model is None) and not _set_into(c, "pe"):
@@ -1569,6 +1576,7 @@ def pe(
             ("d_model", "--d-model", d_model),
             ("kind", "--kind", kind),
             ("base", "--base", base),
+            ("rope_dims", "--rope-dims", rope_dims),
         )
         if value is not None
     ]

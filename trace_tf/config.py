@@ -58,11 +58,13 @@ MODEL_KEYS = [
     "pe_base",
     "rope_pairs",
     "rope_scaling",
+    "rope_dims",
     "alibi_slopes",
     "max_len",
     "token_types",
     "embed_scale",
     "norm_position",
+    "parallel",
     "final_norm",
     "embed_norm",
     "norm",
@@ -135,8 +137,11 @@ HF_KEYS = {
     "model.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's "
     "is model.pe_base",
     "pe.rope_scaling.rope_theta": "Hugging Face's name in rope_parameters; trace-tf's is pe.base",
-    "*.rope_scaling.partial_rotary_factor": "Hugging Face's name in rope_parameters; "
-    "trace-tf turns every pair of d_k",
+    "model.rope_scaling.partial_rotary_factor": "Hugging Face's name in rope_parameters; "
+    "trace-tf's is model.rope_dims, the columns turned per head: int(head_dim · "
+    "partial_rotary_factor)",
+    "pe.rope_scaling.partial_rotary_factor": "Hugging Face's name in rope_parameters; "
+    "trace-tf's is pe.rope_dims, the columns turned: int(d_model · partial_rotary_factor)",
     "model.type_vocab_size": "Hugging Face's name; trace-tf's is model.token_types",
     "token_type_ids": "Hugging Face's name; trace-tf's are source_types and target_types",
     "weights.token_type_embeddings": "Hugging Face's name; trace-tf's is weights.token_types",
@@ -148,6 +153,10 @@ BOUNDED_POSITIONAL = {
     "relative": "positions the relative bias reaches",
 }
 NORM_KINDS = ("layer", "rms")
+# model.parallel: a layer's sublayers in sequence (none, the paper's), or side by side on
+# the same input, x + attn(Norm(x)) + ffn(Norm(x)): with a norm each (separate: GPT-NeoX's
+# use_parallel_residual) or one both read (shared: GPT-J, Phi-1/2, Falcon)
+PARALLEL = ("none", "separate", "shared")
 # model.qk_norm (QK-norm: Qwen3, Gemma 3): none, or `head`, each head's Q_raw and each K/V
 # head's K_raw normalised over its d_k columns (model.norm's kind, model.norm_eps) before
 # RoPE, with one γ and β of d_k per attention block shared by its heads (q_norm, k_norm)
@@ -197,6 +206,9 @@ class ModelConfig:
     pe_base: float = 10000.0
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     rope_scaling: RopeScaling | None = None  # rope: its frequencies rescaled (None: as they are)
+    # rope: the first rope_dims columns of each head turn (partial rotary, GPT-NeoX's
+    # rotary_ndims), their frequencies over rope_dims; 0 (not given) is all d_k
+    rope_dims: int = 0
     # alibi: each head's slope as given (a model's own: BLOOM's float32 ones, MPT's
     # alibi_bias_max); None: the paper's rule, ops.alibi_slopes
     alibi_slopes: tuple[float, ...] | None = None
@@ -206,6 +218,7 @@ class ModelConfig:
     embed_scale: float = 1.0
     embed_scale_text: str = "1"  # as written, for the conventions header
     norm_position: str = "post"
+    parallel: str = "none"  # the layer's attention and FFN in sequence or side by side (PARALLEL)
     final_norm: bool = False
     embed_norm: bool = False  # the norm of E·scale + PE before layer 0 (BERT, BLOOM)
     norm: str = "layer"
@@ -228,6 +241,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+
+    @property
+    def rotary_dims(self) -> int:
+        """The columns of each head RoPE turns: rope_dims, or every one of d_k."""
+        return self.rope_dims or self.d_k
 
     @property
     def group(self) -> int:
@@ -493,8 +511,9 @@ class Config:
                 for k in ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2"):
                     if getattr(f, k) is not None:
                         out[f"{base}.{k}"] = getattr(f, k)
-                out[f"{base}.norm.gamma"] = f.norm.gamma
-                out[f"{base}.norm.beta"] = f.norm.beta
+                if self.model.parallel != "shared":  # (else it is self_attn.norm)
+                    out[f"{base}.norm.gamma"] = f.norm.gamma
+                    out[f"{base}.norm.beta"] = f.norm.beta
         for name in (
             "encoder_final_norm",
             "decoder_final_norm",
@@ -2130,7 +2149,9 @@ class _Validator:
                     self.number(n.get("eps", 1e-5), "norm.eps", minimum=0), "norm.eps"
                 ),
             }
-        p = self.mapping(value, kind, ("length", "d_model", "kind", "base", "rope_scaling"))
+        p = self.mapping(
+            value, kind, ("length", "d_model", "kind", "base", "rope_scaling", "rope_dims")
+        )
         for key in ("length", "d_model"):
             if p.get(key) is None:
                 raise self.ctx.err(f"pe.{key}", f"missing {key}", expected="a whole number >= 1")
@@ -2163,6 +2184,7 @@ class _Validator:
             "rope_scaling": self.rope_scaling(
                 p.get("rope_scaling"), "pe.rope_scaling", kind, "pe.kind", base
             ),
+            "rope_dims": self.rope_dims(p.get("rope_dims"), "pe.rope_dims", p, d_model),
         }
 
     def matrix(
@@ -2351,6 +2373,7 @@ class _Validator:
                 p + "positional",
                 float(m.get("pe_base", 10000)),  # (checked above)
             ),
+            rope_dims=self.rope_dims(m.get("rope_dims"), p + "rope_dims", m, d_k),
             alibi_slopes=self.alibi_slopes(
                 m.get("alibi_slopes"),
                 p + "alibi_slopes",
@@ -2362,6 +2385,9 @@ class _Validator:
             embed_scale=embed_scale,
             embed_scale_text=embed_text,
             norm_position=norm_position,
+            parallel=self.parallel(
+                m.get("parallel", "none"), p + "parallel", norm_position, enc, dec
+            ),
             final_norm=self.boolean(m.get("final_norm", norm_position == "pre"), p + "final_norm"),
             embed_norm=self.boolean(m.get("embed_norm", False), p + "embed_norm"),
             norm=self.choice(m.get("norm", "layer"), p + "norm", NORM_KINDS),
@@ -2493,6 +2519,61 @@ class _Validator:
             truncate=truncate,
             attention_factor=self.yarn_attention(given, path, factor, positive),
         )
+
+    def parallel(self, value: Any, path: str, norm_position: str, enc: int, dec: int) -> str:
+        """model.parallel: none, separate or shared; side by side only with pre-norm (a
+        post-norm would normalise the sum, which no model does: each sublayer's norm is of
+        its input) and in self-attention + FFN layers (not with cross-attention, which has
+        no settled place beside them)."""
+        parallel = self.choice(value, path, PARALLEL)
+        if parallel == "none":
+            return parallel
+        if norm_position != "pre":
+            raise self.ctx.err(
+                path,
+                "a parallel layer normalises its input for the attention and the FFN and adds "
+                "both to it, x + attn(Norm(x)) + ffn(Norm(x)): a pre-norm layer, and "
+                f"norm_position is {norm_position}" + self.ctx.set_by("model.norm_position"),
+                expected="model.norm_position: pre beside model.parallel, or parallel: none",
+                found_text=f"norm_position {norm_position}",
+            )
+        if enc and dec:
+            raise self.ctx.err(
+                path,
+                "parallel layers are self-attention and FFN side by side; the decoder of an "
+                "encoder-decoder model has cross-attention too, with no settled place beside them",
+                expected="a decoder-only (encoder_layers: 0) or encoder-only (decoder_layers: 0) "
+                "model, or parallel: none",
+                found_text=f"encoder_layers {enc}, decoder_layers {dec}",
+            )
+        return parallel
+
+    def rope_dims(self, value: Any, path: str, m: dict[str, Any], width: int) -> int:
+        """model.rope_dims (pe.rope_dims): null (or absent) is 0, every column; else the
+        columns RoPE turns, an even number from 2 to `width` (d_k; pe.d_model), only beside
+        positional (pe.kind) rope."""
+        if value is None:
+            return 0
+        dims = self.integer(value, path, 2)
+        model = path.startswith("model.")
+        key, width_key = ("positional", "d_k") if model else ("kind", "d_model")
+        kind = m.get(key, "sinusoidal")
+        if kind != "rope":
+            raise self.ctx.err(
+                path,
+                f"rope_dims counts the columns RoPE turns, and {key} is {kind}"
+                + self.ctx.set_by(path.split(".")[0] + "." + key),
+                expected=f"{key}: rope beside rope_dims, or no rope_dims",
+                found_text=f"{key} {kind}",
+            )
+        if dims % 2 or dims > width:
+            raise self.ctx.err(
+                path,
+                f"RoPE turns pairs of columns among the first rope_dims of {width_key} {width}",
+                expected=f"an even whole number from 2 to {width_key} {width}",
+                found_text=str(dims),
+            )
+        return dims
 
     def yarn_attention(
         self,
@@ -3270,9 +3351,22 @@ class _Validator:
             found_text=f"model.positional: {m.positional}",
         )
 
-    def ffn(self, value: Any, path: str, m: ModelConfig) -> FFNWeights:
+    def ffn(
+        self, value: Any, path: str, m: ModelConfig, shared: NormWeights | None = None
+    ) -> FFNWeights:
+        """An FFN's weights; with a `shared` norm (model.parallel: shared, the attention's),
+        it has none of its own, and giving one is refused."""
         p = f"weights.{path}"
         f = self.mapping(value, p, ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2", "norm"))
+        if shared is not None and f.get("norm") is not None:
+            raise self.ctx.err(
+                f"{p}.norm",
+                "with one shared norm the FFN reads the attention's, self_attn.norm: it has "
+                "no norm of its own" + self.ctx.set_by("model.parallel"),
+                expected=f"no ffn.norm (the norm's weights under {p.removesuffix('ffn')}"
+                "self_attn.norm), or model.parallel: separate",
+                found_text="model.parallel: shared",
+            )
         if not m.gated:
             for key in ("W_3", "b_3"):
                 if f.get(key) is not None:
@@ -3292,7 +3386,7 @@ class _Validator:
                 f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model), "d_ff x d_model"
             ),
             b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
-            norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model),
+            norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model) if shared is None else shared,
         )
 
     def refuse_up(self, where: str, key: str, m: ModelConfig) -> NoReturn:
@@ -3320,21 +3414,21 @@ class _Validator:
                     "a decoder-only model (encoder_layers: 0) has no cross-attention",
                     expected="no cross_attn",
                 )
-            out.append(
-                LayerWeights(
-                    self_attn=self.attention(
-                        layer.get("self_attn"),
-                        f"{stack}.{l}.self_attn",
-                        m,
-                        relative=m.positional == "relative",
-                    ),
-                    # (in the paper's order, so what is drawn is listed, and checked, in it)
-                    cross_attn=self.attention(layer.get("cross_attn"), f"{stack}.{l}.cross_attn", m)
-                    if cross
-                    else None,
-                    ffn=self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m),
-                )
+            self_attn = self.attention(
+                layer.get("self_attn"),
+                f"{stack}.{l}.self_attn",
+                m,
+                relative=m.positional == "relative",
             )
+            # (in the paper's order, so what is drawn is listed, and checked, in it)
+            cross_attn = (
+                self.attention(layer.get("cross_attn"), f"{stack}.{l}.cross_attn", m)
+                if cross
+                else None
+            )
+            shared = self_attn.norm if m.parallel == "shared" else None
+            ffn = self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m, shared)
+            out.append(LayerWeights(self_attn=self_attn, ffn=ffn, cross_attn=cross_attn))
         return tuple(out)
 
     def stack_norm(

@@ -586,24 +586,25 @@ def _kept(explainer: Explainer) -> Explainer:
 def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """RoPE: pair p of row pos, columns (a, b) (adjacent (2p, 2p+1), halves (p, p + d/2)),
     turned by θ = pos · base^(−2p/d), or pos · the scaled frequency with model.rope_scaling
-    (cos and sin times yarn's attention factor)."""
+    (cos and sin times yarn's attention factor); d is rope_dims r when given (partial
+    rotary), whose columns r.. pass through."""
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
     i = _new_row(step, cell[0], raw, raw_name)  # a cached K: raw holds its new rows only
     j = cell[1]
     pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
-    d = raw.shape[1]
-    r = _symbol(raw_name)
-    if j == d - 1 and d % 2:  # the odd last column is not rotated
-        v = float(raw[i, j])
-        return _Parts(
-            [f"{r}[{i},{j}]  (odd d_k: the last column is not rotated)"],
-            v,
-            [f"{r} = {raw_name}"],
-            {f"{r}[{i},{j}]": [v]},
-        )
     m = ctx.cfg.model
+    d, dk = m.rotary_dims, raw.shape[1]  # the columns turned, as a RoPE of width d
+    r = _symbol(raw_name)
+    if j >= d or (j == d - 1 and d % 2):  # partial rotary's rest, or the odd last column
+        v = float(raw[i, j])
+        why = (
+            f"rope_dims {d}: columns {d}..{dk - 1} are not rotated"
+            if j >= d
+            else "odd d_k: the last column is not rotated"
+        )
+        return _Parts([f"{r}[{i},{j}]  ({why})"], v, [f"{r} = {raw_name}"], {f"{r}[{i},{j}]": [v]})
     first, second = ops.rope_pairs(d, m.rope_pairs)
     p = int(np.flatnonzero((first == j) | (second == j))[0])
     ca, cb = int(first[p]), int(second[p])
@@ -612,7 +613,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if scaling is None:
         theta = ctx.f.shown(pos * _pow(m.pe_base, -2 * p / d))  # (written, like cos θ and sin θ)
         angle = (
-            f"θ = pos · base^(−2p/d_k) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
+            f"θ = pos · base^(−2p/{'r' if m.rope_dims else 'd_k'}) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
             f"{ctx.f.num(theta)} rad {pair}"
         )
     else:
@@ -1059,8 +1060,10 @@ def _concat(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """x + sublayer(x) (post-norm), or x + sublayer(Norm(x)) (pre-norm: the sublayer
-    reads the norm recorded beside the residual)."""
+    reads the norm recorded beside the residual); a parallel layer's x + attn + ffn."""
     assert isinstance(ctx.cfg, Config)
+    if len(step.inputs) == 3:
+        return _parallel_residual(ctx, step, cell)
     x_name, y_name = step.inputs
     x, y = float(ctx.get(x_name)[cell]), float(ctx.get(y_name)[cell])
     total = x + y
@@ -1076,6 +1079,31 @@ def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total,
         [f"x = {x_name} (the sublayer's input)", f"sublayer({read}) = {y_name}{reads}"],
         {"x": [x], "sublayer": [y]},
+    )
+
+
+def _parallel_residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """x + self_attn(Norm₁(x)) + ffn(Norm₂(x)) (model.parallel separate), or with the one
+    norm self_attn.norm both read (shared): the layer's input and both sublayers' outputs."""
+    assert isinstance(ctx.cfg, Config)
+    x_name, a_name, f_name = step.inputs
+    x, a, y = (float(ctx.get(name)[cell]) for name in step.inputs)
+    layer = step.path.removesuffix(".ffn.residual")
+    shared = ctx.cfg.model.parallel == "shared"
+    n1, n2 = ("Norm(x)", "Norm(x)") if shared else ("Norm₁(x)", "Norm₂(x)")
+    ffn_reads = f"{layer}.self_attn.norm, shared" if shared else f"{layer}.ffn.norm"
+    return _Parts(
+        [
+            f"x{_idx(cell)} + self_attn({n1}){_idx(cell)} + ffn({n2}){_idx(cell)}",
+            f"{ctx.f.num(x)} + {ctx.f.fac(a)} + {ctx.f.fac(y)}",
+        ],
+        x + a + y,
+        [
+            f"x = {x_name} (the layer's input, which both sublayers read normalised: parallel)",
+            f"self_attn({n1}) = {a_name} (it reads {n1} = {layer}.self_attn.norm)",
+            f"ffn({n2}) = {f_name} (it reads {n2} = {ffn_reads})",
+        ],
+        {"x": [x], "self_attn": [a], "ffn": [y]},
     )
 
 
@@ -1470,10 +1498,15 @@ def _pe_table(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i, j = cell
     d, base = int(ctx.param("d_model")), float(ctx.param("base"))
     if ctx.param("kind") == "rope":
+        width, d = d, int(ctx.param("rope_dims") or d)  # partial rotary: a RoPE of d columns
         where = [
             f"position {i} turns pair {j} by this angle (radians): columns {2 * j}, "
             f"{2 * j + 1}, or {j}, {j + d // 2} with model.rope_pairs halves"
         ]
+        if d < width:
+            where.append(
+                f"rope_dims {d}: frequencies over {d} columns, {d}..{width - 1} not turned"
+            )
         scaling = ctx.param("rope_scaling")
         if scaling is None:
             total = i * _pow(base, -2 * j / d)

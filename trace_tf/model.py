@@ -71,9 +71,18 @@ def named(text: str) -> tuple[str, str]:
 
 def rope_formula(of: str, m: ModelConfig) -> str:
     """`RoPE(Q_raw, pos), pairs (2i, 2i+1)`: the rotation of `of`, naming its column pairs
-    (and its frequency scaling, if any: `, llama3-scaled frequencies`)."""
+    (and its frequency scaling, if any: `, llama3-scaled frequencies`); with rope_dims r,
+    the r columns it turns, over which its pairs and frequencies are counted."""
     scaled = f", {m.rope_scaling.type}-scaled frequencies" if m.rope_scaling else ""
-    return f"RoPE({of}, pos), pairs {ROPE_PAIRS[m.rope_pairs]}{scaled}"
+    pairs = ROPE_PAIRS[m.rope_pairs]
+    if not m.rope_dims:
+        return f"RoPE({of}, pos), pairs {pairs}{scaled}"
+    r = m.rope_dims  # partial rotary: the columns r.. pass through
+    kept = f", columns {r}..{m.d_k - 1} kept" if r < m.d_k else ""
+    return (
+        f"RoPE({of}, pos) of columns 0..{r - 1} (r = rope_dims {r}), pairs "
+        f"{pairs.replace('d_k', 'r')}, θ_i = base^(−2i/r){scaled}{kept}"
+    )
 
 
 def rope_scaling_text(s: ops.RopeScaling, d: int, base: float) -> str:
@@ -354,7 +363,8 @@ def keys_values(
         k_norm = qk_normed(k_raw, hw.k_norm, m, rotary, "K")
         k, k_formula = k_norm.value, k_norm.formula
     if rotary:
-        k = ops.rope(k, start + np.arange(len(k)), m.pe_base, m.rope_pairs, m.rope_scaling)
+        positions = start + np.arange(len(k))
+        k = ops.rope(k, positions, m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims)
         k_formula = "K = " + rope_formula("K_norm" if k_norm is not None else "K_raw", m)
     v = project(x_kv, hw.W_v, hw.b_v)
     scopes = None
@@ -467,7 +477,9 @@ def attention_head(
     if rotary:
         q = tr.rec(
             "q",
-            ops.rope(q, start + np.arange(len(q)), m.pe_base, m.rope_pairs, m.rope_scaling),
+            ops.rope(
+                q, start + np.arange(len(q)), m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims
+            ),
             "Q = " + rope_formula("Q_norm" if hw.q_norm is not None else "Q_raw", m),
             q,
         )
@@ -782,21 +794,61 @@ def _self_attention(
     causal: bool,
 ) -> Array:
     """Self-attention with add & norm; `causal` (the decoder's) chooses ALiBi's form."""
+    return add_and_norm(x, _self_attend(aw, mask, m, tr, cache, causal), aw.norm, m, tr)
+
+
+def _self_attend(
+    aw: AttentionWeights,
+    mask: Array | None,
+    m: ModelConfig,
+    tr: Tracer,
+    cache: Sequence[HeadCache] | None,
+    causal: bool,
+) -> Callable[[Array], Array]:
+    """The self-attention sublayer, h -> MultiHead(h, h, h), with RoPE or ALiBi as the model
+    has them; `causal` (the decoder's) chooses ALiBi's form."""
     rotary = m.positional == "rope"
     alibi = alibi_heads(m, symmetric=not causal)
-    return add_and_norm(
-        x,
-        lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr, cache, alibi),
-        aw.norm,
-        m,
-        tr,
-    )
+    return lambda h: multi_head_attention(h, h, aw, mask, m, rotary, tr, cache, alibi)
+
+
+PARALLEL_FORMULAS = {
+    "separate": "x + self_attn(Norm₁(x)) + ffn(Norm₂(x))  (parallel: self_attn.norm, ffn.norm)",
+    "shared": "x + self_attn(Norm(x)) + ffn(Norm(x))  (parallel, one norm: self_attn.norm)",
+}
+
+
+def parallel_layer(
+    x: Array,
+    lw: LayerWeights,
+    mask: Array | None,
+    m: ModelConfig,
+    tr: Tracer,
+    cache: Sequence[HeadCache] | None = None,
+    *,
+    causal: bool,
+) -> Array:
+    """x + Attn(Norm₁(x)) + FFN(Norm₂(x)) (GPT-NeoX's use_parallel_residual), or with one
+    norm both read, x + Attn(Norm(x)) + FFN(Norm(x)) (GPT-J, Phi, Falcon): both sublayers
+    read the layer's input, and their sum is recorded once, as ffn.residual, the step a
+    sequential layer ends with too. [L, d] -> [L, d]"""
+    with tr.scope("self_attn"):
+        h = normalize(x, lw.self_attn.norm, m, "norm", tr)
+        attn = _self_attend(lw.self_attn, mask, m, tr, cache, causal)(h)
+    with tr.scope("ffn"):
+        if m.parallel == "separate":
+            h = normalize(x, lw.ffn.norm, m, "norm", tr)
+        out = feed_forward(h, lw.ffn, m, tr)
+        return tr.rec("residual", x + attn + out, PARALLEL_FORMULAS[m.parallel], x, attn, out)
 
 
 def encoder_layer(
     x: Array, lw: LayerWeights, mask: Array | None, m: ModelConfig, tr: Tracer = NULL_TRACER
 ) -> Array:
-    """Self-attention, then feed-forward, each with add & norm. [L, d] -> [L, d]"""
+    """Self-attention, then feed-forward, each with add & norm (model.parallel: side by
+    side, parallel_layer). [L, d] -> [L, d]"""
+    if m.parallel != "none":
+        return parallel_layer(x, lw, mask, m, tr, causal=False)
     with tr.scope("self_attn"):
         x = _self_attention(x, lw.self_attn, mask, m, tr, causal=False)
     with tr.scope("ffn"):
@@ -819,6 +871,8 @@ def decoder_layer(
     `cache`: this layer's (self-attention, cross-attention) head caches, when decoding
     incrementally (`x` then holds only the new rows)."""
     self_cache, cross_cache = cache if cache is not None else (None, None)
+    if m.parallel != "none":  # (a decoder-only model's: config.py refuses cross-attention)
+        return parallel_layer(x, lw, mask, m, tr, self_cache, causal=True)
     with tr.scope("self_attn"):
         x = _self_attention(x, lw.self_attn, mask, m, tr, self_cache, causal=True)
     if lw.cross_attn is not None and enc is not None:

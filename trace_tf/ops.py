@@ -279,16 +279,20 @@ def rope(
     base: float = 10000.0,
     pairs: str = "adjacent",
     scaling: RopeScaling | None = None,
+    dims: int = 0,
 ) -> Array:
     """Rotary position embedding (Su et al. 2021). [L, d] -> [L, d]
 
-    Pair i of row `pos`, the columns (a, b) = rope_pairs(d, pairs)[i], is rotated by the
-    angle pos · θ_i (θ_i = base^(-2i/d), or as `scaling` rescales it: rope_frequencies):
-    a cos − b sin into column a, a sin + b cos into column b, cos and sin times yarn's
-    attention factor (1 otherwise). For an odd d the last column is left as it is.
+    Only the first r = `dims` columns turn (partial rotary, GPT-NeoX's rotary_ndims; 0:
+    all d), as a rotary embedding of width r: pair i of row `pos`, the columns (a, b) =
+    rope_pairs(r, pairs)[i], is rotated by the angle pos · θ_i (θ_i = base^(-2i/r), or as
+    `scaling` rescales it: rope_frequencies over r): a cos − b sin into column a, a sin +
+    b cos into column b, cos and sin times yarn's attention factor (1 otherwise). The
+    columns r.. (and an odd r's last) are left as they are.
     """
-    first, second = rope_pairs(x.shape[-1], pairs)
-    angles = rope_angles(positions, x.shape[-1], base, scaling)  # [L, d/2]
+    r = dims or x.shape[-1]
+    first, second = rope_pairs(r, pairs)
+    angles = rope_angles(positions, r, base, scaling)  # [L, r/2]
     cos, sin = np.cos(angles), np.sin(angles)
     if scaling is not None and scaling.attention_factor != 1.0:  # (as Hugging Face: cos · s)
         cos, sin = cos * scaling.attention_factor, sin * scaling.attention_factor

@@ -26,6 +26,13 @@ from trace_tf.text import counted, exact, shape_text, spaced
 from trace_tf.trace import Shown, Step, Trace, Tracer
 
 COMMANDS = ("encode", "decode", "full")
+# model.parallel's layers, as the header says them
+PARALLEL_TEXT = {
+    "separate": "each layer x + self_attn(Norm₁(x)) + ffn(Norm₂(x)), both sublayers reading its "
+    "input, each through its own norm (GPT-NeoX's use_parallel_residual), summed in ffn.residual",
+    "shared": "each layer x + self_attn(Norm(x)) + ffn(Norm(x)), both sublayers reading its "
+    "input through one norm, self_attn.norm (GPT-J, Phi, Falcon), summed in ffn.residual",
+}
 _Axis = tuple[str, ...] | None  # an axis's labels (a Step's rows or cols)
 
 
@@ -132,6 +139,34 @@ def require_model(cfg: Config | OpConfig, command: str) -> Config:
     return cfg
 
 
+def rope_text(m: ModelConfig) -> str:
+    """RoPE as the header says it: its pairs and frequencies, over d_k or, with rope_dims
+    r (partial rotary), over the r columns it turns, and any scaling of them."""
+    over = "r" if m.rope_dims else "d_k"
+    kept = m.rope_dims < m.d_k
+    return (
+        f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair "
+        f"{ROPE_PAIRS[m.rope_pairs].replace('d_k', over)} turned by "
+        + (f"pos · {exact(m.pe_base)}^(−2i/{over})" if m.rope_scaling is None else "pos · θ_i")
+        + " radians"
+        + (" (halves: Hugging Face's rotate_half)" if m.rope_pairs == "halves" else "")
+        + (
+            f"; partial rotary: the first r = rope_dims {m.rope_dims} columns of each head's "
+            f"{m.d_k} turned, pairs and frequencies counted over r"
+            + (f", columns {m.rope_dims}..{m.d_k - 1} kept as they are" if kept else "")
+            if m.rope_dims
+            else ""
+        )
+        + ("; odd d_k: the last column is not turned" if m.rotary_dims % 2 else "")
+        + (
+            f"; θ_i = {exact(m.pe_base)}^(−2i/{over}) scaled, "
+            + model.rope_scaling_text(m.rope_scaling, m.rotary_dims, m.pe_base)
+            if m.rope_scaling
+            else ""
+        )
+    )
+
+
 def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     """Every convention behind the numbers, stated (the README explains each)."""
     if isinstance(cfg, OpConfig):
@@ -172,19 +207,21 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 ),
             ]
         if p["kind"] == "rope":
-            scaling = p.get("rope_scaling")
-            frequency = f"{exact(p['base'])}^(−2i/d)" + (", scaled (below)" if scaling else "")
+            scaling, d = p.get("rope_scaling"), int(p["d_model"])
+            r = int(p.get("rope_dims") or d)
+            over = "d" if r == d else f"r, r = rope_dims {r} of d {d} (columns {r}.. not turned)"
+            frequency = f"{exact(p['base'])}^(−2i/{over})" + (", scaled (below)" if scaling else "")
             rows = [
                 (
                     "operation",
                     f"RoPE rotation angles θ[pos,i] = pos · {frequency} in radians: "
-                    "pair i of q and k turns by θ, columns (2i, 2i+1), or (i, i+d/2) with "
-                    "model.rope_pairs: halves",
+                    "pair i of q and k turns by θ, columns (2i, 2i+1), or "
+                    f"(i, i+{'d' if r == d else 'r'}/2) with model.rope_pairs: halves",
                 )
             ]
             if scaling is not None:
-                d, base = int(p["d_model"]), float(p["base"])
-                rows.append(("rope scaling", model.rope_scaling_text(scaling, d, base)))
+                base = float(p["base"])
+                rows.append(("rope scaling", model.rope_scaling_text(scaling, r, base)))
             return rows
         return [("operation", f"{p['kind']} positional encoding, base {exact(p['base'])}")]
     m = cfg.model
@@ -208,18 +245,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     pos = {
         "sinusoidal": f"sinusoidal, added to the embeddings, base {exact(m.pe_base)}",
         "learned": f"learned table weights.positional ({counted(m.max_len, 'row')}), added",
-        "rope": f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair "
-        f"{ROPE_PAIRS[m.rope_pairs]} turned by "
-        + (f"pos · {exact(m.pe_base)}^(−2i/d_k)" if m.rope_scaling is None else "pos · θ_i")
-        + " radians"
-        + (" (halves: Hugging Face's rotate_half)" if m.rope_pairs == "halves" else "")
-        + ("; odd d_k: the last column is not turned" if m.d_k % 2 else "")
-        + (
-            f"; θ_i = {exact(m.pe_base)}^(−2i/d_k) scaled, "
-            + model.rope_scaling_text(m.rope_scaling, m.d_k, m.pe_base)
-            if m.rope_scaling
-            else ""
-        ),
+        "rope": rope_text(m),
         "relative": "relative bias B[i,j] = b_rel[j − i] added to the scaled scores, "
         "its own table per layer and head (rel_bias), self-attention only, offsets "
         f"±{m.max_len - 1} (max_len − 1)",
@@ -234,7 +260,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         (
             "model",
             f"d_model {m.d_model}, {heads_text(m)} of d_k {m.d_k} / d_v {m.d_v}, d_ff {m.d_ff}, "
-            f"{m.encoder_layers} encoder + {m.decoder_layers} decoder layer(s)",
+            f"{m.encoder_layers} encoder + {m.decoder_layers} decoder layer(s)"
+            + (f"; parallel: {PARALLEL_TEXT[m.parallel]}" if m.parallel != "none" else ""),
         ),
         (
             "norm",

@@ -154,7 +154,8 @@ STAGES: tuple[Stage, ...] = (
         (f"{_HEAD}.q",),
         "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
         "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
-        "rope_scaling rescales it: linear, llama3 or yarn; qk_norm: Norm(q_raw), or "
+        "rope_scaling rescales it: linear, llama3 or yarn; with rope_dims r only columns "
+        "0..r−1 turn, pairs and frequencies over r; qk_norm: Norm(q_raw), or "
         "RoPE(q_norm, pos))",
         "L_q × d_k",
         "what each position looks for (one head)",
@@ -280,16 +281,19 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "residual",
         ("<stack>.<l>.<sub>.residual",),
-        "x + sublayer(x)  (pre-norm: x + sublayer(Norm(x)))",
+        "x + sublayer(x)  (pre-norm: x + sublayer(Norm(x)); model.parallel: ffn.residual only, "
+        "x + self_attn(Norm₁(x)) + ffn(Norm₂(x)), with shared one Norm)",
         "L × d_model",
-        "the skip connection: the input plus what the sublayer adds",
+        "the skip connection: the input plus what the sublayer adds (a parallel layer's: "
+        "its input plus what both add, the layer's output)",
     ),
     Stage(
         "norm",
         ("<stack>.<l>.<sub>.norm",),
         "(x − mean) / √(var + ε) · γ + β  (RMSNorm: x / rms · γ + β)",
         "L × d_model",
-        "post-norm: the sublayer's output, norm(residual); pre-norm: what the sublayer reads",
+        "post-norm: the sublayer's output, norm(residual); pre-norm: what the sublayer reads "
+        "(model.parallel shared: self_attn.norm only, which the FFN reads too)",
     ),
     Stage(
         "mean",
