@@ -128,6 +128,8 @@ def float64() -> Iterator[pytest.MonkeyPatch]:
 
 
 def neox(shape: dict[str, Any], seed: int) -> GPTNeoXForCausalLM:
+    # GPTNeoXConfig's own intermediate_size is 24,576: Pythia's 4·hidden unless given
+    shape = {"intermediate_size": 4 * shape["hidden_size"], **shape}
     config = GPTNeoXConfig(
         bos_token_id=None, eos_token_id=None, attn_implementation="eager", **shape
     )
