@@ -327,6 +327,23 @@ SHAPES = [
         src_len=5,
     ),
     dict(d_model=6, n_heads=2, d_k=5, decoder_layers=1, positional="rope", rope_dims=2, fused=True),
+    # the three together (StableLM 2's combination, its QK-norm's γ shared by the heads):
+    # QK-norm before a partial rotary, 4 of d_k 6 by halves, in parallel layers, grouped-query
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        d_k=6,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        rope_pairs="halves",
+        rope_dims=4,
+        qk_norm="head",
+        parallel="separate",
+        tgt_len=5,
+    ),
 ]
 
 
