@@ -613,7 +613,8 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if scaling is None:
         theta = ctx.f.shown(pos * _pow(m.pe_base, -2 * p / d))  # (written, like cos θ and sin θ)
         angle = (
-            f"θ = pos · base^(−2p/{'r' if m.rope_dims else 'd_k'}) = {pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
+            f"θ = pos · base^(−2p/{'r' if m.rope_dims else 'd_k'}) = "
+            f"{pos} · {exact(m.pe_base)}^(−{2 * p}/{d}) = "
             f"{ctx.f.num(theta)} rad {pair}"
         )
     else:

@@ -167,6 +167,10 @@ def rope_text(m: ModelConfig) -> str:
     )
 
 
+# model.norm's formula, as the header's norm row and QK-norm's row state it
+NORM_TEXT = {"layer": "LayerNorm (x−mean)/√(var+ε)·γ+β", "rms": "RMSNorm x/√(mean(x²)+ε)·γ+β"}
+
+
 def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     """Every convention behind the numbers, stated (the README explains each)."""
     if isinstance(cfg, OpConfig):
@@ -225,11 +229,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             return rows
         return [("operation", f"{p['kind']} positional encoding, base {exact(p['base'])}")]
     m = cfg.model
-    norm_kind = (
-        "LayerNorm (x−mean)/√(var+ε)·γ+β, biased var"
-        if m.norm == "layer"
-        else "RMSNorm x/√(mean(x²)+ε)·γ+β"
-    )
+    norm_kind = NORM_TEXT[m.norm] + (", biased var" if m.norm == "layer" else "")
     masks = []
     if m.decoder_layers:
         masks.append(
@@ -332,12 +332,11 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
 
 
 def qk_norm_text(m: ModelConfig) -> str:
-    """What QK-norm (model.qk_norm head) computes, for the header and `explain`."""
-    kind = "RMSNorm x/√(mean(x²)+ε)·γ+β" if m.norm == "rms" else "LayerNorm (x−mean)/√(var+ε)·γ+β"
+    """What QK-norm (model.qk_norm head) computes, for the header."""
     rope = m.positional == "rope"
     return (
-        f"per head {kind}, ε = {exact(m.norm_eps)}, of each row's d_k = {m.d_k} entries of Q_raw "
-        "= X W_q + b_q and K_raw = X W_k + b_k"
+        f"per head {NORM_TEXT[m.norm]}, ε = {exact(m.norm_eps)}, of each row's d_k = {m.d_k} "
+        "entries of Q_raw = X W_q + b_q and K_raw = X W_k + b_k"
         + (" (once per K/V head)" if m.grouped else "")
         + ("; before RoPE" if rope else "")
         + "; γ and β of d_k shared by every head of a block (its q_norm, k_norm); in every "
