@@ -128,6 +128,12 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["n_kv_heads"] = 1
     if enc == 0 and rng.integers(3) == 0:
         kw["window"] = int(rng.integers(1, 3))
+    elif enc == 0 and rng.integers(3) == 0:  # Gemma 2's: a window per layer, null full
+        kw["window"] = [[1, 2, None][int(rng.integers(3))] for _ in range(dec)]
+    if rng.integers(3) == 0:
+        kw["attn_softcap"] = float(rng.choice([0.5, 2.0, 50.0]))
+    if rng.integers(3) == 0:
+        kw["logit_softcap"] = float(rng.choice([0.5, 30.0]))
     return random_config(rng, **kw)
 
 
@@ -302,7 +308,9 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "init_std": [0, -1, 1e308],
     "tie_embeddings": [True, False],
     "embed_norm": [True, False],
-    "window": [-1, 0, 1, 2, 1.5, None, 10**9],
+    "window": [-1, 0, 1, 2, 1.5, None, 10**9, [2, None], [None], [1, 0], []],
+    "attn_softcap": [0, -1, 1e-300, 1e-50, 1e39, 0.5, 50, None, "x", True],
+    "logit_softcap": [0, -1, 1e-50, 1e39, 0.5, 30, None, [1]],
     "score": ["dot", "additive", "bilinear", "gaussian", "cosine"],
     "dtype": ["float32", "float16", "float64"],
     "causal": [True],
@@ -431,7 +439,9 @@ REDRAW: dict[str, list[Any]] = {
     "init_std": [0, 1e-200, 1e200],
     "tie_embeddings": [True],
     "embed_norm": [True],
-    "window": [1, 2],
+    "window": [1, 2, [1, None]],
+    "attn_softcap": [0.5, 50],
+    "logit_softcap": [0.5, 30],
     "score": ["dot", "additive", "bilinear", "gaussian", "scaled_dot"],
     "dtype": ["float32"],
 }

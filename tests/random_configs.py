@@ -66,13 +66,15 @@ def random_config(
     embed_norm: bool = False,
     scale: float | str | None = None,
     max_len: int | None = None,
-    window: int | None = None,
+    window: int | list[int | None] | None = None,
     token_types: int = 0,
     pe_base: float | None = None,
     rope_scaling: dict[str, Any] | None = None,
     rope_dims: int | None = None,
     parallel: str = "none",
     qk_norm: str = "none",
+    attn_softcap: float | None = None,
+    logit_softcap: float | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -86,7 +88,9 @@ def random_config(
     `n_kv_heads` below n_heads: grouped-query attention, W_k/W_v/b_k/b_v fused
     n_kv_heads heads wide, or per K/V head in `kv_heads`.
     `embed_norm` normalises each stack's embeddings before its first layer.
-    `window` (decoder-only): sliding-window self-attention over the last `window` keys.
+    `window` (decoder-only): sliding-window self-attention over the last `window` keys;
+    a list: each decoder layer's (None: full attention), as Gemma 2's.
+    `attn_softcap`, `logit_softcap`: model's soft caps as given (no array depends on them).
     `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
@@ -225,6 +229,8 @@ def random_config(
         "rope_scaling": rope_scaling,
         "rope_dims": rope_dims,
         "qk_norm": None if qk_norm == "none" else qk_norm,
+        "attn_softcap": attn_softcap,
+        "logit_softcap": logit_softcap,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {

@@ -56,6 +56,11 @@ class Hyper:
     activation: str
     scale: float  # scores are divided by this
     window: int  # sliding window (Mistral): query i sees keys i − window < j <= i; 0 unlimited
+    # model.window as a list: decoder layer l's own window (0, null: full attention), as
+    # Gemma 2's layer_types alternate sliding_attention and full_attention; None: `window`
+    layer_windows: tuple[int, ...] | None
+    attn_softcap: float | None  # Gemma 2's attn_logit_softcapping: c · tanh(scaled / c)
+    logit_softcap: float | None  # Gemma 2's final_logit_softcapping: c · tanh(logits / c)
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
     rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
@@ -75,6 +80,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
     norm_position = model.get("norm_position", "post")
     embed_scale = model.get("embed_scale", 1)
     scale = model.get("scale", "sqrt_dk")
+    window = model.get("window")
     return Hyper(
         d_model=d_model,
         n_heads=n_heads,
@@ -97,7 +103,10 @@ def hyper(model: dict[str, Any]) -> Hyper:
         norm_eps=float(model.get("norm_eps", 1e-5)),
         activation=model.get("activation", "relu"),
         scale=math.sqrt(d_k) if scale == "sqrt_dk" else float(scale),
-        window=int(model.get("window") or 0),
+        window=0 if isinstance(window, list) else int(window or 0),
+        layer_windows=tuple(int(w or 0) for w in window) if isinstance(window, list) else None,
+        attn_softcap=model.get("attn_softcap"),
+        logit_softcap=model.get("logit_softcap"),
         rope_scaling=model.get("rope_scaling"),
         rope_dims=int(model.get("rope_dims") or d_k),
         parallel=model.get("parallel", "none"),
@@ -377,6 +386,38 @@ def check_against_sdpa(
         raise AssertionError(f"attention disagrees with F.scaled_dot_product_attention by {error}")
 
 
+def check_against_gemma2(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, hp: Hyper, context: Tensor
+) -> None:
+    """Recompute a soft-capped head with Hugging Face's Gemma 2 eager attention, which caps
+    Q Kᵀ · scaling and then adds the mask (here B + M, both added after the cap); rows with
+    no visible key are skipped, as in check_against_sdpa. Its softmax runs in float32
+    (softmax(..., dtype=torch.float32)), hence the tolerance of float32's rounding."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    module = SimpleNamespace(num_key_value_groups=1, training=False, head_dim=q.shape[-1])
+    out, _ = eager_attention_forward(
+        module,  # type: ignore[arg-type]
+        q[None, None],
+        k[None, None],
+        v[None, None],
+        None if mask is None else mask[None, None],
+        scaling=1.0 / hp.scale,
+        softcap=hp.attn_softcap,
+    )
+    hf = out[0, :, 0]  # [1, n_q, 1, d_v] -> [n_q, d_v]
+    rows = (
+        torch.ones(q.shape[0], dtype=torch.bool)
+        if mask is None
+        else torch.isfinite(mask).any(dim=1)
+    )
+    error = (hf[rows] - context[rows]).abs().max().item() if rows.any() else 0.0
+    if not error <= SDPA_ATOL[torch.float32]:
+        raise AssertionError(f"attention disagrees with Hugging Face's Gemma 2 by {error}")
+
+
 def attention_head(
     x_q: Tensor,
     x_kv: Tensor,
@@ -411,6 +452,9 @@ def attention_head(
     v = tr.rec(f"{path}.v", x_kv @ w["W_v"] + w["b_v"] if kv is None else kv[1])  # [n_kv, d_v]
     scores = tr.rec(f"{path}.scores", q @ k.T)  # [n_q, n_kv]
     scaled = tr.rec(f"{path}.scaled", scores / hp.scale)
+    if hp.attn_softcap is not None:  # Gemma 2: capped before any mask (or bias) is added
+        c = float(hp.attn_softcap)
+        scaled = tr.rec(f"{path}.capped", torch.tanh(scaled / c) * c)
     sdpa_mask = mask
     if rel is not None or alibi is not None:
         B = tr.rec(
@@ -426,7 +470,10 @@ def attention_head(
     # torch.softmax is the stable one (it subtracts the row max); a fully masked row is NaN.
     weights = tr.rec(f"{path}.softmax", torch.softmax(scaled, dim=-1))
     context = tr.rec(f"{path}.context", weights @ v)  # [n_q, d_v]
-    check_against_sdpa(q, k, v, sdpa_mask, hp.scale, context)
+    if hp.attn_softcap is None:
+        check_against_sdpa(q, k, v, sdpa_mask, hp.scale, context)
+    else:  # SDPA has no soft cap: Hugging Face's Gemma 2 eager attention has
+        check_against_gemma2(q, k, v, sdpa_mask, hp, context)
     return context
 
 
@@ -541,20 +588,24 @@ def run_stack(
     tr: Trace,
     memory: Tensor | None = None,
     cross_mask: Tensor | None = None,
+    layer_masks: dict[int, Tensor] | None = None,
 ) -> Tensor:
     """N layers of self-attention, cross-attention (when `memory`, the encoder output, is
-    given) and FFN, each with its Add & Norm; then the final norm when on. [n, d] -> [n, d]"""
+    given) and FFN, each with its Add & Norm; then the final norm when on. Layer n's
+    self-attention reads layer_masks[n] where given (a sliding layer's), else `self_mask`.
+    [n, d] -> [n, d]"""
     layers = weights[name]
     if len(layers) != n_layers:
         raise ValueError(f"weights.{name}: expected {n_layers} layers, found {len(layers)}")
     for n, layer in enumerate(layers):
         path = f"{name}.{n}"
+        self_mask_n = (layer_masks or {}).get(n, self_mask)
         attn, ffn = layer["self_attn"], layer["ffn"]
         if hp.parallel != "none":
-            x = parallel_layer(x, attn, ffn, self_mask, hp, tr, path)
+            x = parallel_layer(x, attn, ffn, self_mask_n, hp, tr, path)
             continue
         h = sublayer_input(x, attn, hp, tr, f"{path}.self_attn")
-        y = multi_head_attention(h, h, attn, self_mask, hp, tr, f"{path}.self_attn")
+        y = multi_head_attention(h, h, attn, self_mask_n, hp, tr, f"{path}.self_attn")
         x = sublayer_output(x, y, attn, hp, tr, f"{path}.self_attn")
         if memory is not None:  # queries from the decoder, keys and values from the encoder output
             cross = layer["cross_attn"]
@@ -652,18 +703,43 @@ def reference_forward(cfg: dict[str, Any]) -> dict[str, np.ndarray]:
         bos = (cfg.get("tokens") or {}).get("bos")
         y, target_pads = embed_sequence("decoder", cfg.get("target", [bos]), cfg, hp, tr)
         n_tgt = len(target_pads)
-        dec_mask = tr.rec("decoder.mask", additive_mask(n_tgt, target_pads, True, hp.window))
+        # a list of windows: decoder.mask is the full-attention layers' when they differ
+        # (the list's one window when they do not), and each sliding layer has its own
+        windows = hp.layer_windows or ()
+        shared = windows[0] if len(set(windows)) == 1 else hp.window
+        dec_mask = tr.rec("decoder.mask", additive_mask(n_tgt, target_pads, True, shared))
         cross_mask = None
         if memory is not None and any(source_pads):
             cross_mask = tr.rec(
                 "decoder.cross_mask", additive_mask(n_tgt, source_pads, causal=False)
             )
+        layer_masks: dict[int, Tensor] = {}
+        if len(set(windows)) > 1:
+            for n, w in enumerate(windows):
+                if w:
+                    layer_masks[n] = tr.rec(
+                        f"decoder.{n}.self_attn.mask", additive_mask(n_tgt, target_pads, True, w)
+                    )
         last = run_stack(
-            "decoder", y, weights, hp.decoder_layers, dec_mask, hp, tr, memory, cross_mask
+            "decoder",
+            y,
+            weights,
+            hp.decoder_layers,
+            dec_mask,
+            hp,
+            tr,
+            memory,
+            cross_mask,
+            layer_masks,
         )
     if "vocab" in cfg:
         output = weights.get("output", {})
         b = param(output, "b", (len(cfg["vocab"]),), 0.0)
-        logits = tr.rec("logits", last @ output_weight(cfg, hp) + b)  # [n, V]
+        logits = last @ output_weight(cfg, hp) + b  # [n, V]
+        if hp.logit_softcap is not None:  # Gemma2ForCausalLM's final_logit_softcapping
+            c = float(hp.logit_softcap)
+            logits = tr.rec("logits_raw", logits)
+            logits = torch.tanh(logits / c) * c
+        logits = tr.rec("logits", logits)
         tr.rec("probs", torch.softmax(logits, dim=-1))
     return {path: value.numpy() for path, value in tr.steps.items()}

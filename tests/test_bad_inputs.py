@@ -2709,6 +2709,54 @@ NEOX = [
 ]  # fmt: skip
 
 
+# Gemma 2's soft caps and windows by layer (model.attn_softcap, logit_softcap; window a list)
+GEMMA2 = [
+    case(
+        "attn-softcap-zero",
+        NEOX_DEC.replace("rope\n", "rope\n  attn_softcap: 0\n"),
+        "model.attn_softcap",
+        "attn_softcap",
+        "must be positive",
+        "expected a number > 0, found the number 0",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "attn-softcap-additive",
+        NEOX_DEC.replace("rope\n", "rope\n  score: additive\n  attn_softcap: 50\n"),
+        "model.attn_softcap",
+        "attn_softcap",
+        "a soft cap bounds a dot-product score, and model.score is additive",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "logit-softcap-text",
+        NEOX_DEC.replace("rope\n", "rope\n  logit_softcap: thirty\n"),
+        "model.logit_softcap",
+        "logit_softcap",
+        "not a number",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "window-list-length",
+        NEOX_DEC.replace("rope\n", "rope\n  window: [4, null]\n"),
+        "model.window",
+        "window",
+        "one entry per decoder layer, and decoder_layers is 1",
+        "expected 1 window (each a whole number >= 1",
+        "found 2 windows",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "window-list-entry",
+        NEOX_DEC.replace("rope\n", "rope\n  window: [-4]\n"),
+        "model.window.0",
+        "window",
+        "must be at least 1",
+        args=("decode", "{file}"),
+    ),
+]  # fmt: skip
+
+
 CORPUS = [
     *LONG_TEXT,
     *SHAPES,
@@ -2728,6 +2776,7 @@ CORPUS = [
     *CALCULATORS,
     *PERFORMANCE,
     *NEOX,
+    *GEMMA2,
 ]
 
 

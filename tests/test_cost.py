@@ -403,6 +403,13 @@ def _every_option() -> dict[str, Config]:
                       "n_heads": 2, "n_kv_heads": 1, "d_k": 2},
         },
         "qk_norm_layer": {**SMALL, "model": {**SMALL["model"], "qk_norm": "head"}},
+        # Gemma 2's soft caps (capped; logits_raw, then logits the cap of it) and its
+        # alternating windows (a sliding layer's own mask)
+        "gemma2_caps_windows": {
+            **ROPE_DECODER_ONLY,
+            "model": {**ROPE_DECODER_ONLY["model"], "window": [1, None], "attn_softcap": 2,
+                      "logit_softcap": 3},
+        },
         "encoder_only_vocab": {
             **{k: v for k, v in SMALL.items() if k != "target"},
             "model": {**SMALL["model"], "decoder_layers": 0},
@@ -504,7 +511,7 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     array an earlier step holds (grouped-query attention: a K/V head's K and V, recorded
     in each query head of its group, are computed once)."""
     products = {"q", "q_raw", "k", "k_raw", "v", "q_a", "k_a", "q_b", "scores", "context",
-                "wo", "hidden", "up", "out", "logits"}  # fmt: skip
+                "wo", "hidden", "up", "out", "logits_raw", "logits"}  # fmt: skip
     for name, cfg in EVERY_OPTION.items():
         trace = run(cfg)
         ledger = cost.ledger(cfg)
@@ -522,8 +529,9 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
             normed = step.stage in ("q", "k") and step.inputs[1:2] == (
                 f"weights.{step.path.split('.h')[0]}.{step.stage}_norm.gamma",
             )
+            capped = step.stage == "logits" and len(step.inputs) == 1  # c · tanh(logits_raw / c)
             want = 0
-            if step.stage in products and not rotated and not normed and not again:
+            if step.stage in products and not (rotated or normed or again or capped):
                 first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
                 want = math.prod(step.shape) * first.shape[-1]
             assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)

@@ -344,6 +344,51 @@ SHAPES = [
         parallel="separate",
         tgt_len=5,
     ),
+    # Gemma 2's soft caps and alternating windows: decoder-only pre-norm RMSNorm, RoPE by
+    # halves, grouped-query GeGLU (tanh), the scores capped at 1.5 and the logits at 2 (small
+    # enough to bend these scores), layers 0 and 2 sliding over 2 keys, 1 full; and the caps
+    # in an encoder-decoder (cross-attention capped too) with ALiBi's bias added after the
+    # cap, padded, and windows [3, 3] (one for every layer) in a decoder-only one
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=3,
+        norm_position="pre",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        activation="geglu_tanh",
+        biases=False,
+        tie_embeddings=True,
+        embed_scale="sqrt_d_model",
+        tgt_len=6,
+        window=[2, None, 2],
+        attn_softcap=1.5,
+        logit_softcap=2.0,
+    ),
+    dict(
+        d_model=6,
+        n_heads=3,
+        decoder_layers=1,
+        positional="alibi",
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+        attn_softcap=0.8,
+        logit_softcap=1.5,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        pad=True,
+        tgt_len=7,
+        window=[3, 3],
+        attn_softcap=2.0,
+    ),
 ]
 
 

@@ -117,6 +117,17 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "qk_norm_layer_cross": _model(
         d_model=6, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, qk_norm="head",
     ),
+    # Gemma 2's soft caps and alternating windows (a sliding layer's own mask), with ALiBi's
+    # bias added to the capped scores
+    "softcap_windows_gemma2": _model(
+        d_model=6, n_heads=2, n_kv_heads=1, encoder_layers=0, decoder_layers=2,
+        norm_position="pre", norm="rms", positional="rope", rope_pairs="halves",
+        tgt_len=4, window=[2, None], attn_softcap=1.5, logit_softcap=2.0,
+    ),
+    "softcap_alibi_pads": _model(
+        d_model=6, n_heads=3, decoder_layers=1, positional="alibi", pad=True, src_len=4,
+        tgt_len=3, attn_softcap=0.8,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [
@@ -141,6 +152,7 @@ OP_CASES: dict[str, dict[str, Any]] = {
     "masked_bilinear": {"attention": {"score": "bilinear", "Q": [[1, 2]], "K": [[1, 0, 1], [0, 1, 1]], "V": [[1], [2]], "W_b": [[1, 0, 2], [0, 1, -1]], "mask": [[0, "-inf"]]}},
     "gaussian_widths": {"attention": {"score": "gaussian", "Q": [[1, 2], [0, 1]], "K": [[1, 0], [2, 2], [0, 0]], "V": [[1], [2], [3]], "w": [1, 0.5]}},
     "fully_masked_row": {"attention": {"Q": [[1.0], [2.0]], "K": [[1.0], [3.0]], "V": [[1.0], [2.0]], "mask": [["-inf", "-inf"], [0, 0]]}},
+    "softcap_masked": {"attention": {"Q": [[1, 0]], "K": [[3, 0], [1, 0], [0, 1]], "V": [[1], [2], [3]], "scale": 1, "softcap": 2, "mask": [[0, 0, "-inf"]]}},
 }  # fmt: skip
 
 

@@ -230,6 +230,25 @@ NEOX = [
     ),
 ]
 
+# Gemma 2's soft caps (model.attn_softcap, model.logit_softcap: greedy reads the capped
+# logits) and its alternating windows (model.window a list: layer 0 slides over 2 keys,
+# cached ones included, layer 1 attends to every key); and the caps in an encoder-decoder
+GEMMA2 = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **{**LLAMA, "activation": "geglu_tanh"},
+        tgt_len=3,
+        window=[2, None],
+        attn_softcap=1.5,
+        logit_softcap=2.0,
+    ),
+    dict(d_model=6, n_heads=2, pad=True, src_len=4, attn_softcap=0.8, logit_softcap=1.5),
+]
+
 
 # ---------------------------------------------------------------------------
 # Greedy against the independent reference, iteration by iteration
@@ -257,7 +276,9 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
+    "shape",
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + GEMMA2,
+    ids=shape_id,
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
     raw = generation_config(5, **shape)
@@ -312,7 +333,9 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 
 @pytest.mark.parametrize(
-    "shape", SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX, ids=shape_id
+    "shape",
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + GEMMA2,
+    ids=shape_id,
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
     cfg = model_of(generation_config(9, **shape))

@@ -60,7 +60,8 @@ def attention_labels(p: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, 
 
 
 def attention_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
-    """softmax((score(Q, K) / scale + M) / T) V on given matrices."""
+    """softmax((score(Q, K) / scale + M) / T) V on given matrices (with attention.softcap c,
+    M added to c · tanh(score / scale / c))."""
     Q, K, V = (p[k] for k in ("Q", "K", "V"))
     mask = p["mask"]
     rows, keys = attention_labels(p)
@@ -78,6 +79,7 @@ def attention_op(p: dict[str, Any], tr: Tracer) -> np.ndarray:
             tr,
             score=str(p["score"]),
             sw=sw,
+            softcap=p.get("softcap"),
         )
 
 

@@ -1443,6 +1443,15 @@ def attend(
         MatrixOpt,
         typer.Option("--w", help="gaussian: the kernel width w, a number or a vector (default 1)."),
     ] = None,
+    softcap: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--softcap",
+            click_type=FLOAT_TEXT,
+            help="Soft cap c of the scaled scores, c · tanh(S / scale / c), before the mask "
+            "(Gemma 2's; default none).",
+        ),
+    ] = None,
 ) -> None:
     """One attention, softmax((score(Q, K) / scale + M) / T) V, step by step."""
     from trace_tf.config import parse_matrix
@@ -1463,6 +1472,8 @@ def attend(
         options.append(("score", "--score", score))
     if w is not None:
         options.append(("w", "--w", _inline_value(w, "--w")))
+    if softcap is not None:
+        options.append(("softcap", "--softcap", softcap))
     _run_op(_op_config("attend", "attention", file, options, c), c)
 
 

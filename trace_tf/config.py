@@ -80,6 +80,8 @@ MODEL_KEYS = [
     "tie_embeddings",
     "dtype",
     "window",
+    "attn_softcap",
+    "logit_softcap",
 ]
 TOP_KEYS = [
     "title",
@@ -163,6 +165,10 @@ PARALLEL = ("none", "separate", "shared")
 QK_NORMS = ("none", "head")
 # The score functions of a dot product of a query and a key, which QK-norm bounds
 QK_NORM_SCORES = ("scaled_dot", "dot", "bilinear")
+# ... and which model.attn_softcap caps: additive's v_aᵀ tanh(…) is bounded already and
+# gaussian's −½ Σ ((q − k) w)² is never positive, and no model caps them
+SOFTCAP_SCORES = QK_NORM_SCORES
+SOFTCAPS = ("attn_softcap", "logit_softcap")  # model's soft caps, c · tanh(s / c)
 DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
 SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
@@ -235,8 +241,16 @@ class ModelConfig:
     tie_embeddings: bool = False
     dtype: str = "float64"  # of every weight and computation; float32 halves memory, ~7 digits
     # sliding-window attention (Mistral): a decoder self-attention query at position i
-    # sees only the `window` keys i − window < j <= i; 0 (not given) is unlimited
+    # sees only the `window` keys i − window < j <= i; 0 (not given) is unlimited; with a
+    # list (layer_windows), the window every decoder layer shares, else 0
     window: int = 0
+    # model.window as a list (Gemma 2's alternating layers): each decoder layer's window,
+    # 0 for full attention; () when model.window is one number (or null) for every layer
+    layer_windows: tuple[int, ...] = ()
+    # soft caps (Gemma 2, Grok-1), s ↦ c · tanh(s / c), None off: attn_softcap of each
+    # head's scaled scores, before a position bias and the mask; logit_softcap of the logits
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
@@ -260,6 +274,16 @@ class ModelConfig:
     def kv_head(self, h: int) -> int:
         """The K/V head query head h reads (Hugging Face's repeat_kv)."""
         return h // self.group
+
+    def window_of(self, layer: int) -> int:
+        """Decoder layer `layer`'s sliding window (0: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else self.window
+
+    @property
+    def mixed_windows(self) -> bool:
+        """Whether model.window's list gives the decoder layers different windows (each
+        sliding layer then has a mask of its own)."""
+        return len(set(self.layer_windows)) > 1
 
     @property
     def gated(self) -> bool:
@@ -1561,6 +1585,8 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         attn += H * 2 * L * L
     if m.qk_norm != "none":  # q_norm and k_norm, and their statistics (mean and var at most)
         attn += H * (2 * L * dk + 4 * L)
+    capped = m.attn_softcap is not None  # each head's capped scores
+    attn += H * L * L * capped
     ffn = L * (2 * dff + 3 * d + 2)
     # embed, pe, token_type, input, embedding norm, final norm, output (norms'
     # statistics); the mask
@@ -1568,13 +1594,19 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     stack = (6 + typed) * L * d + L * L + 4 * L
     stacks = (enc > 0) + (dec > 0)
     numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
-    # The steps, each charged OBJECT_COST: per head at most 14 (20 with QK-norm), per block
-    # 6, per FFN 7, per stack 9 (10 with token types); the cross mask, logits and probs.
+    # the sliding layers' own masks (model.window a list of windows); logits_raw
+    extra = dec * m.mixed_windows + (m.logit_softcap is not None)
+    numbers += dec * m.mixed_windows * L * L + (m.logit_softcap is not None) * L * n_vocab
+    # The steps, each charged OBJECT_COST: per head at most 14 (20 with QK-norm; capped
+    # one more), per block 6, per FFN 7, per stack 9 (10 with token types); the cross
+    # mask, logits and probs; the sliding layers' masks and logits_raw.
     steps = (
         blocks * ((20 if m.qk_norm != "none" else 14) * H + 6)
         + (enc + dec) * 7
         + stacks * (9 + typed)
         + 3
+        + blocks * H * capped
+        + extra
     )
     return numbers + OBJECT_COST * steps
 
@@ -2017,7 +2049,17 @@ class _Validator:
             a = self.mapping(
                 value,
                 kind,
-                ("Q", "K", "V", "scale", "temperature", "mask", "score", *ALL_SCORE_WEIGHTS),
+                (
+                    "Q",
+                    "K",
+                    "V",
+                    "scale",
+                    "temperature",
+                    "mask",
+                    "score",
+                    "softcap",
+                    *ALL_SCORE_WEIGHTS,
+                ),
             )
             for key in ("Q", "K", "V"):
                 if a.get(key) is None:
@@ -2086,6 +2128,7 @@ class _Validator:
                         "0, -inf or a finite number",
                     )
                 self._subnormal(mask, np.abs(mask), "attention.mask")  # (its -inf is no note)
+            cap = self.softcap(a.get("softcap"), "attention.softcap", score, "attention.score")
             return {
                 "Q": Q,
                 "K": K,
@@ -2099,6 +2142,7 @@ class _Validator:
                     self.number(a.get("temperature", 1), "attention.temperature", positive=True),
                     "attention.temperature",
                 ),
+                "softcap": None if cap is None else self.given_number(cap, "attention.softcap"),
             }
         if kind == "norm":
             n = self.mapping(value, kind, ("kind", "x", "eps", "gamma", "beta"))
@@ -2403,12 +2447,17 @@ class _Validator:
             init_std=self.number(m.get("init_std", 1.0), p + "init_std", minimum=0),
             tie_embeddings=self.boolean(m.get("tie_embeddings", False), p + "tie_embeddings"),
             dtype=self.choice(m.get("dtype", "float64"), p + "dtype", DTYPES),
-            window=self.window(m.get("window"), p + "window", enc),
+            **self.windows(m.get("window"), p + "window", enc, dec),
+            attn_softcap=self.softcap(m.get("attn_softcap"), p + "attn_softcap", score),
+            logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
-            for key in ("embed_scale", "norm_eps", "scale", "temperature"):
-                why = outside_float32(getattr(config, key), divisor=key in ("scale", "temperature"))
+            divisors = ("scale", "temperature", *SOFTCAPS)  # (a cap divides, then multiplies)
+            for key in ("embed_scale", "norm_eps", *divisors):
+                if getattr(config, key) is None:  # a cap that is off
+                    continue
+                why = outside_float32(getattr(config, key), divisor=key in divisors)
                 if why is not None:
                     raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
@@ -2654,10 +2703,30 @@ class _Validator:
             )
         return tuple(float(x) for x in slopes)
 
-    def window(self, value: Any, path: str, encoder_layers: int) -> int:
+    def windows(
+        self, value: Any, path: str, encoder_layers: int, decoder_layers: int
+    ) -> dict[str, Any]:
         """model.window: null (or absent) is unlimited, 0; else a whole number >= 1 of keys
-        each causal self-attention query sees. Only a decoder-only model: the encoder's
-        self-attention is bidirectional, and no sliding window of it is settled."""
+        each causal self-attention query sees; or a list of one such (or null: full
+        attention) per decoder layer, Gemma 2's [4096, null, ...]. Only a decoder-only
+        model: the encoder's self-attention is bidirectional, and no sliding window of it
+        is settled. -> ModelConfig's window and layer_windows"""
+        if not isinstance(value, list):
+            return {"window": self.window(value, path, encoder_layers)}
+        if len(value) != decoder_layers:
+            raise self.ctx.err(
+                path,
+                f"a list of windows has one entry per decoder layer, and decoder_layers is "
+                f"{decoder_layers}" + self.ctx.set_by("model.decoder_layers"),
+                expected=f"{counted(decoder_layers, 'window')} (each a whole number >= 1, or "
+                "null: full attention), or one number for every layer",
+                found_text=counted(len(value), "window"),
+            )
+        layers = tuple(self.window(w, f"{path}.{l}", encoder_layers) for l, w in enumerate(value))
+        return {"window": layers[0] if len(set(layers)) == 1 else 0, "layer_windows": layers}
+
+    def window(self, value: Any, path: str, encoder_layers: int) -> int:
+        """One window of model.window (see `windows`): null is unlimited, 0."""
         if value is None:
             return 0
         window = self.integer(value, path, 1)
@@ -2671,6 +2740,27 @@ class _Validator:
                 found_text=str(window),
             )
         return window
+
+    def softcap(
+        self, value: Any, path: str, score: str | None = None, score_key: str = "model.score"
+    ) -> float | None:
+        """model.attn_softcap, model.logit_softcap (attention.softcap): null (or absent) is
+        off; else the cap c > 0 of s ↦ c · tanh(s / c). The attention's only beside a
+        dot-product score (`score`, at `score_key`; SOFTCAP_SCORES), whose size it bounds."""
+        if value is None:
+            return None
+        cap = self.number(value, path, positive=True)
+        if score is not None and score not in SOFTCAP_SCORES:
+            raise self.ctx.err(
+                path,
+                f"a soft cap bounds a dot-product score, and {score_key} is "
+                f"{score} (additive's v_aᵀ tanh(…) is bounded already, gaussian's is never "
+                "positive)" + self.ctx.set_by(score_key),
+                expected=f"{score_key} {', '.join(SOFTCAP_SCORES[:-1])} or "
+                f"{SOFTCAP_SCORES[-1]} beside {path}, or {path}: null",
+                found_text=f"{score_key}: {score}",
+            )
+        return cap
 
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
         """Refuse, before allocating anything, a model whose arrays would be too large.

@@ -90,13 +90,14 @@ class Product:
 class Free:
     """A step with no multiply-adds: elementwise (scaling, masks, softmax, residuals,
     norms, activations), a lookup or a copy. `of`: made from that one array of the
-    step's own shape (RoPE's rotation of q_raw or k_raw), and only so."""
+    step's own shape (RoPE's rotation of q_raw or k_raw: `does` rotates), and only so."""
 
     of: str | None = None
+    does: str = "rotates"
 
     @property
     def formula(self) -> str:
-        return "—" if self.of is None else f"— (rotates {self.of}, elementwise)"
+        return "—" if self.of is None else f"— ({self.does} {self.of}, elementwise)"
 
     def fit(self, shape: Shape, inputs: Sequence[Shape]) -> tuple[()] | None:
         if self.of is None or (len(inputs) == 1 and inputs[0] == shape):
@@ -161,6 +162,7 @@ COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
         Product("attention", "L_q·d_k·L_k", pairs_w),  # gaussian
     ),
     "scaled": (FREE,),
+    "capped": (FREE,),  # c · tanh(s / c), elementwise
     "rel_bias": (FREE,),  # a lookup in the table of offsets; alibi: m times a distance
     "biased": (FREE,),
     "masked": (FREE,),
@@ -181,7 +183,9 @@ COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
     "embed_norm": (FREE,),
     "final_norm": (FREE,),
     "output": (FREE,),
-    "logits": (Product("output", "L·d_model·V", x_w),),
+    "logits_raw": (Product("output", "L·d_model·V", x_w),),
+    # the product; or with model.logit_softcap, c · tanh(logits_raw / c)
+    "logits": (Product("output", "L·d_model·V", x_w), Free("logits_raw", "caps")),
     "probs": (FREE,),
 }
 KINDS = ("projection", "attention", "ffn", "output")

@@ -790,6 +790,37 @@ def _scaled(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     )
 
 
+def _capped(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """c · tanh(s / c): the soft cap of a scaled score (capped) or of a logit (logits, of
+    logits_raw), c the model's attn_softcap or logit_softcap (attend's softcap)."""
+    f, src = ctx.f, step.inputs[0]
+    if not isinstance(ctx.cfg, Config):
+        c, key = float(ctx.param("softcap")), "attention.softcap"
+    elif step.stage == "logits":
+        c, key = float(ctx.cfg.model.logit_softcap or 0), "model.logit_softcap"
+    else:
+        c, key = float(ctx.cfg.model.attn_softcap or 0), "model.attn_softcap"
+    s, c = f.shown(float(ctx.get(src)[cell])), f.shown(c)
+    sym = _symbol(src)
+    t = math.tanh(s / c)
+    return _Parts(
+        [
+            f"c · tanh({sym}{_idx(cell)} / c)",
+            f"{f.num(c)} · tanh({f.num(s)} / {f.num(c)})",
+            f"{f.num(c)} · tanh({f.num(s / c)})",
+            f"{f.num(c)} · {f.num(t)}",
+        ],
+        c * t,
+        [f"{sym} = {src}", f"c = {exact(c)} ({key}): the soft cap, bounding to (−c, c)"],
+        {sym: [s], "c": [c]},
+    )
+
+
+def _logits(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """out W + b; with model.logit_softcap, the cap of logits_raw (its one input)."""
+    return (_capped if len(step.inputs) == 1 else _linear)(ctx, step, cell)
+
+
 def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """B[i,j] = b_rel[j − i]: the table's entry for the offset, at max_len − 1 + offset.
     In self-attention the queries are the last L_q of the L_k positions (all of them, but
@@ -1558,13 +1589,15 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """Why a mask entry is 0 or −inf: the rule, applied again."""
     assert isinstance(ctx.cfg, Config)
     i, j = cell
-    causal = step.path.endswith("decoder.mask")
+    layer = re.search(r"decoder\.(\d+)\.self_attn\.mask$", step.path)  # a sliding layer's own
+    causal = layer is not None or step.path.endswith("decoder.mask")
     pos = _first_position(ctx, step.path) + i  # a KV-cached iteration's rows: start..
     query = f"query {i}" if pos == i else f"query {i} (position {pos})"
     key = step.cols[j] if step.cols is not None else None
     pad = key if key is not None and key == ctx.cfg.tokens.pad else None  # ("" is a token)
     reasons = []
-    W = ctx.cfg.model.window if causal else 0
+    m = ctx.cfg.model
+    W = (m.window_of(int(layer.group(1))) if layer else m.window) if causal else 0
     if causal and j > pos:
         reasons.append(f"key {j} comes after {query} (causal)")
     if W and j <= pos - W:
@@ -1580,6 +1613,11 @@ def _mask(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     if W:
         seen = f" ({p} − {W} < j ≤ {p}, not a pad)"
     why = " and ".join(reasons) or f"{query} may look at key {j}{seen}"
+    if layer is not None:
+        why += f"; layer {layer.group(1)}'s mask (model.window.{layer.group(1)}: {W})"
+    elif m.mixed_windows:
+        full = [str(l) for l, w in enumerate(m.layer_windows) if not w]
+        why += f"; the mask of the full-attention layers ({', '.join(full) or 'none'})"
     return _Parts([], total, note=why)
 
 
@@ -1615,6 +1653,7 @@ EXPLAINERS: dict[str, Explainer] = {
     "q_b": _linear,
     "scores": _scores,
     "scaled": _scaled,
+    "capped": _capped,
     "rel_bias": _rel_bias,
     "biased": _biased,
     "masked": _masked,
@@ -1637,7 +1676,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "embed_norm": _norm,
     "final_norm": _norm,
     "output": _output,
-    "logits": _linear,
+    "logits_raw": _linear,
+    "logits": _logits,
     "probs": _softmax,
     "pe_table": _pe_table,
 }

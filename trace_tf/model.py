@@ -500,6 +500,7 @@ def attention_head(
         rel_bias=hw.rel_bias,
         alibi=alibi,
         start=start,
+        softcap=m.attn_softcap,
     )
     return out, kv
 
@@ -571,6 +572,7 @@ def attend(
     rel_bias: Array | None = None,
     alibi: Alibi | None = None,
     start: int = 0,
+    softcap: float | None = None,
 ) -> Array:
     """softmax((score(Q, K) / scale + B + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
 
@@ -579,10 +581,23 @@ def attend(
     relative position bias of lecture 000 section 6.2: B[i,j] = rel_bias[max_len − 1 +
     j − i], query row i at position start + i; with `alibi`, ALiBi's B[i,j] = −m·(i − j)
     (bidirectional: −m·|i − j|), recorded as the same steps rel_bias and biased.
+    With a `softcap` c (Gemma 2's attn_logit_softcapping), the scaled scores are capped
+    first, S_c = c · tanh((S / scale) / c), and B and M added to S_c: a −inf of M stays
+    −inf, where capped after it would be −c, and the masked key weighted.
     """
     scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
     name, where = named(scale_text)
     scaled = tr.rec("scaled", scores / scale, f"S / {name}{where}", scores, cols="keys")
+    so_far = "S / scale"  # what B and M are added to
+    if softcap is not None:
+        scaled = tr.rec(
+            "capped",
+            ops.softcap(scaled, softcap),
+            f"S_c = c · tanh((S / scale) / c),  c = {exact(softcap)} (soft cap)",
+            scaled,
+            cols="keys",
+        )
+        so_far = "S_c"
     plus_b = ""
     if rel_bias is not None:
         row = "i" if start == 0 else f"({start} + i)"  # query row i is position start + i
@@ -601,14 +616,14 @@ def attend(
             cols="keys",
         )
     if rel_bias is not None or alibi is not None:
-        scaled = tr.rec("biased", scaled + b, "S / scale + B", scaled, b, cols="keys")
+        scaled = tr.rec("biased", scaled + b, f"{so_far} + B", scaled, b, cols="keys")
         plus_b = " + B"
     if mask is not None:
         with np.errstate(invalid="ignore"):
             scaled = tr.rec(
                 "masked",
                 scaled + mask,
-                f"S / scale{plus_b} + M  (M additive: −inf masks)",
+                f"{so_far}{plus_b} + M  (M additive: −inf masks)",
                 scaled,
                 mask,
                 cols="keys",
@@ -933,6 +948,24 @@ def encoder(cfg: Config, tr: Tracer = NULL_TRACER) -> Array:
         return tr.rec("output", x, "encoder output", x)
 
 
+def self_attention_mask(
+    L: int, start: int, window: int, pads: np.ndarray | None, dtype: str
+) -> tuple[Array, str]:
+    """The decoder self-attention's additive mask over start + L keys (causal, the sliding
+    `window` W's, the pad keys') and its formula. -> [L, start + L], formula"""
+    mask = ops.causal_mask(L, start, dtype, window)
+    pos = "i" if start == 0 else f"{start} + i"
+    formula = f"M[i,j] = −inf for j > {pos}"
+    if window:
+        formula += f" or j ≤ {pos} − {window}"
+    formula += " (causal" + (f", window {window}" if window else "")
+    formula += ")" if start == 0 else f"; row i is position {start} + i)"
+    if pads is not None:
+        mask = mask + ops.key_padding_mask(L, pads, dtype)
+        formula += " or key j a pad"
+    return mask, formula
+
+
 def decoder(
     cfg: Config,
     target: Sequence_,
@@ -959,18 +992,12 @@ def decoder(
         L = len(target)
         # The decoder's self-attention is always causal (3.2.3), also for one token;
         # with a cache, the single newest row sees every key, so its row is all zeros.
-        # A sliding window (model.window W) hides the keys j <= i − W too, cached ones included.
-        mask = ops.causal_mask(L, start, m.dtype, m.window)
+        # A sliding window (model.window W) hides the keys j <= i − W too, cached ones
+        # included; layers of different windows (a list) each record their own mask.
         pads = padding(cfg, keys)
-        pos = "i" if start == 0 else f"{start} + i"
-        formula = f"M[i,j] = −inf for j > {pos}"
-        if m.window:
-            formula += f" or j ≤ {pos} − {m.window}"
-        formula += " (causal" + (f", window {m.window}" if m.window else "")
-        formula += ")" if start == 0 else f"; row i is position {start} + i)"
-        if pads is not None:
-            mask = mask + ops.key_padding_mask(L, pads, m.dtype)
-            formula += " or key j a pad"
+        mask, formula = self_attention_mask(L, start, m.window, pads, m.dtype)
+        if m.mixed_windows:
+            formula += ";  the full-attention layers' (a sliding layer records its own)"
         mask = tr.rec("mask", mask, formula, cols="keys")
         cross_mask = None
         src_pads = padding(cfg, cfg.source) if cfg.source is not None and enc is not None else None
@@ -985,7 +1012,15 @@ def decoder(
         for l, lw in enumerate(cfg.decoder):
             layer_cache = (cache.self_attn[l], cache.cross_attn[l]) if cache is not None else None
             with tr.scope(l):
-                x = decoder_layer(x, enc, lw, mask, cross_mask, m, src_labels, tr, layer_cache)
+                layer_mask, W = mask, m.window_of(l)
+                if m.mixed_windows and W:  # a sliding layer among full ones, or other windows
+                    with tr.scope("self_attn"):
+                        layer_mask = tr.rec(
+                            "mask", *self_attention_mask(L, start, W, pads, m.dtype), cols="keys"
+                        )
+                x = decoder_layer(
+                    x, enc, lw, layer_mask, cross_mask, m, src_labels, tr, layer_cache
+                )
         if cache is not None:
             assert keys.tokens is not None
             cache.tokens = keys.tokens
@@ -1009,20 +1044,31 @@ def head(cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER
 def output_layer(
     cfg: Config, x: Array, rows: Sequence_ | None, tr: Tracer = NULL_TRACER
 ) -> tuple[Array, Array]:
-    """The logits x W + b and their row softmax, both. [L, d] -> [L, V], [L, V]"""
+    """The logits x W + b and their row softmax, both. [L, d] -> [L, V], [L, V]
+
+    With model.logit_softcap c, x W + b is logits_raw and the logits c · tanh(logits_raw / c)."""
     W, b = output_weights(cfg)
     tied = ""
     if cfg.model.tie_embeddings:
         tied = " (W = embeddingsᵀ, tied)"
         tr.name(W, TIED_OUTPUT)
+    cap = cfg.model.logit_softcap
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
-            "logits",
+            "logits" if cap is None else "logits_raw",
             ops.linear(x, W, b),
-            "logits = out W" + _plus(b, "b") + tied,
+            ("logits" if cap is None else "logits_raw") + " = out W" + _plus(b, "b") + tied,
             *_operands(x, W, b),
             cols=cfg.vocab,
         )
+        if cap is not None:  # Gemma 2's final_logit_softcapping: what probs and generate read
+            logits = tr.rec(
+                "logits",
+                ops.softcap(logits, cap),
+                f"logits = c · tanh(logits_raw / c),  c = {exact(cap)} (soft cap)",
+                logits,
+                cols=cfg.vocab,
+            )
         probs = tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
         return logits, probs
 

@@ -571,3 +571,9 @@ def gaussian_scores(q: Array, k: Array, w: Array) -> Array:
         d = (row - k) * w
         out[i] = -0.5 * np.sum(d * d, axis=-1)
     return out
+
+
+def softcap(x: Array, cap: float) -> Array:
+    """c · tanh(x / c): a soft cap bounding every entry to (−c, c), near x where |x| ≪ c
+    (Gemma 2's attn_logit_softcapping and final_logit_softcapping, Grok-1's). -> x's shape"""
+    return cap * np.tanh(x / cap)

@@ -177,15 +177,22 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         p = cfg.params
         if cfg.kind == "attention":
             masked = isinstance(p["mask"], np.ndarray)
+            cap = p.get("softcap")
             return [
                 (
                     "operation",
-                    "attention: softmax((S / scale"
+                    "attention: softmax(("
+                    + ("S / scale" if cap is None else "c · tanh((S / scale) / c)")
                     + (" + M" if masked else "")
                     + ") / T) V, row softmax, stable",
                 ),
                 ("score", score_text(str(p["score"]), p["W_a_q"].shape[1] if "W_a_q" in p else 0)),
                 ("scale", str(p["scale_text"])),
+                *(
+                    [("soft cap", softcap_text(cap, "S_c", "(S / scale)") + ", before M")]
+                    if cap
+                    else []
+                ),
                 (
                     "temperature",
                     f"{exact(p['temperature'])} (divides the scaled scores inside the softmax only)",
@@ -232,14 +239,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     norm_kind = NORM_TEXT[m.norm] + (", biased var" if m.norm == "layer" else "")
     masks = []
     if m.decoder_layers:
-        masks.append(
-            "decoder self-attention causal"
-            + (
-                f", sliding window {m.window}: query i sees keys i − {m.window} < j ≤ i"
-                if m.window
-                else ""
-            )
-        )
+        masks.append("decoder self-attention causal" + window_text(m))
     if cfg.tokens.pad is not None:  # ("" is a token too)
         masks.append(f"pad token {quoted(cfg.tokens.pad)} masked as a key")
     pos = {
@@ -277,6 +277,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             + (f", softmax temperature {exact(m.temperature)}" if m.temperature != 1 else "")
             + "; stable row softmax",
         ),
+        *([("soft caps", softcaps_text(m))] if m.attn_softcap or m.logit_softcap else []),
         ("positions", pos),
         *([("token types", types_text(cfg))] if m.token_types else []),
         (
@@ -374,6 +375,48 @@ def heads_text(m: ModelConfig) -> str:
     else:  # too many to list: the rule
         groups = f"head h → K/V head h // {m.group}"
     return f"{m.n_heads} heads, {counted(m.n_kv_heads, 'K/V head')} (grouped: {groups})"
+
+
+def window_text(m: ModelConfig) -> str:
+    """The decoder's sliding window(s) (model.window), for the header's masks: one for every
+    layer, or by layer (a list: Gemma 2's alternating sliding and full layers)."""
+    if m.mixed_windows:
+        by_layer = ", ".join(
+            f"layer {l} " + (f"window {w}" if w else "full") for l, w in enumerate(m.layer_windows)
+        )
+        return (
+            f"; sliding windows by layer: {by_layer} (a layer of window W: query i sees keys "
+            "i − W < j ≤ i; its own mask decoder.<l>.self_attn.mask)"
+        )
+    if not m.window:
+        return ""
+    every = " in every layer" if m.layer_windows else ""
+    return f", sliding window {m.window}{every}: query i sees keys i − {m.window} < j ≤ i"
+
+
+def softcap_text(cap: float, capped: str, of: str) -> str:
+    """One soft cap, `capped` = c · tanh(`of` / c) with c as given (Gemma 2's), for the header."""
+    return f"{capped} = c · tanh({of} / c), c = {exact(cap)}, each in (−c, c)"
+
+
+def softcaps_text(m: ModelConfig) -> str:
+    """model.attn_softcap and model.logit_softcap (Gemma 2, Grok-1), each on or off."""
+    attn, logits = m.attn_softcap, m.logit_softcap
+    return (
+        "scores: "
+        + (
+            softcap_text(attn, "S_c", "(S / scale)")
+            + " (step capped), before the position bias and the mask, in every attention block"
+            if attn
+            else "off"
+        )
+        + "; logits: "
+        + (
+            softcap_text(logits, "logits", "logits_raw") + ", what probs and generate read"
+            if logits
+            else "off"
+        )
+    )
 
 
 def score_text(score: str, d_a: int) -> str:

@@ -98,11 +98,13 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "mask",
-        ("<stack>.mask",),
+        ("<stack>.mask", "decoder.<l>.self_attn.mask"),
         "M[i,j] = −inf where query i may not see key j (decoder: j > i, and j ≤ i − W under "
         "model.window W; pad keys), else 0",
         "L × L",
-        "the additive mask of the self-attention",
+        "the additive mask of the self-attention; with model.window a list of different "
+        "windows, <stack>.mask is the full-attention layers' and each sliding layer records "
+        "its own in its self_attn",
         "in a decoder (causal), or with a tokens.pad token in the source",
     ),
     Stage(
@@ -223,6 +225,15 @@ STAGES: tuple[Stage, ...] = (
         "the scores brought to a size the softmax does not saturate on",
     ),
     Stage(
+        "capped",
+        (f"{_HEAD}.capped", "attn.capped"),
+        "S_c = c · tanh((S / scale) / c)",
+        "L_q × L_k",
+        "the scaled scores soft-capped to (−c, c) (Gemma 2's), before the position bias "
+        "and the mask",
+        "with the model's attn_softcap (attend: softcap)",
+    ),
+    Stage(
         "rel_bias",
         ("<stack>.<l>.self_attn.h<n>.rel_bias",),
         "B[i,j] = b_rel[j − i] = rel_bias[max_len − 1 + j − i]; alibi: B[i,j] = −m·(i − j), "
@@ -237,15 +248,16 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "biased",
         ("<stack>.<l>.self_attn.h<n>.biased",),
-        "S / scale + B",
+        "S / scale + B  (soft-capped: S_c + B)",
         "L_q × L_k",
-        "relative, alibi: the scaled scores with the position bias added, before the mask",
+        "relative, alibi: the scaled (and capped) scores with the position bias added, "
+        "before the mask",
         "with model.positional: relative or alibi",
     ),
     Stage(
         "masked",
         (f"{_HEAD}.masked", "attn.masked"),
-        "S / scale + M  (relative, alibi: S / scale + B + M)",
+        "S / scale + M  (relative, alibi: S / scale + B + M; soft-capped: S_c for S / scale)",
         "L_q × L_k",
         "the scaled scores with the hidden keys at −inf (only when a mask applies)",
         "where a mask applies: in a decoder, or with a tokens.pad token in a sequence",
@@ -416,11 +428,19 @@ STAGES: tuple[Stage, ...] = (
         "what the stack hands on; cross-attention reads encoder.output",
     ),
     Stage(
-        "logits",
-        ("logits",),
+        "logits_raw",
+        ("logits_raw",),
         "out W + b  (tied: W = embeddingsᵀ)",
         "L × V",
-        "a score for every vocabulary word, at every position",
+        "the logits before their soft cap",
+        "with the model's logit_softcap",
+    ),
+    Stage(
+        "logits",
+        ("logits",),
+        "out W + b  (tied: W = embeddingsᵀ); soft-capped: c · tanh(logits_raw / c)",
+        "L × V",
+        "a score for every vocabulary word, at every position: what probs and generate read",
     ),
     Stage(
         "probs",
