@@ -282,7 +282,7 @@ def test_explain_writes_the_arithmetic_of_a_cap(tmp_path: Path) -> None:
     def explained(step: str, cell: str) -> str:
         code, out, err = invoke("explain", step, path, "--cell", cell, "--precision", "6")
         assert code == 0, err
-        return " ".join(out.split())
+        return " ".join(out.replace("│", " ").split())  # (the panel's lines, joined)
 
     s = float(trace.value("decoder.0.self_attn.h1.scaled")[2, 1])
     text = explained("decoder.0.self_attn.h1.capped", "2,1")
@@ -297,6 +297,15 @@ def test_explain_writes_the_arithmetic_of_a_cap(tmp_path: Path) -> None:
     assert "not within its window of 2" in text and "layer 0's mask (model.window.0: 2)" in text
     text = explained("decoder.mask", "3,0")
     assert "the mask of the full-attention layers (1)" in text
+    # generate --explain: a cached row (position 6) of layer 0's own mask, and a capped logit
+    gen_args = ["generate", path, "--greedy", "--max-tokens", "3", "--set", "tokens.eos=null"]
+    code, out, err = invoke(*gen_args, "--explain", "t2.decoder.0.self_attn.mask", "--cell", "0,5")
+    assert code == 0, err
+    text = " ".join(out.replace("│", " ").split())
+    assert "row i is position 6 + i" in text and "layer 0's mask (model.window.0: 2)" in text
+    assert "= 0 (query 0 (position 6) may look at key 5 (6 − 2 < j ≤ 6, not a pad)" in text
+    code, out, err = invoke(*gen_args, "--explain", "t2.logits", "--cell", "0,0")
+    assert code == 0 and "= c · tanh(logits_raw[0,0] / c)" in " ".join(out.split()), err
 
 
 def test_stages_cost_diff_formats_and_filters(tmp_path: Path) -> None:
@@ -431,3 +440,21 @@ def test_a_cap_set_on_the_command_line_is_refused_by_its_key(tmp_path: Path) -> 
     assert code == 2 and "model.logit_softcap" in err and "Traceback" not in err + out
     code, out, err = invoke("decode", path, "--set", "model.window=[1, 2, 3]")
     assert code == 2 and "model.window" in err and "found 3 windows" in err
+
+
+def test_the_size_bound_counts_the_new_steps() -> None:
+    """config.trace_size, the bound a model is refused by before anything is allocated,
+    still bounds what a capped, per-layer-windowed run records, and counts the new steps:
+    the capped scores, the sliding layers' masks and logits_raw."""
+    from trace_tf.config import OBJECT_COST, trace_size
+
+    for over in ({}, dict(decoder_layers=3, window=[2, None, 3])):
+        cfg = model_of(gemma2(**over))
+        trace = run(cfg, "full")
+        recorded = sum(trace.value(p).size for p in trace.steps)
+        bound = trace_size(cfg.model, 5, len(cfg.vocab))
+        assert recorded + OBJECT_COST * len(trace.steps) <= bound
+        plain = model_of(gemma2(**{**over, "window": 2, "attn_softcap": None}, logit_softcap=None))
+        new = [p for p in trace.steps if p.endswith(("capped", "logits_raw", "self_attn.mask"))]
+        grown = bound - trace_size(plain.model, 5, len(plain.vocab))
+        assert grown >= sum(trace.value(p).size + OBJECT_COST for p in new)

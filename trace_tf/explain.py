@@ -808,7 +808,7 @@ def _capped(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             f"c · tanh({sym}{_idx(cell)} / c)",
             f"{f.num(c)} · tanh({f.num(s)} / {f.num(c)})",
             f"{f.num(c)} · tanh({f.num(s / c)})",
-            f"{f.num(c)} · {f.num(t)}",
+            f"{f.num(c)} · {f.fac(t)}",
         ],
         c * t,
         [f"{sym} = {src}", f"c = {exact(c)} ({key}): the soft cap, bounding to (−c, c)"],
