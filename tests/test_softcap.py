@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import config_from
 from random_configs import LLAMA, random_config
 from reference_torch import reference_forward
@@ -458,3 +459,77 @@ def test_the_size_bound_counts_the_new_steps() -> None:
         new = [p for p in trace.steps if p.endswith(("capped", "logits_raw", "self_attn.mask"))]
         grown = bound - trace_size(plain.model, 5, len(plain.vocab))
         assert grown >= sum(trace.value(p).size + OBJECT_COST for p in new)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face's Gemma 2: its layer types and its first layer's capped attention
+# ---------------------------------------------------------------------------
+
+
+def test_hugging_face_gemma2_layers_slide_and_cap_as_the_engine_does() -> None:
+    """A small random Gemma2Model (eager, float64): its layer_types give model.window's list
+    (layer i slides when i is even), each layer's attention weights are 0 exactly where
+    the engine's mask of that layer is −inf, and layer 0's weights, whose input is the
+    engine's (γ = 1 + weight; embeddings · √d, the unscaled table tied), are the
+    engine's with the cap on. Later layers read Gemma 2's norms after each sublayer,
+    which the engine does not have here, so only their masks are compared. HF's eager
+    softmax runs in float32: 1e-6."""
+    transformers = pytest.importorskip("transformers")
+    hf_cfg = transformers.Gemma2Config(
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        query_pre_attn_scalar=4,  # scaling 4^−½: model.scale sqrt_dk
+        sliding_window=2,
+        attn_logit_softcapping=0.5,  # small enough to bend these scores
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    hf = transformers.Gemma2Model(hf_cfg).double().eval()
+    with torch.no_grad():  # drawn anew: HF's init (std 0.02, norm weights 0) bends nothing
+        for p in hf.parameters():
+            p.normal_(0.0, 0.7)
+    ids = [1, 2, 3, 4, 5, 6]
+    with torch.no_grad():
+        attentions = hf(torch.tensor([ids]), output_attentions=True).attentions
+    windows = [
+        hf_cfg.sliding_window if t == "sliding_attention" else None for t in hf_cfg.layer_types
+    ]
+    assert windows == [2, None, 2, None]
+    sd = {k: v.numpy() for k, v in hf.state_dict().items()}
+    a0 = "layers.0.self_attn."
+    raw = {
+        "model": {
+            "d_model": 8, "n_heads": 2, "n_kv_heads": 1, "d_k": 4, "d_ff": 16,
+            "encoder_layers": 0, "decoder_layers": 4, "norm_position": "pre", "norm": "rms",
+            "norm_eps": hf_cfg.rms_norm_eps, "positional": "rope", "rope_pairs": "halves",
+            "pe_base": 10000, "activation": "geglu_tanh", "embed_scale": "sqrt_d_model",
+            "tie_embeddings": True, "window": windows, "attn_softcap": 0.5,
+        },
+        "vocab": [f"t{i}" for i in range(10)],
+        "embeddings": {f"t{i}": sd["embed_tokens.weight"][i].tolist() for i in range(10)},
+        "target": [f"t{i}" for i in ids],
+        "weights": {"decoder": [{"self_attn": {
+            "W_q": sd[a0 + "q_proj.weight"].T.tolist(),
+            "W_k": sd[a0 + "k_proj.weight"].T.tolist(),
+            "W_v": sd[a0 + "v_proj.weight"].T.tolist(),
+            "W_o": sd[a0 + "o_proj.weight"].T.tolist(),
+            "norm": {"gamma": (1 + sd["layers.0.input_layernorm.weight"]).tolist()},
+        }}]},
+    }  # fmt: skip
+    trace = run(model_of(raw), "full")
+    for layer, W in enumerate(windows):
+        mask = trace.value(f"decoder.{layer}.self_attn.mask" if W else "decoder.mask")
+        for h in range(2):
+            assert np.array_equal(attentions[layer][0, h].numpy() == 0, np.isneginf(mask))
+    for h in range(2):
+        ours = trace.value(f"decoder.0.self_attn.h{h}.softmax")
+        np.testing.assert_allclose(ours, attentions[0][0, h].numpy(), rtol=0, atol=1e-6)
+    # uncapped, the engine's weights are not HF's (so the cap is what made them agree)
+    raw["model"]["attn_softcap"] = None
+    uncapped = run(model_of(raw), "full").value("decoder.0.self_attn.h0.softmax")
+    assert np.abs(uncapped - attentions[0][0, 0].numpy()).max() > 1e-2
