@@ -111,7 +111,7 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         "n_heads": n_heads,
         "encoder_layers": enc,
         "decoder_layers": dec,
-        "norm_position": str(rng.choice(["post", "pre"])),
+        "norm_position": str(rng.choice(["post", "pre", "sandwich", "output"])),
         "norm": str(rng.choice(["layer", "rms"])),
         "activation": str(rng.choice(["relu", "gelu", "swiglu", "geglu_tanh"])),
         "positional": positional,
@@ -128,6 +128,8 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["n_kv_heads"] = 1
     if enc == 0 and rng.integers(3) == 0:
         kw["window"] = int(rng.integers(1, 3))
+    if rng.integers(3) == 0:
+        kw["qk_norm"] = str(rng.choice(["head", "projection"]))
     return random_config(rng, **kw)
 
 
@@ -291,7 +293,8 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "pe_base": [0, 1, -1, 0.5, 1e308],
     "max_len": [0, 1, -1, 2, 10**9],
     "embed_scale": [0, -1, "sqrt_d_model", "sqrt", 1e308],
-    "norm_position": ["pre", "post", "mid"],
+    "norm_position": ["pre", "post", "mid", "sandwich", "output"],
+    "qk_norm": ["head", "projection", "none", "whole"],
     "final_norm": [True, False, "yes"],
     "norm": ["rms", "layer", "batch", "instance"],
     "norm_eps": [0, -1, 1e308, 5e-324],
@@ -421,7 +424,8 @@ REDRAW: dict[str, list[Any]] = {
     "rope_pairs": ["halves", "adjacent"],
     "max_len": [4, 8],
     "embed_scale": [2, "sqrt_d_model"],
-    "norm_position": ["pre", "post"],
+    "norm_position": ["pre", "post", "sandwich", "output"],
+    "qk_norm": ["head", "projection"],
     "final_norm": [True, False],
     "norm": ["rms", "layer"],
     "norm_eps": [0, 1e-3],
