@@ -111,7 +111,7 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         "n_heads": n_heads,
         "encoder_layers": enc,
         "decoder_layers": dec,
-        "norm_position": str(rng.choice(["post", "pre"])),
+        "norm_position": str(rng.choice(["post", "pre", "sandwich", "output"])),
         "norm": str(rng.choice(["layer", "rms"])),
         "activation": str(rng.choice(["relu", "gelu", "swiglu", "geglu_tanh"])),
         "positional": positional,
@@ -134,6 +134,8 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["attn_softcap"] = float(rng.choice([0.5, 2.0, 50.0]))
     if rng.integers(3) == 0:
         kw["logit_softcap"] = float(rng.choice([0.5, 30.0]))
+    if rng.integers(3) == 0:
+        kw["qk_norm"] = str(rng.choice(["head", "projection"]))
     return random_config(rng, **kw)
 
 
@@ -297,7 +299,8 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "pe_base": [0, 1, -1, 0.5, 1e308],
     "max_len": [0, 1, -1, 2, 10**9],
     "embed_scale": [0, -1, "sqrt_d_model", "sqrt", 1e308],
-    "norm_position": ["pre", "post", "mid"],
+    "norm_position": ["pre", "post", "mid", "sandwich", "output"],
+    "qk_norm": ["head", "projection", "none", "whole"],
     "final_norm": [True, False, "yes"],
     "norm": ["rms", "layer", "batch", "instance"],
     "norm_eps": [0, -1, 1e308, 5e-324],
@@ -429,7 +432,8 @@ REDRAW: dict[str, list[Any]] = {
     "rope_pairs": ["halves", "adjacent"],
     "max_len": [4, 8],
     "embed_scale": [2, "sqrt_d_model"],
-    "norm_position": ["pre", "post"],
+    "norm_position": ["pre", "post", "sandwich", "output"],
+    "qk_norm": ["head", "projection"],
     "final_norm": [True, False],
     "norm": ["rms", "layer"],
     "norm_eps": [0, 1e-3],

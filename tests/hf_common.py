@@ -1,6 +1,6 @@
 """What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
 tests/test_hf_bert.py, tests/test_hf_mistral.py, tests/test_hf_gemma.py,
-tests/test_hf_qwen3.py) share: how a model's values are compared with trace-tf's, and how
+tests/test_hf_qwen3.py, tests/test_hf_olmo2.py) share: how a model's values are compared with trace-tf's, and how
 each is run; for the LLaMA-shaped decoders (LLaMA, Mistral, Gemma, Qwen3), their values by
 trace-tf step and the float64 replacements of HF's float32 internals."""
 
@@ -132,16 +132,19 @@ def vocab_of(model: Any) -> list[str]:
     return [f"t{i}" for i in range(model.config.vocab_size)]
 
 
-def draw_parameters(model: Any, seed: int, norm_weight: float = 1.0) -> Any:
+def draw_parameters(
+    model: Any, seed: int, norm_weight: float = 1.0, norms: tuple[str, ...] = ("norm.weight",)
+) -> Any:
     """`model` in float64, eval, every parameter drawn anew with `seed` (HF's own init
     leaves biases at 0 and γ at 1, where a misplaced norm or bias would not show); a
-    norm's weight near `norm_weight` (0 for Gemma's, whose γ is 1 + weight)."""
+    norm's weight (a name ending in one of `norms`: GPT-J's are `ln_1`, `ln_f`) near
+    `norm_weight` (0 for Gemma's, whose γ is 1 + weight)."""
     model = model.double().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # a tied lm_head.weight is not listed
             noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            if name.endswith("norm.weight"):
+            if name.endswith(norms):
                 p.copy_(norm_weight + 0.3 * noise)  # γ near 1
             elif p.dim() == 1:
                 p.copy_(0.3 * noise)  # biases

@@ -97,14 +97,16 @@ def random_config(
     `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise.
     `parallel` (pre-norm): separate or shared; with shared, the FFN has no norm of its own.
     `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
-    after its W_o and norm (the other arrays are those of the same call without it).
+    after its W_o and norm (the other arrays are those of the same call without it);
+    projection: over the whole projection, γ, β of n_heads·d_k and n_kv_heads·d_k.
+    `norm_position` sandwich: each sublayer's post_norm drawn after everything else of it.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
     dk = d_k if d_k is not None else d_model // n_heads
     dv = d_v if d_v is not None else dk
     dff = d_ff if d_ff is not None else 4 * d_model
-    final_on = final_norm if final_norm is not None else norm_position == "pre"
+    final_on = final_norm if final_norm is not None else norm_position != "post"
     rows = max_len if max_len is not None else max(src_len, tgt_len) + 2
 
     def matrix(n_in: int, n_out: int) -> list[list[float]]:
@@ -180,8 +182,12 @@ def random_config(
             block["b_o"] = vector(d_model)
         block["norm"] = norm_params()
         if qk_norm != "none":
-            for name in ("q_norm", "k_norm"):
-                block[name] = {"gamma": vector(dk, mean=1.0), "beta": vector(dk)}
+            whole = qk_norm == "projection"  # over every head's columns
+            for name, n in (("q_norm", n_heads), ("k_norm", n_kv)):
+                width = n * dk if whole else dk
+                block[name] = {"gamma": vector(width, mean=1.0), "beta": vector(width)}
+        if norm_position == "sandwich":
+            block["post_norm"] = norm_params()
         return block
 
     def ffn_block() -> dict[str, Any]:
@@ -194,6 +200,8 @@ def random_config(
                 ffn["b_3"] = vector(dff)
         if parallel != "shared":
             ffn["norm"] = norm_params()
+        if norm_position == "sandwich":
+            ffn["post_norm"] = norm_params()
         return ffn
 
     def layer(cross: bool) -> dict[str, Any]:

@@ -64,7 +64,8 @@ class Hyper:
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
     rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
-    qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3)
+    qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3);
+    # "projection": all of q_proj(x) normalised over H·d_k, k_proj(x) over H_kv·d_k (OLMo 2)
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -96,7 +97,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         max_len=int(model.get("max_len", 128)),
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
         norm_position=norm_position,
-        final_norm=bool(model.get("final_norm", norm_position == "pre")),
+        final_norm=bool(model.get("final_norm", norm_position != "post")),
         embed_norm=bool(model.get("embed_norm", False)),
         token_types=int(model.get("token_types", 0)),
         norm=model.get("norm", "layer"),
@@ -431,13 +432,16 @@ def attention_head(
     kv: tuple[Tensor, Tensor] | None = None,
     alibi: tuple[float, bool] | None = None,
     qk_norm: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    q_given: Tensor | None = None,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
     position biases, lecture 000 section 6.2, or with `alibi` (slope, causal) ALiBi's;
     `rotary`: q and k turned by RoPE, the query and key rows at positions 0, 1, ...;
     `qk_norm`: the block's (q_norm, k_norm) weights, each row of q and k normalised over
-    its d_k columns first, as Qwen3's q_norm and k_norm). [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
-    q = x_q @ w["W_q"] + w["b_q"]  # [n_q, d_k]
+    its d_k columns first, as Qwen3's q_norm and k_norm); `q_given`: the head's q, already
+    projected and normalised (OLMo 2's whole-projection QK-norm, as its k in `kv`).
+    [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
+    q = x_q @ w["W_q"] + w["b_q"] if q_given is None else q_given  # [n_q, d_k]
     k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
     if qk_norm is not None:  # named q_norm / k_norm when RoPE follows, else they are q, k
         q = normalise(tr.rec(f"{path}.q_raw", q), qk_norm[0], hp, hp.d_k)
@@ -445,7 +449,7 @@ def attention_head(
         if rotary:
             q, k = tr.rec(f"{path}.q_norm", q), tr.rec(f"{path}.k_norm", k)
     if rotary:
-        if qk_norm is None:
+        if qk_norm is None and q_given is None:
             q, k = tr.rec(f"{path}.q_raw", q), tr.rec(f"{path}.k_raw", k)
         q, k = partial_rope(q, hp), partial_rope(k, hp)
     q, k = tr.rec(f"{path}.q", q), tr.rec(f"{path}.k", k)
@@ -477,6 +481,32 @@ def attention_head(
     return context
 
 
+def whole_projection_qk(
+    x_q: Tensor, x_kv: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str
+) -> tuple[list[Tensor | None], list[tuple[Tensor, Tensor] | None]]:
+    """OLMo 2's QK-norm (Olmo2Attention): q_norm(q_proj(x)) over all H·d_k columns at once,
+    k_norm(k_proj(x)) over all H_kv·d_k, then .view(…, heads, d_k).transpose: each query
+    head's q, and each query head's (k, v) (its K/V head's under grouped-query attention)."""
+    H, n, dk, dv, d = hp.n_heads, hp.n_kv_heads, hp.d_k, hp.d_v, hp.d_model
+    heads = head_weights(block, hp)
+    q_proj = torch.cat([w["W_q"] for w in heads], dim=1)  # [d, H·d_k], as nn.Linear's weightᵀ
+    q = tr.rec(f"{path}.q_raw", x_q @ q_proj + torch.cat([w["b_q"] for w in heads]))
+    q = tr.rec(f"{path}.q_norm", normalise(q, block.get("q_norm", {}), hp, H * dk))
+    if n < H:  # k_proj(x) and v_proj(x): the K/V heads' side by side
+        k_rep, v_rep = kv_projections(x_kv, block, hp)
+        k_heads, v_heads = k_rep[:: H // n], v_rep[:: H // n]  # [n, L, w] before repeat_kv
+    else:
+        k_heads = torch.stack([x_kv @ w["W_k"] + w["b_k"] for w in heads])
+        v_heads = torch.stack([x_kv @ w["W_v"] + w["b_v"] for w in heads])
+    k = tr.rec(f"{path}.k_raw", k_heads.transpose(0, 1).reshape(-1, n * dk))
+    k = tr.rec(f"{path}.k_norm", normalise(k, block.get("k_norm", {}), hp, n * dk))
+    q_split = q.view(-1, H, dk).transpose(0, 1)  # [H, L_q, d_k]
+    k_split = k.view(-1, n, dk).transpose(0, 1).repeat_interleave(H // n, dim=0)
+    v_split = v_heads.repeat_interleave(H // n, dim=0)
+    assert v_split.shape[-1] == dv and q_proj.shape[0] == d
+    return list(q_split), [(k_split[h], v_split[h]) for h in range(H)]
+
+
 def multi_head_attention(
     x_q: Tensor,
     x_kv: Tensor,
@@ -504,9 +534,24 @@ def multi_head_attention(
         kvs = [None] * hp.n_heads
     # QK-norm in every attention block, one q_norm and one k_norm shared by its heads
     qk = (block.get("q_norm", {}), block.get("k_norm", {})) if hp.qk_norm == "head" else None
+    qs: list[Tensor | None] = [None] * hp.n_heads
+    if hp.qk_norm == "projection":
+        qs, kvs = whole_projection_qk(x_q, x_kv, block, hp, tr, path)
     heads = [
         attention_head(
-            x_q, x_kv, w, mask, hp, tr, f"{path}.h{n}", tables[n], rotary, kvs[n], slopes[n], qk
+            x_q,
+            x_kv,
+            w,
+            mask,
+            hp,
+            tr,
+            f"{path}.h{n}",
+            tables[n],
+            rotary,
+            kvs[n],
+            slopes[n],
+            qk,
+            qs[n],
         )
         for n, w in enumerate(head_weights(block, hp))
     ]
@@ -537,10 +582,11 @@ def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
 
 
 def sublayer_input(x: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
-    """What a sublayer reads: x with post-norm (the paper, 3.1), Norm(x) with pre-norm. [n, d]"""
-    if hp.norm_position == "post":
+    """What a sublayer reads: x with post-norm (the paper, 3.1) and OLMo 2's output norm,
+    Norm(x) with pre-norm and Gemma 2's sandwich (its input_layernorm). [n, d]"""
+    if hp.norm_position in ("post", "output"):
         return x
-    if hp.norm_position == "pre":
+    if hp.norm_position in ("pre", "sandwich"):
         return tr.rec(f"{path}.norm", normalise(x, block.get("norm", {}), hp))
     raise ValueError(f"unknown norm_position {hp.norm_position!r}")
 
@@ -548,7 +594,13 @@ def sublayer_input(x: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path:
 def sublayer_output(
     x: Tensor, y: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str
 ) -> Tensor:
-    """Add & Norm: post-norm Norm(x + y), pre-norm x + y, with y the sublayer's output. [n, d]"""
+    """Add & Norm, y the sublayer's output: post-norm Norm(x + y), pre-norm x + y; sandwich
+    x + post_norm(y) (Gemma2DecoderLayer's post_attention_layernorm); output x + norm(y)
+    (Olmo2DecoderLayer: residual + post_attention_layernorm(attn)). [n, d]"""
+    if hp.norm_position == "sandwich":
+        y = tr.rec(f"{path}.post_norm", normalise(y, block.get("post_norm", {}), hp))
+    elif hp.norm_position == "output":
+        y = tr.rec(f"{path}.norm", normalise(y, block.get("norm", {}), hp))
     residual = tr.rec(f"{path}.residual", x + y)
     if hp.norm_position == "post":
         return tr.rec(f"{path}.norm", normalise(residual, block.get("norm", {}), hp))

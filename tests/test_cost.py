@@ -439,7 +439,8 @@ def _symbols(cfg: Config, path: str) -> dict[str, int]:
     else:
         L_q = L_k = L_tgt
     return {
-        "L_q": L_q, "L_k": L_k, "L": L_q, "H": m.n_heads, "d_model": m.d_model, "d_k": m.d_k,
+        "L_q": L_q, "L_k": L_k, "L": L_q, "H": m.n_heads, "H_kv": m.n_kv_heads,
+        "d_model": m.d_model, "d_k": m.d_k,
         "d_v": m.d_v, "d_a": m.d_a or m.d_k, "d_ff": m.d_ff, "V": len(cfg.vocab),
     }  # fmt: skip
 
@@ -505,7 +506,7 @@ def test_every_formula_names_the_sizes_its_numbers_are() -> None:
 def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     """An independent route: run the model with the full tracer and, for each product
     (the stages below, but not RoPE's rotation of q and k in self-attention, nor QK-norm's
-    q and k without it), count
+    q and k without it, nor a head's columns of the whole-projection QK-norm), count
     the product of its output's shape and the inner size, the last axis of the first
     array it was computed from; every other step counts 0, and so does a step whose
     array an earlier step holds (grouped-query attention: a K/V head's K and V, recorded
@@ -529,9 +530,15 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
             normed = step.stage in ("q", "k") and step.inputs[1:2] == (
                 f"weights.{step.path.split('.h')[0]}.{step.stage}_norm.gamma",
             )
+            # QK-norm over the whole projection: q and k the head's columns of the block's norm
+            columns = (
+                step.stage in ("q", "k")
+                and len(step.inputs) == 1
+                and trace[step.inputs[0]].shape != step.shape
+            )
             capped = step.stage == "logits" and len(step.inputs) == 1  # c · tanh(logits_raw / c)
             want = 0
-            if step.stage in products and not (rotated or normed or again or capped):
+            if step.stage in products and not (rotated or normed or columns or again or capped):
                 first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
                 want = math.prod(step.shape) * first.shape[-1]
             assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)
@@ -561,9 +568,9 @@ def test_a_step_no_listed_way_fits_stops_the_ledger(monkeypatch: pytest.MonkeyPa
         cost.ledger(scored("bilinear"))
     monkeypatch.undo()
     # a q made from one array of another shape is neither X W_q, a rotation nor a QK-norm
-    with pytest.raises(LookupError, match="fits 0 of the 3 ways"):
+    with pytest.raises(LookupError, match="fits 0 of the 4 ways"):
         cost.classify("encoder.0.self_attn.h0.q", (2, 3), [(2, 4)])
-    with pytest.raises(LookupError, match="fits 0 of the 3 ways"):  # γ of the wrong width
+    with pytest.raises(LookupError, match="fits 0 of the 4 ways"):  # γ of the wrong width
         cost.classify("encoder.0.self_attn.h0.q", (2, 3), [(2, 3), (4,), (4,)])
     with pytest.raises(LookupError):
         cost.classify("encoder.0.nonsense", (2, 3), [(2, 4), (4, 3)])

@@ -344,6 +344,70 @@ SHAPES = [
         parallel="separate",
         tgt_len=5,
     ),
+    # model.norm_position output (OLMo 2's reordered norm: x + Norm(F(x))) and sandwich
+    # (Gemma 2's x + Norm_post(F(Norm(x)))), model.qk_norm projection (OLMo 2's QK-norm over
+    # all heads' columns before the split). OLMo 2's shape: grouped-query, RMSNorm, RoPE by
+    # halves, SwiGLU, no biases; Gemma 2's (multi-query, GeGLU tanh, tied, scaled
+    # embeddings); an encoder-decoder with sandwich LayerNorms and the whole-projection norm
+    # in cross-attention too, padded; the output norm on an encoder with fused biased
+    # weights, adjacent RoPE pairs and odd d_k; sandwich with per-head QK-norm
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **{**LLAMA, "norm_position": "output"},
+        biases=False,
+        tgt_len=5,
+        qk_norm="projection",
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        n_kv_heads=1,
+        d_k=4,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="sandwich",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        activation="geglu_tanh",
+        tie_embeddings=True,
+        embed_scale="sqrt_d_model",
+        biases=False,
+    ),
+    dict(
+        d_model=6,
+        n_heads=3,
+        decoder_layers=2,
+        encoder_layers=1,
+        norm_position="sandwich",
+        qk_norm="projection",
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+    ),
+    dict(
+        d_model=8,
+        n_heads=2,
+        d_k=3,
+        norm_position="output",
+        positional="rope",
+        fused=True,
+        qk_norm="projection",
+    ),
+    dict(
+        d_model=8,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=1,
+        norm_position="sandwich",
+        norm="rms",
+        positional="rope",
+        qk_norm="head",
+    ),
     # Gemma 2's soft caps and alternating windows: decoder-only pre-norm RMSNorm, RoPE by
     # halves, grouped-query GeGLU (tanh), the scores capped at 1.5 and the logits at 2 (small
     # enough to bend these scores), layers 0 and 2 sliding over 2 keys, 1 full; and the caps

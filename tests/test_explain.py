@@ -117,6 +117,18 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "qk_norm_layer_cross": _model(
         d_model=6, n_heads=2, decoder_layers=1, pad=True, src_len=4, tgt_len=3, qk_norm="head",
     ),
+    # OLMo 2's shape: the norm on each sublayer's output, QK-norm over the whole projection
+    # (grouped-query, before RoPE); sandwich norms (Gemma 2's) with the whole-projection norm
+    # in cross-attention, LayerNorm, biases, no RoPE (q and k the norm's columns)
+    "output_norm_projection_olmo2": _model(
+        d_model=8, n_heads=4, n_kv_heads=2, encoder_layers=0, decoder_layers=1,
+        norm_position="output", norm="rms", positional="rope", rope_pairs="halves",
+        activation="swiglu", biases=False, qk_norm="projection",
+    ),
+    "sandwich_projection_cross": _model(
+        d_model=6, n_heads=3, decoder_layers=1, pad=True, src_len=4, tgt_len=3,
+        norm_position="sandwich", qk_norm="projection",
+    ),
     # Gemma 2's soft caps and alternating windows (a sliding layer's own mask), with ALiBi's
     # bias added to the capped scores
     "softcap_windows_gemma2": _model(

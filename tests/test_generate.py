@@ -192,6 +192,24 @@ QK_NORM = [
     dict(d_model=6, n_heads=2, pad=True, src_len=4, qk_norm="head"),
 ]
 
+# The norm on each sublayer's output (model.norm_position output) and QK-norm over the whole
+# projection (model.qk_norm projection): OLMo 2's shape, the cached K normalised over all its
+# K/V heads' columns, then turned, when its row is computed; and Gemma 2's sandwich norms in
+# an encoder-decoder whose cross-attention normalises the encoder's whole K once
+OLMO2 = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **{**LLAMA, "norm_position": "output"},
+        biases=False,
+        qk_norm="projection",
+    ),
+    dict(d_model=6, n_heads=3, pad=True, src_len=4, norm_position="sandwich", qk_norm="projection"),
+]
+
 # Token types (model.token_types): each generated token takes the type of the position
 # before it (the last target type), with learned positions and the embedding norm, and
 # decoder-only.
@@ -229,6 +247,7 @@ NEOX = [
         parallel="shared",
     ),
 ]
+
 
 # Gemma 2's soft caps (model.attn_softcap, model.logit_softcap: greedy reads the capped
 # logits) and its alternating windows (model.window a list: layer 0 slides over 2 keys,
@@ -277,7 +296,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + GEMMA2,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2,
     ids=shape_id,
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
@@ -334,7 +353,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + GEMMA2,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2,
     ids=shape_id,
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
@@ -351,7 +370,9 @@ def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any])
 
 
 @pytest.mark.parametrize(
-    "shape", [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0], QK_NORM[1]], ids=shape_id
+    "shape",
+    [SHAPES[0], ROPE[0], ROPE[3], RELATIVE[0], ALIBI[0], QK_NORM[1], OLMO2[1]],
+    ids=shape_id,
 )
 def test_the_cached_trace_shows_K_and_V_growing_row_by_row(shape: dict[str, Any]) -> None:
     raw = generation_config(2, **shape)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import config_from, shape_id
 from test_explain_by_numpy import Reference, _case
-from test_generate import QK_NORM, RELATIVE, ROPE, SHAPES, TYPES, WINDOW, generation_config
+from test_generate import OLMO2, QK_NORM, RELATIVE, ROPE, SHAPES, TYPES, WINDOW, generation_config
 from typer.testing import CliRunner
 
 from trace_tf import generate as gen
@@ -69,13 +69,16 @@ def _cells(step: Step, rng: np.random.Generator) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 # SHAPES[-3]: the embedding norm, in both stacks, padded; TYPES: token types (a new
 # token's type, the position before it, in its token_type and input entries); QK_NORM:
-# q_norm and k_norm before RoPE, and without it a cached K that is the norm itself
+# q_norm and k_norm before RoPE, and without it a cached K that is the norm itself; OLMO2:
+# the whole projection's norm, each head's cached K its turned columns, and sandwich norms
 @pytest.mark.parametrize(
     "shape",
     [
         *(SHAPES[0], SHAPES[2], SHAPES[-3], SHAPES[-1], *ROPE, *RELATIVE, *WINDOW, *TYPES),
         {**QK_NORM[0], "biases": True},  # (the output's bias keeps eos away)
         QK_NORM[1],
+        {**OLMO2[0], "biases": True},
+        OLMO2[1],
     ],
     ids=shape_id,
 )

@@ -206,7 +206,7 @@ BAD = [
     Bad(_bad(block="k_norm: {beta: [[1, 2]]}"), "weights.encoder.0.self_attn.k_norm.beta", 6,
         ("expected shape 2 (d_k)", "found shape 1 x 2")),
     Bad(_bad("qk_norm: none"), "weights.encoder.0.self_attn.q_norm", 6,
-        ("model.qk_norm is none", "expected model.qk_norm: head, or no q_norm",
+        ("model.qk_norm is none", "expected model.qk_norm: head or projection, or no q_norm",
          "found model.qk_norm: none")),
     Bad(_bad("norm: rms"), "weights.encoder.0.self_attn.q_norm", 6, ("model.qk_norm is none",)),
     Bad(_bad("qk_norm: all"), "model.qk_norm", 1, ("expected one of: none, head",)),

@@ -107,9 +107,15 @@ def test_the_config_reference_gives_the_defaults_the_code_has() -> None:
         "d_model / n_heads (an error if not whole)": (m.d_model // m.n_heads, m.d_k),
         "`d_k`": (m.d_k, m.d_v),  # d_v's; d_a's below
         "4 · d_model": (4 * m.d_model, m.d_ff),
-        "true for `pre`, false for `post`": (
-            (True, False),
-            (model(d_model=8, norm_position="pre").final_norm, base.final_norm),
+        "true for `pre`, `sandwich` and `output`, false for `post`": (
+            (True, True, True, False),
+            (
+                *(
+                    model(d_model=8, norm_position=p).final_norm
+                    for p in ("pre", "sandwich", "output")
+                ),
+                base.final_norm,
+            ),
         ),
         "`sqrt_dk` with `score: scaled_dot`, 1 with another": (
             (math.sqrt(m.d_k), 1.0),

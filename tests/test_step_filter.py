@@ -138,7 +138,8 @@ def test_step_takes_one_whole_path_and_refuses_an_unknown_one() -> None:
 # What a selection that selects nothing says (the packaged `hello`: post-norm, one
 # encoder and one decoder layer, two heads, sinusoidal positions, scaled_dot).
 NOT_RECORDED = [
-    ("final_norm", "model.norm_position: pre or model.final_norm: true"),
+    ("final_norm", "model.norm_position: pre, sandwich or output, or model.final_norm: true"),
+    ("post_norm", "model.norm_position: sandwich"),
     ("q_raw", "model.positional: rope"),
     ("k_raw", "model.positional: rope"),
     ("q_a", "model.score: additive"),

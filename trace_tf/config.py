@@ -161,8 +161,15 @@ NORM_KINDS = ("layer", "rms")
 PARALLEL = ("none", "separate", "shared")
 # model.qk_norm (QK-norm: Qwen3, Gemma 3): none, or `head`, each head's Q_raw and each K/V
 # head's K_raw normalised over its d_k columns (model.norm's kind, model.norm_eps) before
-# RoPE, with one γ and β of d_k per attention block shared by its heads (q_norm, k_norm)
-QK_NORMS = ("none", "head")
+# RoPE, with one γ and β of d_k per attention block shared by its heads (q_norm, k_norm);
+# or `projection` (OLMo 2): the whole Q_raw = X W_q over its n_heads·d_k columns and K_raw
+# over its n_kv_heads·d_k, before the split into heads, γ and β of that many entries
+QK_NORMS = ("none", "head", "projection")
+# model.norm_position: where each sublayer's norm sits (model.add_and_norm). post, the
+# paper's: Norm(x + F(x)); pre: x + F(Norm(x)); sandwich (Gemma 2, 3): x +
+# Norm_post(F(Norm(x))), a second norm, post_norm, on the sublayer's output; output (OLMo 2's
+# reordered norm): x + Norm(F(x)), the one norm on the output, none on the input
+NORM_POSITIONS = ("post", "pre", "sandwich", "output")
 # The score functions of a dot product of a query and a key, which QK-norm bounds
 QK_NORM_SCORES = ("scaled_dot", "dot", "bilinear")
 # ... and which model.attn_softcap caps: additive's v_aᵀ tanh(…) is bounded already and
@@ -223,13 +230,15 @@ class ModelConfig:
     token_types: int = 0
     embed_scale: float = 1.0
     embed_scale_text: str = "1"  # as written, for the conventions header
-    norm_position: str = "post"
+    norm_position: str = "post"  # NORM_POSITIONS
     parallel: str = "none"  # the layer's attention and FFN in sequence or side by side (PARALLEL)
     final_norm: bool = False
     embed_norm: bool = False  # the norm of E·scale + PE before layer 0 (BERT, BLOOM)
     norm: str = "layer"
     norm_eps: float = 1e-5
-    qk_norm: str = "none"  # QK_NORMS: the queries and keys normalised per head before RoPE
+    qk_norm: str = (
+        "none"  # QK_NORMS: the queries and keys normalised (per head, or whole) before RoPE
+    )
     activation: str = "relu"
     scale: float = 1.0
     scale_text: str = "sqrt_dk"
@@ -270,6 +279,14 @@ class ModelConfig:
     def grouped(self) -> bool:
         """Grouped-query attention: fewer K/V heads than query heads, each shared."""
         return self.n_kv_heads < self.n_heads
+
+    @property
+    def qk_norm_width(self) -> tuple[int, int]:
+        """The entries q_norm's and k_norm's γ and β have: d_k each per head (qk_norm head),
+        n_heads·d_k and n_kv_heads·d_k over the whole projection (projection)."""
+        if self.qk_norm == "projection":
+            return self.n_heads * self.d_k, self.n_kv_heads * self.d_k
+        return self.d_k, self.d_k
 
     def kv_head(self, h: int) -> int:
         """The K/V head query head h reads (Hugging Face's repeat_kv)."""
@@ -328,8 +345,9 @@ class HeadWeights:
     score: ScoreWeights = field(default_factory=ScoreWeights)
     # positional relative, self-attention: the bias of each offset j − i, −(max_len − 1)..
     rel_bias: np.ndarray | None = None  # [2·max_len − 1]
-    # model.qk_norm head: the block's QK-norm weights (γ, β of d_k), the same objects in
-    # every head of the block (one norm shared by its heads, as Qwen3's q_norm, k_norm)
+    # model.qk_norm: the block's QK-norm weights (head: γ, β of d_k; projection: of
+    # n_heads·d_k and n_kv_heads·d_k), the same objects in every head of the block (one norm
+    # shared by its heads, as Qwen3's q_norm, k_norm; OLMo 2's over the whole projection)
     q_norm: NormWeights | None = None
     k_norm: NormWeights | None = None
 
@@ -340,6 +358,9 @@ class AttentionWeights:
     W_o: np.ndarray  # [H * d_v, d_model]
     b_o: np.ndarray | None
     norm: NormWeights
+    # model.norm_position sandwich: the norm of the sublayer's output (Gemma 2's
+    # post_attention_layernorm); None in the other placements
+    post_norm: NormWeights | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -351,6 +372,7 @@ class FFNWeights:
     norm: NormWeights
     W_3: np.ndarray | None = None  # [d_model, d_ff]: a gated FFN's up projection only
     b_3: np.ndarray | None = None  # [d_ff]
+    post_norm: NormWeights | None = None  # sandwich: Gemma 2's post_feedforward_layernorm
 
 
 @dataclass(frozen=True, eq=False)
@@ -530,6 +552,9 @@ class Config:
                         out[f"{base}.b_o"] = aw.b_o
                     out[f"{base}.norm.gamma"] = aw.norm.gamma
                     out[f"{base}.norm.beta"] = aw.norm.beta
+                    if aw.post_norm is not None:
+                        out[f"{base}.post_norm.gamma"] = aw.post_norm.gamma
+                        out[f"{base}.post_norm.beta"] = aw.post_norm.beta
                 base = f"weights.{stack}.{l}.ffn"
                 f = layer.ffn
                 for k in ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2"):
@@ -538,6 +563,9 @@ class Config:
                 if self.model.parallel != "shared":  # (else it is self_attn.norm)
                     out[f"{base}.norm.gamma"] = f.norm.gamma
                     out[f"{base}.norm.beta"] = f.norm.beta
+                if f.post_norm is not None:
+                    out[f"{base}.post_norm.gamma"] = f.post_norm.gamma
+                    out[f"{base}.post_norm.beta"] = f.post_norm.beta
         for name in (
             "encoder_final_norm",
             "decoder_final_norm",
@@ -1584,10 +1612,13 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     if m.positional in ("relative", "alibi"):  # rel_bias and biased (as RoPE's q_raw and k_raw)
         attn += H * 2 * L * L
     if m.qk_norm != "none":  # q_norm and k_norm, and their statistics (mean and var at most)
-        attn += H * (2 * L * dk + 4 * L)
+        attn += H * (2 * L * dk + 4 * L)  # (projection: once per block, no more than this)
     capped = m.attn_softcap is not None  # each head's capped scores
     attn += H * L * L * capped
     ffn = L * (2 * dff + 3 * d + 2)
+    sandwich = m.norm_position == "sandwich"  # post_norm and its statistics, each sublayer
+    attn += L * (d + 2) if sandwich else 0
+    ffn += L * (d + 2) if sandwich else 0
     # embed, pe, token_type, input, embedding norm, final norm, output (norms'
     # statistics); the mask
     typed = m.token_types > 0
@@ -1598,11 +1629,13 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     extra = dec * m.mixed_windows + (m.logit_softcap is not None)
     numbers += dec * m.mixed_windows * L * L + (m.logit_softcap is not None) * L * n_vocab
     # The steps, each charged OBJECT_COST: per head at most 14 (20 with QK-norm; capped
-    # one more), per block 6, per FFN 7, per stack 9 (10 with token types); the cross
-    # mask, logits and probs; the sliding layers' masks and logits_raw.
+    # one more), per block 6 (9 with sandwich; 12 more with projection QK-norm), per FFN 7
+    # (10 with sandwich), per stack 9 (10 with token types); the cross mask, logits and
+    # probs; the sliding layers' masks and logits_raw.
     steps = (
-        blocks * ((20 if m.qk_norm != "none" else 14) * H + 6)
-        + (enc + dec) * 7
+        blocks * ((20 if m.qk_norm != "none" else 14) * H + 6 + 3 * sandwich)
+        + blocks * 12 * (m.qk_norm == "projection")
+        + (enc + dec) * (7 + 3 * sandwich)
         + stacks * (9 + typed)
         + 3
         + blocks * H * capped
@@ -2376,7 +2409,7 @@ class _Validator:
                 expected="encoder_layers or decoder_layers >= 1",
             )
         norm_position = self.choice(
-            m.get("norm_position", "post"), p + "norm_position", ("post", "pre")
+            m.get("norm_position", "post"), p + "norm_position", NORM_POSITIONS
         )
         embed_scale_raw = m.get("embed_scale", 1)
         if embed_scale_raw == "sqrt_d_model":
@@ -2432,7 +2465,7 @@ class _Validator:
             parallel=self.parallel(
                 m.get("parallel", "none"), p + "parallel", norm_position, enc, dec
             ),
-            final_norm=self.boolean(m.get("final_norm", norm_position == "pre"), p + "final_norm"),
+            final_norm=self.boolean(m.get("final_norm", norm_position != "post"), p + "final_norm"),
             embed_norm=self.boolean(m.get("embed_norm", False), p + "embed_norm"),
             norm=self.choice(m.get("norm", "layer"), p + "norm", NORM_KINDS),
             norm_eps=self.number(m.get("norm_eps", 1e-5), p + "norm_eps", minimum=0),
@@ -2773,9 +2806,10 @@ class _Validator:
         enc, dec = m.encoder_layers, m.decoder_layers
         qkv = H * (d * (2 * dk + dv) + 2 * dk + dv)
         attn = 2 * qkv + H * dv * d + 3 * d  # + W_o, b_o, gamma, beta
-        attn += 4 * dk if m.qk_norm != "none" else 0  # QK-norm's gamma and beta, q and k
+        attn += 2 * sum(m.qk_norm_width) if m.qk_norm != "none" else 0  # QK-norm's γ, β
+        attn += 2 * d if m.norm_position == "sandwich" else 0  # post_norm's gamma and beta
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
-        ffn = 2 * d * dff + dff + 3 * d
+        ffn = 2 * d * dff + dff + (5 if m.norm_position == "sandwich" else 3) * d
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
@@ -3233,7 +3267,9 @@ class _Validator:
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
         per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
         a = self.mapping(
-            value, p, ("heads", "kv_heads", *per_head, "q_norm", "k_norm", "W_o", "b_o", "norm")
+            value,
+            p,
+            ("heads", "kv_heads", *per_head, "q_norm", "k_norm", "W_o", "b_o", "norm", "post_norm"),
         )
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         kv_keys = KV_KEYS if m.grouped else ()  # held by the K/V heads, not the query heads
@@ -3349,20 +3385,44 @@ class _Validator:
             ),
             b_o=self.bias(a, "b_o", f"{p}.b_o", d, "d_model"),
             norm=self.norm(a.get("norm"), f"{p}.norm", d),
+            post_norm=self.post_norm(a.get("post_norm"), f"{p}.post_norm", m),
         )
 
     def qk_norm_weights(self, value: Any, path: str, m: ModelConfig) -> NormWeights | None:
-        """A block's q_norm or k_norm (γ, β of d_k) with model.qk_norm head, else None;
-        given where QK-norm is off, refused."""
-        if m.qk_norm != "none":
+        """A block's q_norm or k_norm with model.qk_norm on (γ, β of d_k with head; of
+        n_heads·d_k or n_kv_heads·d_k with projection), else None; given where QK-norm is
+        off, refused."""
+        name = path.rsplit(".", 1)[-1]
+        if m.qk_norm == "head":
             return self.norm(value, path, m.d_k, "d_k")
+        if m.qk_norm == "projection":
+            q, k = m.qk_norm_width
+            if name == "q_norm":
+                return self.norm(value, path, q, "n_heads·d_k (qk_norm projection)")
+            return self.norm(value, path, k, "n_kv_heads·d_k (qk_norm projection)")
         if value is not None:
             raise self.ctx.err(
                 path,
                 "QK-norm weights are given but model.qk_norm is none"
                 + self.ctx.set_by("model.qk_norm"),
-                expected=f"model.qk_norm: head, or no {path.rsplit('.', 1)[-1]}",
+                expected=f"model.qk_norm: head or projection, or no {name}",
                 found_text="model.qk_norm: none",
+            )
+        return None
+
+    def post_norm(self, value: Any, path: str, m: ModelConfig) -> NormWeights | None:
+        """A sublayer's post_norm, the norm of its output (γ, β of d_model), with
+        model.norm_position sandwich, else None; given in another placement, refused."""
+        if m.norm_position == "sandwich":
+            return self.norm(value, path, m.d_model)
+        if value is not None:
+            raise self.ctx.err(
+                path,
+                "a post_norm (the norm of the sublayer's output, beside norm on its input) is "
+                f"given but model.norm_position is {m.norm_position}"
+                + self.ctx.set_by("model.norm_position"),
+                expected="model.norm_position: sandwich, or no post_norm",
+                found_text=f"model.norm_position: {m.norm_position}",
             )
         return None
 
@@ -3447,7 +3507,7 @@ class _Validator:
         """An FFN's weights; with a `shared` norm (model.parallel: shared, the attention's),
         it has none of its own, and giving one is refused."""
         p = f"weights.{path}"
-        f = self.mapping(value, p, ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2", "norm"))
+        f = self.mapping(value, p, ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2", "norm", "post_norm"))
         if shared is not None and f.get("norm") is not None:
             raise self.ctx.err(
                 f"{p}.norm",
@@ -3477,6 +3537,7 @@ class _Validator:
             ),
             b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
             norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model) if shared is None else shared,
+            post_norm=self.post_norm(f.get("post_norm"), f"{p}.post_norm", m),
         )
 
     def refuse_up(self, where: str, key: str, m: ModelConfig) -> NoReturn:

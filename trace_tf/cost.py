@@ -49,6 +49,23 @@ def x_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
     return None
 
 
+def x_heads(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """X [W_0 | … | W_n−1] (+ [b_0 | … ]): X is m × n, two or more heads' W each n × p_h,
+    side by side m × Σ p_h (model.qk_norm projection's q_raw, k_raw); one head's is x_w."""
+    weights = [s for s in inputs[1:] if len(s) == 2]
+    biases = [s for s in inputs[1:] if len(s) == 1]
+    if len(inputs) < 3 or len(inputs[0]) != 2 or len(weights) < 2:
+        return None
+    (m, n), p = inputs[0], sum(w[1] for w in weights)
+    if (
+        all(w[0] == n for w in weights)
+        and shape == (m, p)
+        and biases in ([], [(w[1],) for w in weights])
+    ):
+        return m, n, p
+    return None
+
+
 def q_kt(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
     """Q Kᵀ: Q is m × n, K is p × n, the scores m × p (dot, scaled_dot; bilinear's Q W_b)."""
     if len(inputs) == 2 and len(inputs[1]) == 2:
@@ -122,6 +139,26 @@ class Normed:
         return None
 
 
+@dataclass(frozen=True)
+class Columns:
+    """A step with no multiply-adds made from one head's columns of a wider array `of`
+    (model.qk_norm projection: a head's q or k, of the block's q_norm or k_norm), copied or
+    turned by RoPE: the same rows, a whole fraction of its columns."""
+
+    of: str
+
+    @property
+    def formula(self) -> str:
+        return f"— (a head's columns of {self.of}, elementwise)"
+
+    def fit(self, shape: Shape, inputs: Sequence[Shape]) -> tuple[()] | None:
+        if len(inputs) == 1 and len(inputs[0]) == len(shape) == 2:
+            (rows, cols), (r, c) = inputs[0], shape
+            if rows == r and cols > c and cols % c == 0:
+                return ()
+        return None
+
+
 FREE = Free()
 SHARED = "— (a shared K/V head's: computed in its group's first head)"
 
@@ -129,15 +166,21 @@ SHARED = "— (a shared K/V head's: computed in its group's first head)"
 # computed: exactly one must fit each recorded step, or `ledger` stops. A stage the
 # engine records that is missing here stops it too; tests/test_cost.py checks that
 # runs over every option record every stage and way listed, and nothing else.
-COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
+COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "embed": (FREE,),  # a lookup
     "pe": (FREE,),
     "token_type": (FREE,),  # a lookup in the token-type table
     "input": (FREE,),
     "mask": (FREE,),
     "cross_mask": (FREE,),
-    "q_raw": (Product("projection", "L_q·d_model·d_k", x_w),),
-    "k_raw": (Product("projection", "L_k·d_model·d_k", x_w),),
+    "q_raw": (
+        Product("projection", "L_q·d_model·d_k", x_w),
+        Product("projection", "L_q·d_model·(H·d_k)", x_heads),  # qk_norm projection: the block's
+    ),
+    "k_raw": (
+        Product("projection", "L_k·d_model·d_k", x_w),
+        Product("projection", "L_k·d_model·(H_kv·d_k)", x_heads),
+    ),
     "q_norm": (Normed("q_raw"),),  # QK-norm before RoPE
     "k_norm": (Normed("k_raw"),),
     # a projection; RoPE's rotation (of q_raw, or of q_norm with QK-norm); QK-norm without RoPE
@@ -145,11 +188,13 @@ COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
         Product("projection", "L_q·d_model·d_k", x_w),
         Free("q_raw (q_norm with QK-norm)"),
         Normed("q_raw"),
+        Columns("the block's q_norm"),  # qk_norm projection
     ),
     "k": (
         Product("projection", "L_k·d_model·d_k", x_w),
         Free("k_raw (k_norm with QK-norm)"),
         Normed("k_raw"),
+        Columns("the block's k_norm"),
     ),
     "v": (Product("projection", "L_k·d_model·d_v", x_w),),
     "q_a": (Product("projection", "L_q·d_k·d_a", x_w),),
@@ -172,6 +217,7 @@ COSTS: dict[str, tuple[Product | Free | Normed, ...]] = {
     "wo": (Product("projection", "L·(H·d_v)·d_model", x_w),),
     "residual": (FREE,),
     "norm": (FREE,),
+    "post_norm": (FREE,),  # sandwich
     "mean": (FREE,),
     "var": (FREE,),
     "rms": (FREE,),
@@ -250,7 +296,7 @@ def ledger(cfg: Config) -> list[Cost]:
 
 def classify(
     path: str, shape: Shape, inputs: Sequence[Shape]
-) -> tuple[Product | Free | Normed, tuple[int, ...]]:
+) -> tuple[Product | Free | Normed | Columns, tuple[int, ...]]:
     """How a recorded step is computed (its entry in COSTS) and its terms; an error
     (a bug, not bad input) when no way, or more than one, fits."""
     entry = stage_of(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -553,12 +553,67 @@ def _new_row(step: Step, i: int, x: np.ndarray, x_name: str) -> int:
 
 def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """q, k: a projection, (rope) the rotation of q_raw / k_raw (q_norm / k_norm with
-    QK-norm), or (QK-norm without RoPE) the norm of q_raw / k_raw, read with its γ."""
+    QK-norm), or (QK-norm without RoPE) the norm of q_raw / k_raw, read with its γ; with
+    qk_norm projection, the head's columns of the block's q_norm / k_norm, perhaps turned."""
+    assert isinstance(ctx.cfg, Config)
     if len(step.inputs) == 1:
+        rotary = ctx.cfg.model.positional == "rope" and ".cross_attn." not in f".{step.path}"
+        if not rotary:  # (only qk_norm projection records a q or k of one input, unturned)
+            return _columns(ctx, step, cell)
         return _rope(ctx, step, cell)
     if step.inputs[1].endswith(".gamma"):
         return _norm(ctx, step, cell)
     return _linear(ctx, step, cell)
+
+
+def _columns_from(ctx: _Ctx, step: Step, x: np.ndarray) -> int:
+    """The first of the columns of `x` a head's q or k was taken from: with qk_norm projection
+    x is the block's q_norm / k_norm, every head's side by side (k: K/V head j's, j the query
+    head's); else 0, x being the head's own."""
+    assert isinstance(ctx.cfg, Config)
+    width = step.shape[1]
+    if x.shape[1] == width:
+        return 0
+    found = re.search(r"\.h(\d+)\.", step.path)
+    assert found is not None, f"{step.path} is no head's step"
+    h = int(found.group(1))
+    return (h if step.stage == "q" else ctx.cfg.model.kv_head(h)) * width
+
+
+def _columns(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """q, k with qk_norm projection and no RoPE: the head's columns of the block's q_norm /
+    k_norm, as they are."""
+    x_name = step.inputs[0]
+    x = ctx.get(x_name)
+    i = _new_row(step, cell[0], x, x_name)  # a KV-cached K: its new rows only
+    off = _columns_from(ctx, step, x)
+    j = off + cell[1]
+    v, sym = float(x[i, j]), _symbol(x_name)
+    return _Parts(
+        [f"{sym}[{i},{j}]"],
+        v,
+        [
+            f"{sym} = {x_name}, over the whole projection (qk_norm projection): this head's "
+            f"columns are {off}..{off + step.shape[1] - 1}"
+        ],
+        {f"{sym}[{i},{j}]": [v]},
+    )
+
+
+def _raw(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """q_raw, k_raw: a head's projection; with qk_norm projection the block's, every head's
+    X W side by side, whose column c is head c // d_k's column c mod d_k."""
+    weights = [name for name in step.inputs[1:] if ctx.get(name).ndim == 2]
+    if len(weights) < 2:
+        return _linear(ctx, step, cell)
+    i, c = cell
+    h, j = divmod(c, ctx.get(weights[0]).shape[1])
+    parts = _linear(ctx, replace(step, inputs=(step.inputs[0], weights[h])), (i, j))
+    head = "head" if step.stage == "q_raw" else "K/V head"
+    parts.where.insert(
+        0, f"column {c} is {head} {h}'s column {j} (qk_norm projection: every head's side by side)"
+    )
+    return parts
 
 
 def _kept(explainer: Explainer) -> Explainer:
@@ -591,12 +646,15 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
+    off = _columns_from(ctx, step, raw)  # qk_norm projection: the head's columns of the block's
+    raw = raw[:, off : off + step.shape[1]]
     i = _new_row(step, cell[0], raw, raw_name)  # a cached K: raw holds its new rows only
     j = cell[1]
     pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
     m = ctx.cfg.model
     d, dk = m.rotary_dims, raw.shape[1]  # the columns turned, as a RoPE of width d
     r = _symbol(raw_name)
+    raw_text = raw_name if not off else f"{raw_name}[:, {off}..{off + dk - 1}] (this head's)"
     if j >= d or (j == d - 1 and d % 2):  # partial rotary's rest, or the odd last column
         v = float(raw[i, j])
         why = (
@@ -604,7 +662,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             if j >= d
             else "odd d_k: the last column is not rotated"
         )
-        return _Parts([f"{r}[{i},{j}]  ({why})"], v, [f"{r} = {raw_name}"], {f"{r}[{i},{j}]": [v]})
+        return _Parts([f"{r}[{i},{j}]  ({why})"], v, [f"{r} = {raw_text}"], {f"{r}[{i},{j}]": [v]})
     first, second = ops.rope_pairs(d, m.rope_pairs)
     p = int(np.flatnonzero((first == j) | (second == j))[0])
     ca, cb = int(first[p]), int(second[p])
@@ -638,7 +696,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         sym = f"{lhs[0]} {sin} + {lhs[1]} {cos}"
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(s)} + {ctx.f.fac(b)}×{ctx.f.fac(c)}"
         total = a * s + b * c
-    where = [angle, f"{r} = {raw_name}"]
+    where = [angle, f"{r} = {raw_text}"]
     if factor != 1:
         where.insert(1, f"s = {exact(factor)}, yarn's attention factor on cos and sin")
     return _Parts([sym, nums], total, where, {lhs[0]: [a], lhs[1]: [b], "θ": [theta]})
@@ -1099,17 +1157,18 @@ def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x_name, y_name = step.inputs
     x, y = float(ctx.get(x_name)[cell]), float(ctx.get(y_name)[cell])
     total = x + y
-    read, reads = "x", ""
-    if ctx.cfg.model.norm_position == "pre":
-        read = "Norm(x)"
-        reads = f" (it reads Norm(x) = {step.path.removesuffix('.residual')}.norm)"
+    position = ctx.cfg.model.norm_position
+    added, reads = {
+        "post": ("sublayer(x)", ""),
+        "pre": ("sublayer(Norm(x))", " (it reads Norm(x) = {}.norm)"),
+        "sandwich": ("Norm_post(sublayer(Norm(x)))", " (the sublayer reads Norm(x) = {}.norm)"),
+        "output": ("Norm(sublayer(x))", " (the norm of the sublayer's output)"),
+    }[position]
+    reads = reads.format(step.path.removesuffix(".residual"))
     return _Parts(
-        [
-            f"x{_idx(cell)} + sublayer({read}){_idx(cell)}",
-            f"{ctx.f.num(x)} + {ctx.f.fac(y)}",
-        ],
+        [f"x{_idx(cell)} + {added}{_idx(cell)}", f"{ctx.f.num(x)} + {ctx.f.fac(y)}"],
         total,
-        [f"x = {x_name} (the sublayer's input)", f"sublayer({read}) = {y_name}{reads}"],
+        [f"x = {x_name} (the sublayer's input)", f"{added} = {y_name}{reads}"],
         {"x": [x], "sublayer": [y]},
     )
 
@@ -1149,7 +1208,10 @@ def _norm(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x, g, b = float(ctx.get(x_name)[i, j]), float(ctx.get(g_name)[j]), float(ctx.get(b_name)[j])
     eps = ctx.cfg.model.norm_eps
     where = [f"x = {x_name}", f"γ = {g_name}{ctx.source(g_name)}, β = {b_name}{ctx.source(b_name)}"]
-    if g_name.rsplit(".", 2)[-2] in QK_KEYS:  # QK-norm: one head's row, the block's γ and β
+    if g_name.rsplit(".", 2)[-2] in QK_KEYS and ctx.cfg.model.qk_norm == "projection":
+        n = ctx.get(x_name).shape[1]  # the whole projection's row: every head's columns
+        where[0] += f" (QK-norm over the whole projection: row {i}'s {n} entries, every head's)"
+    elif g_name.rsplit(".", 2)[-2] in QK_KEYS:  # QK-norm: one head's row, the block's γ and β
         where[0] += (
             f" (QK-norm: row {i}'s {ctx.get(x_name).shape[1]} entries, this head's alone; "
             "γ and β of d_k shared by every head of the block)"
@@ -1640,8 +1702,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "input": _input,
     "mask": _mask,
     "cross_mask": _mask,
-    "q_raw": _linear,
-    "k_raw": _linear,
+    "q_raw": _raw,
+    "k_raw": _raw,
     "q_norm": _norm,
     "k_norm": _norm,
     "q": _projection,
@@ -1663,6 +1725,7 @@ EXPLAINERS: dict[str, Explainer] = {
     "wo": _linear,
     "residual": _residual,
     "norm": _norm,
+    "post_norm": _norm,
     "mean": _mean,
     "var": _var,
     "rms": _rms,

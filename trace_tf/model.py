@@ -289,6 +289,62 @@ def qk_normed(raw: Array, nw: NormWeights, m: ModelConfig, rotary: bool, of: str
     return QKNormed(name, value, formula, stats, nw)
 
 
+# What a whole-projection QK-norm step's formula says after the norm's (qk_norm projection)
+QK_PROJECTION_NOTE = (
+    ";  QK-norm over the whole projection: each row's {n} entries, every head's, before the "
+    "split into heads"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class WholeNormed:
+    """A block's Q_raw or K_raw normalised over the whole projection (model.qk_norm
+    projection: OLMo 2's q_norm(q_proj(x))), as recorded; each head reads its d_k columns."""
+
+    value: Array  # [L, n·d_k]: a KV-cached K's new rows only
+    of: str  # Q or K
+
+    def columns(self, j: int, d_k: int) -> tuple[Array, str]:
+        """Head j's columns (K/V head j's, of K), a contiguous copy, and how a formula
+        names them: `Q_norm[:, 4..7]`."""
+        a = j * d_k
+        cols = np.ascontiguousarray(self.value[:, a : a + d_k])
+        return cols, f"{self.of}_norm[:, {a}..{a + d_k - 1}]"
+
+
+def whole_normed(
+    x: Array,
+    heads: Sequence[HeadWeights],
+    nw: NormWeights,
+    m: ModelConfig,
+    of: str,
+    tr: Tracer = NULL_TRACER,
+    src: str = "X",
+) -> WholeNormed:
+    """QK-norm over the whole projection (model.qk_norm projection, OLMo 2): every head's
+    X W + b side by side, [X W_0 + b_0 | … ] = X W_q of the fused weight, recorded as the
+    block's q_raw / k_raw, then model.norm over all n·d_k entries of each row (γ, β of
+    n·d_k), recorded as q_norm / k_norm. `heads`: the query heads (Q), or each K/V head's
+    first query head (K); `src` names x (Enc: the encoder output). [L, d] -> [L, n·d_k]"""
+    name, W, b = of.lower(), f"W_{of.lower()}", f"b_{of.lower()}"
+    weights = [getattr(hw, W) for hw in heads]
+    biases = [getattr(hw, b) for hw in heads if getattr(hw, b) is not None]
+    n = "n_heads" if of == "Q" else "n_kv_heads"
+    plus = f" + [b_{name},0 | … ]" if biases else ""
+    raw = tr.rec(
+        f"{name}_raw",
+        np.concatenate([project(x, getattr(hw, W), getattr(hw, b)) for hw in heads], axis=-1),
+        f"{of}_raw = {src} [W_{name},0 | … | W_{name},{len(heads) - 1}]{plus}: every head's "
+        f"columns, {n}·d_k = {len(heads) * m.d_k}",
+        x,
+        *weights,
+        *biases,
+    )
+    note = QK_PROJECTION_NOTE.format(n=raw.shape[1])
+    normed = normalize(raw, nw, m, f"{name}_norm", tr, f"{of}_raw", note)
+    return WholeNormed(normed, of)
+
+
 @dataclass(eq=False, slots=True)
 class KeysValues:
     """One K/V head's K and V (and K_raw, with RoPE), with the formula and inputs each
@@ -338,9 +394,13 @@ def keys_values(
     start: int,
     cache: HeadCache | None = None,
     scope: str = "",
+    whole: tuple[WholeNormed, int] | None = None,
 ) -> KeysValues:
     """K = X W_k + b_k (normalised by QK-norm, then rotated from position `start` with
     RoPE) and V = X W_v + b_v of one K/V head, not yet recorded. [L_k, d] -> [L_k, d_k], [L_k, d_v]
+
+    `whole` (qk_norm projection): the block's normalised K and this K/V head's index, whose
+    columns K is (turned by RoPE), in place of its own projection and norm.
 
     With a `cache`, self-attention computes K and V for the new rows only, at
     positions start.. after the cached ones, keeps them as computed in `scope` and
@@ -354,18 +414,25 @@ def keys_values(
         return KeysValues(
             cache.k, cache.v, k_formula + cached, v_formula + cached, (), (), scopes=cache.scopes
         )
-    k = project(x_kv, hw.W_k, hw.b_k)
-    k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
-    k_raw, k_raw_formula, k_norm = None, "", None
-    if rotary or hw.k_norm is not None:
+    k_raw, k_raw_formula, k_norm, k_of = None, "", None, "K_raw"
+    if whole is not None:  # qk_norm projection: its columns of the block's K_norm
+        k, k_of = whole[0].columns(whole[1], m.d_k)
+        k_inputs: tuple[Array, ...] = (whole[0].value,)
+        k_formula = f"K = {k_of}"
+    else:
+        k = project(x_kv, hw.W_k, hw.b_k)
+        k_inputs = _operands(x_kv, hw.W_k, hw.b_k)
+    head_norm = hw.k_norm is not None and m.qk_norm == "head"
+    if whole is None and (rotary or head_norm):
         k_raw, k_raw_formula = k, k_formula  # the new rows only
-    if k_raw is not None and hw.k_norm is not None:
+    if k_raw is not None and head_norm:
+        assert hw.k_norm is not None
         k_norm = qk_normed(k_raw, hw.k_norm, m, rotary, "K")
-        k, k_formula = k_norm.value, k_norm.formula
+        k, k_formula, k_of = k_norm.value, k_norm.formula, "K_norm"
     if rotary:
         positions = start + np.arange(len(k))
         k = ops.rope(k, positions, m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims)
-        k_formula = "K = " + rope_formula("K_norm" if k_norm is not None else "K_raw", m)
+        k_formula = "K = " + rope_formula(k_of, m)
     v = project(x_kv, hw.W_v, hw.b_v)
     scopes = None
     if cache is not None:
@@ -453,6 +520,7 @@ def attention_head(
     kv: KeysValues | None = None,
     shared: str = "",
     alibi: Alibi | None = None,
+    whole: tuple[WholeNormed, WholeNormed | None, int] | None = None,
 ) -> tuple[Array, KeysValues]:
     """softmax(Q Kᵀ / scale + B + M) V for one head (eq. 1; B, the relative position
     bias of 000 section 6.2 with positional relative, ALiBi's fixed one with positional
@@ -463,28 +531,41 @@ def attention_head(
     with a KV cache).
     K and V are computed here (`keys_values`, with the K/V head's `cache`), or are `kv`,
     which another query head of the same K/V head computed (grouped-query attention);
-    -> the head's output, and its K and V as recorded, for the other query heads."""
+    -> the head's output, and its K and V as recorded, for the other query heads.
+
+    `whole` (qk_norm projection): the block's normalised Q and K (K None when cached)
+    and this head's index: Q is its columns of Q_norm, turned by RoPE, recorded as q."""
     src = "X" if x_q is x_kv else "Enc"
-    q_formula = "Q = X W_q" + _plus(hw.b_q, "b_q")
-    q = tr.rec(
-        "q_raw" if rotary or hw.q_norm is not None else "q",
-        project(x_q, hw.W_q, hw.b_q),
-        q_formula,
-        *_operands(x_q, hw.W_q, hw.b_q),
-    )
-    if hw.q_norm is not None:  # QK-norm, before RoPE (Qwen3's q_norm)
-        q = qk_normed(q, hw.q_norm, m, rotary, "Q").record(tr, q)
+    q_of = "Q_raw"
+    if whole is not None:  # qk_norm projection: its columns of the block's Q_norm
+        q_whole = whole[0].value
+        q, q_of = whole[0].columns(whole[2], m.d_k)
+        if not rotary:
+            q = tr.rec("q", q, f"Q = {q_of}", q_whole)
+    else:
+        q_whole = q = tr.rec(
+            "q_raw" if rotary or hw.q_norm is not None else "q",
+            project(x_q, hw.W_q, hw.b_q),
+            "Q = X W_q" + _plus(hw.b_q, "b_q"),
+            *_operands(x_q, hw.W_q, hw.b_q),
+        )
+        if hw.q_norm is not None:  # QK-norm, before RoPE (Qwen3's q_norm)
+            q = q_whole = qk_normed(q, hw.q_norm, m, rotary, "Q").record(tr, q)
+            q_of = "Q_norm"
     if rotary:
         q = tr.rec(
             "q",
             ops.rope(
                 q, start + np.arange(len(q)), m.pe_base, m.rope_pairs, m.rope_scaling, m.rope_dims
             ),
-            "Q = " + rope_formula("Q_norm" if hw.q_norm is not None else "Q_raw", m),
-            q,
+            "Q = " + rope_formula(q_of, m),
+            q_whole,
         )
     if kv is None:
-        kv = keys_values(x_kv, hw, m, rotary, src, start, cache, tr.path(""))
+        k_whole = None
+        if whole is not None and whole[1] is not None:
+            k_whole = (whole[1], m.kv_head(whole[2]))
+        kv = keys_values(x_kv, hw, m, rotary, src, start, cache, tr.path(""), k_whole)
     kv.record(tr, shared)
     out = attend(
         q,
@@ -650,9 +731,23 @@ def multi_head_attention(
 
     Grouped-query attention (Ainslie et al. 2023): query head h reads K/V head
     h // (H / H_kv), whose K and V its group's first head computes (with the K/V
-    head's `cache`) and the others reuse; H_kv = H is the paper's multi-head attention."""
+    head's `cache`) and the others reuse; H_kv = H is the paper's multi-head attention.
+
+    QK-norm over the whole projection (model.qk_norm projection) normalises Q and K of the
+    block once, before the heads (`whole_normed`); each head reads its columns."""
     first = cache[0] if cache is not None else None
     start = first.length if first is not None and first.grows else 0  # position of row 0
+    whole: tuple[WholeNormed, WholeNormed | None] | None = None
+    if m.qk_norm == "projection":
+        q_nw, k_nw = aw.heads[0].q_norm, aw.heads[0].k_norm
+        assert q_nw is not None and k_nw is not None
+        q_whole = whole_normed(x_q, aw.heads, q_nw, m, "Q", tr)
+        k_whole = None  # a cross-attention's K, once computed, comes from its cache
+        if first is None or first.grows or first.k is None:
+            kv_heads = aw.heads[:: m.group]  # each K/V head's first query head
+            src = "X" if x_q is x_kv else "Enc"
+            k_whole = whole_normed(x_kv, kv_heads, k_nw, m, "K", tr, src)
+        whole = (q_whole, k_whole)
     heads = []
     for j in range(m.n_kv_heads):  # K/V head j, read by query heads j·group..
         c = cache[j] if cache is not None else None
@@ -672,6 +767,7 @@ def multi_head_attention(
                     kv=kv,
                     shared=shared,
                     alibi=alibi[h] if alibi is not None else None,
+                    whole=(*whole, h) if whole is not None else None,
                 )
             heads.append(out)
     concat = tr.rec("concat", np.concatenate(heads, axis=-1), "[head_0 | … | head_H-1]", *heads)
@@ -777,20 +873,37 @@ def norm_step_formula(m: ModelConfig, of: str, note: str = "") -> str:
     return f"{kind}({of}) = " + norm_formula(m, of) + note
 
 
+# The residual step's formula by model.norm_position (post-norm's is followed by its norm)
+RESIDUAL_FORMULAS = {
+    "post": "x + sublayer(x)",
+    "pre": "x + sublayer(Norm(x))",
+    "sandwich": "x + Norm_post(sublayer(Norm(x)))  (sandwich: norm, then post_norm)",
+    "output": "x + Norm(sublayer(x))  (the norm on the sublayer's output)",
+}
+
+
 def add_and_norm(
     x: Array,
     sublayer: Callable[[Array], Array],
     nw: NormWeights,
     m: ModelConfig,
     tr: Tracer = NULL_TRACER,
+    post: NormWeights | None = None,
 ) -> Array:
-    """Post-norm: Norm(x + sublayer(x)) (the paper). Pre-norm: x + sublayer(Norm(x)). [L, d] -> [L, d]"""
-    if m.norm_position == "pre":
-        y = sublayer(normalize(x, nw, m, "norm", tr))
-        return tr.rec("residual", x + y, "x + sublayer(Norm(x))", x, y)
-    y = sublayer(x)
-    residual = tr.rec("residual", x + y, "x + sublayer(x)", x, y)
-    return normalize(residual, nw, m, "norm", tr)
+    """Where the sublayer's norm sits (model.norm_position). Post-norm: Norm(x + F(x)) (the
+    paper). Pre-norm: x + F(Norm(x)). Sandwich (Gemma 2): x + Norm_post(F(Norm(x))), `post`
+    the sublayer's post_norm. Output (OLMo 2's reordered norm): x + Norm(F(x)). Every
+    placement but post ends with the residual, the sublayer's output. [L, d] -> [L, d]"""
+    if m.norm_position == "post":
+        y = sublayer(x)
+        residual = tr.rec("residual", x + y, RESIDUAL_FORMULAS["post"], x, y)
+        return normalize(residual, nw, m, "norm", tr)
+    y = sublayer(normalize(x, nw, m, "norm", tr) if m.norm_position != "output" else x)
+    if m.norm_position != "pre":  # the norm of the sublayer's output, y
+        out, onto = (post, "post_norm") if m.norm_position == "sandwich" else (nw, "norm")
+        assert out is not None, "config.py gives a post_norm with sandwich"
+        y = normalize(y, out, m, onto, tr, "y", ";  y = the sublayer's output")
+    return tr.rec("residual", x + y, RESIDUAL_FORMULAS[m.norm_position], x, y)
 
 
 # ---------------------------------------------------------------------------
@@ -809,7 +922,9 @@ def _self_attention(
     causal: bool,
 ) -> Array:
     """Self-attention with add & norm; `causal` (the decoder's) chooses ALiBi's form."""
-    return add_and_norm(x, _self_attend(aw, mask, m, tr, cache, causal), aw.norm, m, tr)
+    return add_and_norm(
+        x, _self_attend(aw, mask, m, tr, cache, causal), aw.norm, m, tr, aw.post_norm
+    )
 
 
 def _self_attend(
@@ -867,7 +982,9 @@ def encoder_layer(
     with tr.scope("self_attn"):
         x = _self_attention(x, lw.self_attn, mask, m, tr, causal=False)
     with tr.scope("ffn"):
-        return add_and_norm(x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr)
+        return add_and_norm(
+            x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
+        )
 
 
 def decoder_layer(
@@ -900,9 +1017,12 @@ def decoder_layer(
                 aw.norm,
                 m,
                 tr,
+                aw.post_norm,
             )
     with tr.scope("ffn"):
-        return add_and_norm(x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr)
+        return add_and_norm(
+            x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
+        )
 
 
 def padding(cfg: Config, seq: Sequence_) -> np.ndarray | None:

@@ -265,7 +265,8 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
         ),
         (
             "norm",
-            f"{m.norm_position}-norm, {norm_kind}, ε = {exact(m.norm_eps)}"
+            f"{m.norm_position}-norm{NORM_POSITION_TEXT.get(m.norm_position, '')}, {norm_kind}, "
+            f"ε = {exact(m.norm_eps)}"
             + (", embedding norm on" if m.embed_norm else "")
             + (", final norm on" if m.final_norm else ""),
         ),
@@ -332,9 +333,27 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
     return rows
 
 
+# What the new placements do, after `sandwich-norm` / `output-norm` in the header's norm row
+NORM_POSITION_TEXT = {
+    "sandwich": " (each sublayer x + Norm_post(F(Norm(x))): norm on its input, post_norm on "
+    "its output)",
+    "output": " (each sublayer x + Norm(F(x)): norm on its output, none on its input)",
+}
+
+
 def qk_norm_text(m: ModelConfig) -> str:
-    """What QK-norm (model.qk_norm head) computes, for the header."""
+    """What QK-norm (model.qk_norm head or projection) computes, for the header."""
     rope = m.positional == "rope"
+    if m.qk_norm == "projection":
+        q, k = m.qk_norm_width
+        return (
+            f"over the whole projection, {NORM_TEXT[m.norm]}, ε = {exact(m.norm_eps)}, of each "
+            f"row's n_heads·d_k = {q} entries of Q_raw = X W_q + b_q (all heads' columns) and "
+            f"n_kv_heads·d_k = {k} of K_raw = X W_k + b_k, then split into heads"
+            + ("; before RoPE" if rope else "")
+            + f"; γ and β of {q} (q_norm) and {k} (k_norm) per block; in every attention "
+            "block, cross-attention too"
+        )
     return (
         f"per head {NORM_TEXT[m.norm]}, ε = {exact(m.norm_eps)}, of each row's d_k = {m.d_k} "
         "entries of Q_raw = X W_q + b_q and K_raw = X W_k + b_k"

@@ -55,6 +55,7 @@ class Stage:
 
 
 _HEAD = "<stack>.<l>.<block>.h<n>"
+_BLOCK = "<stack>.<l>.<block>"  # model.qk_norm projection's steps: the block's, all heads'
 
 STAGES: tuple[Stage, ...] = (
     Stage(
@@ -117,39 +118,47 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "q_raw",
-        (f"{_HEAD}.q_raw",),
-        "X W_q + b_q",
-        "L × d_k",
+        (f"{_HEAD}.q_raw", f"{_BLOCK}.q_raw"),
+        "X W_q + b_q  (qk_norm projection: the block's, every head's columns side by side, "
+        "X [W_q,0 | … | W_q,H−1])",
+        "L × d_k  (the block's: L × H·d_k)",
         "rope: the queries before their rotation; qk_norm: before their norm",
-        "with model.positional: rope (self-attention) or model.qk_norm: head",
+        "with model.positional: rope (self-attention) or model.qk_norm: head (per head), "
+        "or model.qk_norm: projection (the block's)",
     ),
     Stage(
         "k_raw",
-        (f"{_HEAD}.k_raw",),
-        "X W_k + b_k  (a KV-cached step: the new rows only)",
-        "L × d_k",
+        (f"{_HEAD}.k_raw", f"{_BLOCK}.k_raw"),
+        "X W_k + b_k  (a KV-cached step: the new rows only; qk_norm projection: the block's, "
+        "every K/V head's columns side by side)",
+        "L × d_k  (the block's: L × H_kv·d_k)",
         "rope: the keys before their rotation; qk_norm: before their norm",
-        "with model.positional: rope (self-attention) or model.qk_norm: head",
+        "with model.positional: rope (self-attention) or model.qk_norm: head (per head), "
+        "or model.qk_norm: projection (the block's)",
     ),
     Stage(
         "q_norm",
-        (f"{_HEAD}.q_norm",),
+        (f"{_HEAD}.q_norm", f"{_BLOCK}.q_norm"),
         "Norm(q_raw) over each row's d_k entries, γ and β of the block's q_norm (model.norm, "
-        "model.norm_eps)",
-        "L_q × d_k",
-        "QK-norm: the queries normalised before RoPE turns them (without RoPE the norm is q "
-        "itself)",
-        "with model.qk_norm: head and model.positional: rope, in self-attention",
+        "model.norm_eps)  (qk_norm projection: over each row's H·d_k entries, every head's, "
+        "γ and β of H·d_k)",
+        "L_q × d_k  (the block's: L_q × H·d_k)",
+        "QK-norm: the queries normalised before RoPE turns them (qk_norm head without RoPE: "
+        "the norm is q itself; projection: each head's q is its columns)",
+        "with model.qk_norm: head and model.positional: rope, in self-attention; with "
+        "model.qk_norm: projection, in every attention block",
     ),
     Stage(
         "k_norm",
-        (f"{_HEAD}.k_norm",),
+        (f"{_HEAD}.k_norm", f"{_BLOCK}.k_norm"),
         "Norm(k_raw) over each row's d_k entries, γ and β of the block's k_norm  (a KV-cached "
-        "step: the new rows only)",
-        "L × d_k",
-        "QK-norm: the keys normalised before RoPE turns them, once per K/V head (without RoPE "
-        "the norm is k itself)",
-        "with model.qk_norm: head and model.positional: rope, in self-attention",
+        "step: the new rows only; qk_norm projection: over each row's H_kv·d_k entries)",
+        "L × d_k  (the block's: L × H_kv·d_k)",
+        "QK-norm: the keys normalised before RoPE turns them, once per K/V head (qk_norm head "
+        "without RoPE: the norm is k itself; projection: once per block, each K/V head's k "
+        "its columns)",
+        "with model.qk_norm: head and model.positional: rope, in self-attention; with "
+        "model.qk_norm: projection, in every attention block (a cross-attention's once)",
     ),
     Stage(
         "q",
@@ -158,7 +167,8 @@ STAGES: tuple[Stage, ...] = (
         "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
         "rope_scaling rescales it: linear, llama3 or yarn; with rope_dims r only columns "
         "0..r−1 turn, pairs and frequencies over r; qk_norm: Norm(q_raw), or "
-        "RoPE(q_norm, pos))",
+        "RoPE(q_norm, pos); qk_norm projection: the head's columns of the block's q_norm, "
+        "turned by RoPE)",
         "L_q × d_k",
         "what each position looks for (one head)",
     ),
@@ -166,7 +176,8 @@ STAGES: tuple[Stage, ...] = (
         "k",
         (f"{_HEAD}.k",),
         "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated; qk_norm: "
-        "Norm(k_raw), or RoPE(k_norm, pos))",
+        "Norm(k_raw), or RoPE(k_norm, pos); qk_norm projection: the K/V head's columns of the "
+        "block's k_norm, turned by RoPE)",
         "L_k × d_k",
         "what each position is found by (with model.n_kv_heads: its K/V head's, shared)",
     ),
@@ -293,8 +304,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "residual",
         ("<stack>.<l>.<sub>.residual",),
-        "x + sublayer(x)  (pre-norm: x + sublayer(Norm(x)); model.parallel: ffn.residual only, "
-        "x + self_attn(Norm₁(x)) + ffn(Norm₂(x)), with shared one Norm)",
+        "x + sublayer(x)  (pre-norm: x + sublayer(Norm(x)); sandwich: x + "
+        "Norm_post(sublayer(Norm(x))); output: x + Norm(sublayer(x)); model.parallel: "
+        "ffn.residual only, x + self_attn(Norm₁(x)) + ffn(Norm₂(x)), with shared one Norm)",
         "L × d_model",
         "the skip connection: the input plus what the sublayer adds (a parallel layer's: "
         "its input plus what both add, the layer's output)",
@@ -304,13 +316,26 @@ STAGES: tuple[Stage, ...] = (
         ("<stack>.<l>.<sub>.norm",),
         "(x − mean) / √(var + ε) · γ + β  (RMSNorm: x / rms · γ + β)",
         "L × d_model",
-        "post-norm: the sublayer's output, norm(residual); pre-norm: what the sublayer reads "
-        "(model.parallel shared: self_attn.norm only, which the FFN reads too)",
+        "post-norm: the sublayer's output, norm(residual); output: the norm of the "
+        "sublayer's output, added by the residual; pre-norm, sandwich: what the sublayer "
+        "reads (model.parallel shared: self_attn.norm only, which the FFN reads too)",
+    ),
+    Stage(
+        "post_norm",
+        ("<stack>.<l>.<sub>.post_norm",),
+        "(y − mean) / √(var + ε) · γ + β  (RMSNorm: y / rms · γ + β), y the sublayer's output",
+        "L × d_model",
+        "sandwich: the norm of what the sublayer computed (Gemma 2's second norm in each "
+        "sublayer), which the residual adds",
+        "with model.norm_position: sandwich",
     ),
     Stage(
         "mean",
         (
             "<stack>.<l>.<sub>.norm.mean",
+            "<stack>.<l>.<sub>.post_norm.mean",
+            f"{_BLOCK}.q_norm.mean",
+            f"{_BLOCK}.k_norm.mean",
             f"{_HEAD}.q_norm.mean",
             f"{_HEAD}.k_norm.mean",
             f"{_HEAD}.q.mean",
@@ -328,6 +353,9 @@ STAGES: tuple[Stage, ...] = (
         "var",
         (
             "<stack>.<l>.<sub>.norm.var",
+            "<stack>.<l>.<sub>.post_norm.var",
+            f"{_BLOCK}.q_norm.var",
+            f"{_BLOCK}.k_norm.var",
             f"{_HEAD}.q_norm.var",
             f"{_HEAD}.k_norm.var",
             f"{_HEAD}.q.var",
@@ -345,6 +373,9 @@ STAGES: tuple[Stage, ...] = (
         "rms",
         (
             "<stack>.<l>.<sub>.norm.rms",
+            "<stack>.<l>.<sub>.post_norm.rms",
+            f"{_BLOCK}.q_norm.rms",
+            f"{_BLOCK}.k_norm.rms",
             f"{_HEAD}.q_norm.rms",
             f"{_HEAD}.k_norm.rms",
             f"{_HEAD}.q.rms",
@@ -417,8 +448,8 @@ STAGES: tuple[Stage, ...] = (
         ("<stack>.final_norm",),
         "Norm(x)",
         "L × d_model",
-        "the last norm of a stack (on by default for pre-norm)",
-        "with model.norm_position: pre or model.final_norm: true",
+        "the last norm of a stack (on by default for pre-norm, sandwich and output)",
+        "with model.norm_position: pre, sandwich or output, or model.final_norm: true",
     ),
     Stage(
         "output",
@@ -462,9 +493,9 @@ STAGES: tuple[Stage, ...] = (
 # What each group of SPEC section 3 selects (trace.GROUPS holds the predicates).
 GROUP_MEANINGS = {
     "qkv": "q, k, v of every head (and q_raw, k_raw with rope or qk_norm; q_norm, k_norm and "
-    "the statistics of QK-norm with qk_norm)",
-    "add_norm": "residual and norm, with the norm's mean, var or rms; embed_norm and final_norm; "
-    "all of `norm`'s steps",
+    "the statistics of QK-norm with qk_norm, the block's with qk_norm projection)",
+    "add_norm": "residual, norm and post_norm, with the norms' mean, var or rms; embed_norm and "
+    "final_norm; all of `norm`'s steps",
     "ffn": "everything under <stack>.<l>.ffn",
     "cross": "everything under decoder.<l>.cross_attn",
     "attention": "everything under self_attn, cross_attn and attn, and the masks",

@@ -101,10 +101,11 @@ GROUPS: dict[str, Callable[[str], bool]] = {
     "qkv": lambda p: (
         p.rsplit(".", 1)[-1] in {"q", "k", "v", "q_raw", "k_raw", "q_norm", "k_norm"}
         or bool(re.search(r"\.h\d+\.(q|k|q_norm|k_norm)\.(mean|var|rms)$", p))  # QK-norm's
+        or bool(re.search(r"_attn\.(q_norm|k_norm)\.(mean|var|rms)$", p))  # projection's
     ),
     # ... and every step of the norm calculator, as `attention` holds attend's
     "add_norm": lambda p: bool(
-        re.search(r"(^|\.)(residual|norm|embed_norm|final_norm)(\.(mean|var|rms))?$", p)
+        re.search(r"(^|\.)(residual|norm|post_norm|embed_norm|final_norm)(\.(mean|var|rms))?$", p)
         or p.startswith("norm.")
     ),
     "ffn": lambda p: ".ffn." in f".{p}.",
