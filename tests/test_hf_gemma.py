@@ -48,6 +48,7 @@ from hf_common import (
     largest_error,
     listed,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -92,18 +93,7 @@ SHAPES: list[dict[str, Any]] = [
 
 def gemma(shape: dict[str, Any], seed: int, eos: int | None = None) -> GemmaForCausalLM:
     """A GemmaForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    config = GemmaConfig(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=eos,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(GemmaConfig, shape, eos)
     assert config.hidden_act == "gelu_pytorch_tanh"
     return draw_parameters(GemmaForCausalLM(config), seed, norm_weight=0.0)  # 1 + weight near 1
 

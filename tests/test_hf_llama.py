@@ -52,6 +52,7 @@ from hf_common import (
     largest_error,
     listed,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -109,19 +110,7 @@ SHAPES: list[dict[str, Any]] = [
 def llama(shape: dict[str, Any], seed: int, eos: int | None = None) -> LlamaForCausalLM:
     """A LlamaForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`;
     `shape`'s rope_scaling (HF's rope_parameters but rope_theta) sets a scaled rope type."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    rope = shape.pop("rope_scaling", {"rope_type": "default"})
-    config = LlamaConfig(
-        vocab_size=shape.pop("vocab_size", 13),
-        max_position_embeddings=shape.pop("max_position_embeddings", 32),
-        rope_parameters={**rope, "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=eos,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(LlamaConfig, shape, eos)
     return draw_parameters(LlamaForCausalLM(config), seed)
 
 

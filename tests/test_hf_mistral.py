@@ -30,6 +30,7 @@ from hf_common import (
     hf_outputs,
     invoke_json,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -68,20 +69,7 @@ PROMPT = 7
 
 def mistral(shape: dict[str, Any], seed: int) -> MistralForCausalLM:
     """A MistralForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    shape.setdefault("intermediate_size", 2 * shape["hidden_size"])
-    shape.setdefault("num_key_value_heads", shape["num_attention_heads"])  # (MistralConfig: 8)
-    config = MistralConfig(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(MistralConfig, shape)
     return draw_parameters(MistralForCausalLM(config), seed)
 
 

@@ -36,6 +36,7 @@ from hf_common import (
     hf_outputs,
     listed,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -89,20 +90,7 @@ def test_the_config_defaults_are_big_and_every_shape_sets_them_small() -> None:
 
 def olmo2(shape: dict[str, Any], seed: int) -> Olmo2ForCausalLM:
     """An Olmo2ForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    shape.setdefault("intermediate_size", 2 * shape["hidden_size"])
-    shape.setdefault("num_key_value_heads", shape["num_attention_heads"])
-    config = Olmo2Config(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(Olmo2Config, shape)
     model = draw_parameters(Olmo2ForCausalLM(config), seed)
     gammas = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
     assert len(gammas) == 4 * config.num_hidden_layers + 1 and all((g != 1).all() for g in gammas)

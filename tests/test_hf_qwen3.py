@@ -35,6 +35,7 @@ from hf_common import (
     float64_hf,
     hf_outputs,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -71,20 +72,7 @@ PROMPT = 6
 
 def qwen3(shape: dict[str, Any], seed: int) -> Qwen3ForCausalLM:
     """A Qwen3ForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    shape.setdefault("intermediate_size", 2 * shape["hidden_size"])
-    shape.setdefault("num_key_value_heads", shape["num_attention_heads"])
-    config = Qwen3Config(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(Qwen3Config, shape)
     model = draw_parameters(Qwen3ForCausalLM(config), seed)
     gammas = [
         p for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))
