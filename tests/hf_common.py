@@ -1,6 +1,6 @@
 """What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
 tests/test_hf_bert.py, tests/test_hf_mistral.py, tests/test_hf_gemma.py,
-tests/test_hf_qwen3.py, tests/test_hf_olmo2.py) share: how a model's values are compared with trace-tf's, and how
+tests/test_hf_gemma2.py, tests/test_hf_qwen3.py, tests/test_hf_olmo2.py) share: how a model's values are compared with trace-tf's, and how
 each is run; for the LLaMA-shaped decoders (LLaMA, Mistral, Gemma, Qwen3), their values by
 trace-tf step and the float64 replacements of HF's float32 internals."""
 
@@ -234,14 +234,18 @@ def eager_float64(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """eager_attention_forward with its softmax in the model's dtype; each K/V head
-    repeated for the query heads of its group (HF's repeat_kv; GPT-NeoX has no groups)."""
+    repeated for the query heads of its group (HF's repeat_kv; GPT-NeoX has no groups);
+    the scaled scores soft-capped before the mask if `softcap` (Gemma 2's, as its own)."""
     groups = getattr(module, "num_key_value_groups", 1)
     keys = key.repeat_interleave(groups, dim=1)
     values = value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, keys.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = torch.nn.functional.softmax(scores, dim=-1)
