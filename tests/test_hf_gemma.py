@@ -142,7 +142,7 @@ def to_config(model: GemmaForCausalLM, prompt: list[int]) -> dict[str, Any]:
             "decoder_layers": c.num_hidden_layers,
             "positional": "rope",
             "rope_pairs": "halves",
-            "pe_base": float(c.rope_parameters["rope_theta"]),
+            "pe_base": float(rope_theta(c)),
             "max_len": c.max_position_embeddings,
             "norm_position": "pre",
             "norm": "rms",
@@ -158,6 +158,16 @@ def to_config(model: GemmaForCausalLM, prompt: list[int]) -> dict[str, Any]:
         "weights": weights,
     }
     return listed(raw)
+
+
+def rope_theta(config: Any) -> float:
+    """The RoPE base: Gemma 1's and 2's one, or Gemma 3's, one per layer type
+    (tests/test_hf_gemma3.py gives its sliding and full layers the same)."""
+    rope = config.rope_parameters
+    if "rope_theta" in rope:
+        return float(rope["rope_theta"])
+    (base,) = {r["rope_theta"] for r in rope.values()}
+    return float(base)
 
 
 def _rms_norm_float64(self: Any, x: torch.Tensor) -> torch.Tensor:
