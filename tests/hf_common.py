@@ -133,21 +133,26 @@ def vocab_of(model: Any) -> list[str]:
     return [f"t{i}" for i in range(model.config.vocab_size)]
 
 
-def rotary_config(config_class: Any, shape: dict[str, Any], eos: int | None = None) -> Any:
-    """A LLaMA-family config (LLaMA, Mistral, Qwen3, OLMo 2, Gemma) of `shape`, HF's
+def rotary_config(
+    config_class: Any, shape: dict[str, Any], eos: int | None = None, by_layer_type: bool = False
+) -> Any:
+    """A LLaMA-family config (LLaMA, Mistral, Qwen3, OLMo 2, Gemma 1–3) of `shape`, HF's
     names with `rope_theta` and `rope_scaling` (HF's rope_parameters but rope_theta) flat,
     as the tests' SHAPES write them: 13 tokens, 32 positions unless given, no special
     token but `eos`, eager attention; an MLP twice the width and every head its own K/V
-    head unless given (the configs' defaults are a 7B's widths, or 8 K/V heads)."""
+    head unless given (the configs' defaults are a 7B's widths, or 8 K/V heads).
+    `by_layer_type`: rope_parameters per layer type, the same for both (Gemma 3's)."""
     shape = dict(shape)
     theta = shape.pop("rope_theta", 10000.0)
-    rope = shape.pop("rope_scaling", {"rope_type": "default"})
+    rope = {**shape.pop("rope_scaling", {"rope_type": "default"}), "rope_theta": theta}
     shape.setdefault("intermediate_size", 2 * shape["hidden_size"])
     shape.setdefault("num_key_value_heads", shape["num_attention_heads"])
     return config_class(
         vocab_size=shape.pop("vocab_size", 13),
         max_position_embeddings=shape.pop("max_position_embeddings", 32),
-        rope_parameters={**rope, "rope_theta": theta},
+        rope_parameters={t: dict(rope) for t in ("sliding_attention", "full_attention")}
+        if by_layer_type
+        else rope,
         bos_token_id=None,
         eos_token_id=eos,
         pad_token_id=None,

@@ -45,6 +45,7 @@ from hf_common import (
     hf_outputs,
     largest_error,
     prompt_for,
+    rotary_config,
     run_readme,
     traced,
     vocab_of,
@@ -107,18 +108,7 @@ SHAPES: list[dict[str, Any]] = [
 
 def gemma2(shape: dict[str, Any], seed: int) -> Gemma2ForCausalLM:
     """A Gemma2ForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    config = Gemma2Config(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(Gemma2Config, shape)
     assert config.hidden_activation == "gelu_pytorch_tanh"
     assert config.sliding_window < PROMPT and "sliding_attention" in config.layer_types
     return draw_parameters(Gemma2ForCausalLM(config), seed, norm_weight=0.0)  # 1 + weight near 1

@@ -42,6 +42,7 @@ from hf_common import (
     hf_outputs,
     largest_error,
     prompt_for,
+    rotary_config,
     rotary_float64,
     run_readme,
     traced,
@@ -91,19 +92,7 @@ SHAPES: list[dict[str, Any]] = [
 def gemma3(shape: dict[str, Any], seed: int) -> Gemma3ForCausalLM:
     """A Gemma3ForCausalLM of `shape` in float64, eval, every parameter drawn with `seed`;
     its sliding and full layers' RoPE base the same."""
-    shape = dict(shape)
-    theta = shape.pop("rope_theta", 10000.0)
-    rope = {"rope_type": "default", "rope_theta": theta}
-    config = Gemma3TextConfig(
-        vocab_size=13,
-        max_position_embeddings=32,
-        rope_parameters={"sliding_attention": dict(rope), "full_attention": dict(rope)},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-        **shape,
-    )
+    config = rotary_config(Gemma3TextConfig, shape, by_layer_type=True)
     assert config.hidden_activation == "gelu_pytorch_tanh"
     assert config.sliding_window < PROMPT and "sliding_attention" in config.layer_types
     return draw_parameters(Gemma3ForCausalLM(config), seed, norm_weight=0.0)  # 1 + weight near 1
