@@ -236,9 +236,8 @@ class ModelConfig:
     embed_norm: bool = False  # the norm of E·scale + PE before layer 0 (BERT, BLOOM)
     norm: str = "layer"
     norm_eps: float = 1e-5
-    qk_norm: str = (
-        "none"  # QK_NORMS: the queries and keys normalised (per head, or whole) before RoPE
-    )
+    # QK_NORMS: the queries and keys normalised (per head, or whole) before RoPE
+    qk_norm: str = "none"
     activation: str = "relu"
     scale: float = 1.0
     scale_text: str = "sqrt_dk"
