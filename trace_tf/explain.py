@@ -27,7 +27,7 @@ from trace_tf import ops
 from trace_tf.calc import NORM_AXES
 from trace_tf.config import QK_KEYS, TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
 from trace_tf.errors import InputError, quoted, suggest_path
-from trace_tf.model import alibi_slope_text, alibi_slopes, decoder_types, target_of
+from trace_tf.model import RESIDUAL_ADDS, alibi_slope_text, alibi_slopes, decoder_types, target_of
 from trace_tf.runner import named_arrays
 from trace_tf.stages import Stage, stage_of
 from trace_tf.text import exact, printable, whole_number
@@ -1158,11 +1158,12 @@ def _residual(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     x, y = float(ctx.get(x_name)[cell]), float(ctx.get(y_name)[cell])
     total = x + y
     position = ctx.cfg.model.norm_position
-    added, reads = {
-        "post": ("sublayer(x)", ""),
-        "pre": ("sublayer(Norm(x))", " (it reads Norm(x) = {}.norm)"),
-        "sandwich": ("Norm_post(sublayer(Norm(x)))", " (the sublayer reads Norm(x) = {}.norm)"),
-        "output": ("Norm(sublayer(x))", " (the norm of the sublayer's output)"),
+    added = RESIDUAL_ADDS[position]
+    reads = {
+        "post": "",
+        "pre": " (it reads Norm(x) = {}.norm)",
+        "sandwich": " (the sublayer reads Norm(x) = {}.norm)",
+        "output": " (the norm of the sublayer's output)",
     }[position]
     reads = reads.format(step.path.removesuffix(".residual"))
     return _Parts(

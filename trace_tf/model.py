@@ -873,13 +873,23 @@ def norm_step_formula(m: ModelConfig, of: str, note: str = "") -> str:
     return f"{kind}({of}) = " + norm_formula(m, of) + note
 
 
-# The residual step's formula by model.norm_position (post-norm's is followed by its norm)
-RESIDUAL_FORMULAS = {
-    "post": "x + sublayer(x)",
-    "pre": "x + sublayer(Norm(x))",
-    "sandwich": "x + Norm_post(sublayer(Norm(x)))  (sandwich: norm, then post_norm)",
-    "output": "x + Norm(sublayer(x))  (the norm on the sublayer's output)",
+# What the residual step adds to x, by model.norm_position (post-norm's sum is followed
+# by its norm; explain writes the same), and the note its formula ends with
+RESIDUAL_ADDS = {
+    "post": "sublayer(x)",
+    "pre": "sublayer(Norm(x))",
+    "sandwich": "Norm_post(sublayer(Norm(x)))",
+    "output": "Norm(sublayer(x))",
 }
+RESIDUAL_NOTES = {
+    "sandwich": "  (sandwich: norm, then post_norm)",
+    "output": "  (the norm on the sublayer's output)",
+}
+
+
+def residual_formula(position: str) -> str:
+    """The residual step's formula under model.norm_position `position`."""
+    return f"x + {RESIDUAL_ADDS[position]}{RESIDUAL_NOTES.get(position, '')}"
 
 
 def add_and_norm(
@@ -896,14 +906,14 @@ def add_and_norm(
     placement but post ends with the residual, the sublayer's output. [L, d] -> [L, d]"""
     if m.norm_position == "post":
         y = sublayer(x)
-        residual = tr.rec("residual", x + y, RESIDUAL_FORMULAS["post"], x, y)
+        residual = tr.rec("residual", x + y, residual_formula("post"), x, y)
         return normalize(residual, nw, m, "norm", tr)
     y = sublayer(normalize(x, nw, m, "norm", tr) if m.norm_position != "output" else x)
     if m.norm_position != "pre":  # the norm of the sublayer's output, y
         out, onto = (post, "post_norm") if m.norm_position == "sandwich" else (nw, "norm")
         assert out is not None, "config.py gives a post_norm with sandwich"
         y = normalize(y, out, m, onto, tr, "y", ";  y = the sublayer's output")
-    return tr.rec("residual", x + y, RESIDUAL_FORMULAS[m.norm_position], x, y)
+    return tr.rec("residual", x + y, residual_formula(m.norm_position), x, y)
 
 
 # ---------------------------------------------------------------------------
@@ -1173,11 +1183,12 @@ def output_layer(
         tied = " (W = embeddingsᵀ, tied)"
         tr.name(W, TIED_OUTPUT)
     cap = cfg.model.logit_softcap
+    product = "logits" if cap is None else "logits_raw"
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
-            "logits" if cap is None else "logits_raw",
+            product,
             ops.linear(x, W, b),
-            ("logits" if cap is None else "logits_raw") + " = out W" + _plus(b, "b") + tied,
+            product + " = out W" + _plus(b, "b") + tied,
             *_operands(x, W, b),
             cols=cfg.vocab,
         )
