@@ -1,9 +1,10 @@
 """What the Hugging Face comparisons (tests/test_hf_gpt2.py, tests/test_hf_llama.py,
 tests/test_hf_bert.py, tests/test_hf_mistral.py, tests/test_hf_gemma.py,
 tests/test_hf_gemma2.py, tests/test_hf_gemma3.py, tests/test_hf_qwen3.py,
-tests/test_hf_olmo2.py) share: how a model's values are compared with trace-tf's, and how
-each is run; for the LLaMA-shaped decoders (LLaMA, Mistral, Gemma, Qwen3), their values by
-trace-tf step and the float64 replacements of HF's float32 internals."""
+tests/test_hf_qwen2.py, tests/test_hf_olmo2.py) share: how a model's values are compared
+with trace-tf's, and how each is run; for the LLaMA-shaped decoders (LLaMA, Mistral, Gemma,
+Qwen2, Qwen3), their values by trace-tf step and the float64 replacements of HF's float32
+internals."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def vocab_of(model: Any) -> list[str]:
 def rotary_config(
     config_class: Any, shape: dict[str, Any], eos: int | None = None, by_layer_type: bool = False
 ) -> Any:
-    """A LLaMA-family config (LLaMA, Mistral, Qwen3, OLMo 2, Gemma 1–3) of `shape`, HF's
+    """A LLaMA-family config (LLaMA, Mistral, Qwen2, Qwen3, OLMo 2, Gemma 1–3) of `shape`, HF's
     names with `rope_theta` and `rope_scaling` (HF's rope_parameters but rope_theta) flat,
     as the tests' SHAPES write them: 13 tokens, 32 positions unless given, no special
     token but `eos`, eager attention; an MLP twice the width and every head its own K/V
