@@ -2757,6 +2757,120 @@ GEMMA2 = [
 ]  # fmt: skip
 
 
+# Gemma 3's RoPE by layer (model.pe_base, model.rope_scaling as lists): a list only in a
+# decoder-only RoPE model, one entry per decoder layer, each checked as the single value
+SCALED = "{type: linear, factor: 8}"
+GEMMA3 = [
+    case(
+        "pe-base-list-length",
+        NEOX_DEC.replace("rope\n", "rope\n  pe_base: [10000, 1000000]\n"),
+        "model.pe_base",
+        "pe_base",
+        "a list of bases has one entry per decoder layer, and decoder_layers is 1",
+        "expected 1 base, or one value for every layer, found 2 bases",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-list-entry",
+        NEOX_DEC.replace("rope\n", "rope\n  pe_base: [-10000]\n"),
+        "model.pe_base.0",
+        "pe_base",
+        "must be positive",
+        "expected a number > 0, found the number -10000",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-list-text",
+        NEOX_DEC.replace("decoder_layers: 1", "decoder_layers: 2").replace(
+            "rope\n", "rope\n  pe_base: [10000, big]\n"
+        ),
+        "model.pe_base.1",
+        "pe_base",
+        "not a number",
+        "found the string 'big'",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-list-sinusoidal",
+        NEOX_DEC.replace("rope\n", "sinusoidal\n  pe_base: [10000]\n"),
+        "model.pe_base",
+        "pe_base",
+        "a list of bases gives each decoder layer its own RoPE, and model.positional is "
+        "sinusoidal",
+        "expected model.positional: rope beside a list, or one value for model.pe_base",
+        "found a list of 1 base",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-list-encoder",
+        NEOX_DEC.replace("encoder_layers: 0", "encoder_layers: 1").replace(
+            "rope\n", "rope\n  pe_base: [10000]\n"
+        ).replace("target: [a]", "source: [a]\ntarget: [a]"),
+        "model.pe_base",
+        "pe_base",
+        "a list of bases is for a decoder-only model (one entry per decoder layer), and "
+        "encoder_layers is 1",
+        "expected model.encoder_layers: 0 beside a list",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-length",
+        NEOX_DEC.replace("rope\n", f"rope\n  rope_scaling: [null, {SCALED}]\n"),
+        "model.rope_scaling",
+        "rope_scaling",
+        "a list of RoPE scalings has one entry per decoder layer, and decoder_layers is 1",
+        "expected 1 scaling, or one value for every layer, found 2 scalings",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-alibi",
+        NEOX_DEC.replace("rope\n", "alibi\n  rope_scaling: [null]\n"),
+        "model.rope_scaling",
+        "rope_scaling",
+        "a list of RoPE scalings gives each decoder layer its own RoPE, and "
+        "model.positional is alibi",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-factor",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_scaling: [{type: linear, factor: 0}]\n"),
+        "model.rope_scaling.0.factor",
+        "rope_scaling",
+        "must be positive",
+        "expected a number > 0, found the number 0",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-type",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_scaling: [{type: dynamic, factor: 2}]\n"),
+        "model.rope_scaling.0.type",
+        "rope_scaling",
+        "RoPE scaling dynamic (dynamic NTK) recomputes the frequencies",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-not-mapping",
+        NEOX_DEC.replace("rope\n", "rope\n  rope_scaling: [8]\n"),
+        "model.rope_scaling.0",
+        "rope_scaling",
+        "not a mapping",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-list-yarn-base-1",
+        NEOX_DEC.replace(
+            "rope\n",
+            "rope\n  pe_base: [1]\n  rope_scaling: [{type: yarn, factor: 2, original_max_len: 8}]\n",
+        ),
+        "model.rope_scaling.0",
+        "rope_scaling",
+        "yarn finds its band of pairs by dividing by ln(model.pe_base.0), and model.pe_base.0 "
+        "is 1",
+        args=("decode", "{file}"),
+    ),
+]  # fmt: skip
+
+
 CORPUS = [
     *LONG_TEXT,
     *SHAPES,
@@ -2777,6 +2891,7 @@ CORPUS = [
     *PERFORMANCE,
     *NEOX,
     *GEMMA2,
+    *GEMMA3,
 ]
 
 

@@ -216,9 +216,16 @@ class ModelConfig:
     encoder_layers: int = 1
     decoder_layers: int = 0
     positional: str = "sinusoidal"
+    # the base of the sinusoidal and RoPE frequencies; with lists of bases or scalings
+    # (layer_pe_bases), decoder layer 0's: each layer's is layer_rope(l).pe_base
     pe_base: float = 10000.0
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     rope_scaling: RopeScaling | None = None  # rope: its frequencies rescaled (None: as they are)
+    # model.pe_base and model.rope_scaling as lists (Gemma 3's local and global RoPE): each
+    # decoder layer's base and scaling (None: unscaled), both one a layer; () when one base
+    # and one scaling serve every layer (a list of equal entries too: it is that value)
+    layer_pe_bases: tuple[float, ...] = ()
+    layer_rope_scalings: tuple[RopeScaling | None, ...] = ()
     # rope: the first rope_dims columns of each head turn (partial rotary, GPT-NeoX's
     # rotary_ndims), their frequencies over rope_dims; 0 (not given) is all d_k
     rope_dims: int = 0
@@ -294,6 +301,20 @@ class ModelConfig:
     def window_of(self, layer: int) -> int:
         """Decoder layer `layer`'s sliding window (0: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else self.window
+
+    @property
+    def mixed_rope(self) -> bool:
+        """Whether model.pe_base's or model.rope_scaling's list gives the decoder layers
+        different RoPEs (each layer then turns q and k by its own)."""
+        return bool(self.layer_pe_bases)
+
+    def layer_rope(self, layer: int) -> ModelConfig:
+        """The model as decoder layer `layer` computes it: its own RoPE base and scaling in
+        pe_base and rope_scaling (the model itself when every layer has the same)."""
+        if not self.mixed_rope:
+            return self
+        base, scaling = self.layer_pe_bases[layer], self.layer_rope_scalings[layer]
+        return replace(self, pe_base=base, rope_scaling=scaling)
 
     @property
     def mixed_windows(self) -> bool:
@@ -2438,17 +2459,10 @@ class _Validator:
             encoder_layers=enc,
             decoder_layers=dec,
             positional=self.choice(m.get("positional", "sinusoidal"), p + "positional", POSITIONAL),
-            pe_base=self.number(m.get("pe_base", 10000), p + "pe_base", positive=True),
             rope_pairs=self.choice(
                 m.get("rope_pairs", "adjacent"), p + "rope_pairs", tuple(ROPE_PAIRS)
             ),
-            rope_scaling=self.rope_scaling(
-                m.get("rope_scaling"),
-                p + "rope_scaling",
-                m.get("positional", "sinusoidal"),
-                p + "positional",
-                float(m.get("pe_base", 10000)),  # (checked above)
-            ),
+            **self.rope_layers(m, p, enc, dec),
             rope_dims=self.rope_dims(m.get("rope_dims"), p + "rope_dims", m, d_k),
             alibi_slopes=self.alibi_slopes(
                 m.get("alibi_slopes"),
@@ -2494,12 +2508,97 @@ class _Validator:
                     raise self.ctx.err(p + key, why[0], getattr(config, key), why[1])
         return config
 
+    def rope_layers(self, m: dict[str, Any], p: str, enc: int, dec: int) -> dict[str, Any]:
+        """model.pe_base (a number > 0) and model.rope_scaling (`rope_scaling`): one for every
+        layer, or either a list of one per decoder layer (Gemma 3's local and global RoPE:
+        [10000, 10000, 1000000, ...], [null, null, {type: linear, factor: 8}, ...]), only in
+        a decoder-only RoPE model. -> ModelConfig's pe_base, rope_scaling, layer_pe_bases
+        and layer_rope_scalings"""
+        positional = m.get("positional", "sinusoidal")  # (checked before)
+        raw_bases, raw_scalings = m.get("pe_base", 10000), m.get("rope_scaling")
+
+        def scaling(value: Any, path: str, base: float, base_key: str) -> RopeScaling | None:
+            return self.rope_scaling(value, path, positional, p + "positional", base, base_key)
+
+        if not isinstance(raw_bases, list) and not isinstance(raw_scalings, list):
+            base = self.number(raw_bases, p + "pe_base", positive=True)
+            return {
+                "pe_base": base,
+                "rope_scaling": scaling(raw_scalings, p + "rope_scaling", base, p + "pe_base"),
+            }
+        for key, value in (("pe_base", raw_bases), ("rope_scaling", raw_scalings)):
+            if isinstance(value, list):
+                self.layer_list(value, p + key, positional, enc, dec)
+        # each layer's base and its key path, then its scaling, checked against that base
+        if isinstance(raw_bases, list):
+            bases = [
+                (self.number(b, f"{p}pe_base.{l}", positive=True), f"{p}pe_base.{l}")
+                for l, b in enumerate(raw_bases)
+            ]
+        else:
+            bases = [(self.number(raw_bases, p + "pe_base", positive=True), p + "pe_base")] * dec
+        if isinstance(raw_scalings, list):
+            scalings = [
+                scaling(value, f"{p}rope_scaling.{l}", *bases[l])
+                for l, value in enumerate(raw_scalings)
+            ]
+        else:  # one scaling, checked against each base (yarn's needs one other than 1)
+            each = [scaling(raw_scalings, p + "rope_scaling", *b) for b in dict.fromkeys(bases)]
+            scalings = each[:1] * dec
+        layers = tuple(b for b, _ in bases), tuple(scalings)
+        if len(set(zip(*layers, strict=True))) == 1:  # one RoPE for every layer
+            return {"pe_base": layers[0][0], "rope_scaling": layers[1][0]}
+        return {
+            "pe_base": layers[0][0],
+            "rope_scaling": layers[1][0],
+            "layer_pe_bases": layers[0],
+            "layer_rope_scalings": layers[1],
+        }
+
+    def layer_list(self, value: list[Any], path: str, positional: str, enc: int, dec: int) -> None:
+        """Refuse a list of model.pe_base or model.rope_scaling (`path`) but one entry per
+        decoder layer of a decoder-only RoPE model: sinusoidal positions have one base, and
+        no per-layer RoPE of an encoder is settled."""
+        noun = "base" if path.endswith("pe_base") else "scaling"
+        what = "bases" if noun == "base" else "RoPE scalings"
+        if positional != "rope":
+            raise self.ctx.err(
+                path,
+                f"a list of {what} gives each decoder layer its own RoPE, and "
+                f"model.positional is {positional}" + self.ctx.set_by("model.positional"),
+                expected=f"model.positional: rope beside a list, or one value for {path}",
+                found_text=f"a list of {counted(len(value), noun)}",
+            )
+        if enc:
+            raise self.ctx.err(
+                path,
+                f"a list of {what} is for a decoder-only model (one entry per decoder layer), "
+                f"and encoder_layers is {enc}" + self.ctx.set_by("model.encoder_layers"),
+                expected=f"model.encoder_layers: 0 beside a list, or one value for {path}",
+                found_text=f"a list of {counted(len(value), noun)}",
+            )
+        if len(value) != dec:
+            raise self.ctx.err(
+                path,
+                f"a list of {what} has one entry per decoder layer, and decoder_layers is "
+                f"{dec}" + self.ctx.set_by("model.decoder_layers"),
+                expected=f"{counted(dec, noun)}, or one value for every layer",
+                found_text=counted(len(value), noun),
+            )
+
     def rope_scaling(
-        self, value: Any, path: str, positional: str, positional_key: str, base: float
+        self,
+        value: Any,
+        path: str,
+        positional: str,
+        positional_key: str,
+        base: float,
+        base_key: str = "",
     ) -> RopeScaling | None:
         """model.rope_scaling (pe.rope_scaling): null (or absent) is none; else a mapping of
         `type` (linear, llama3, yarn) and the numbers that type reads (ROPE_SCALINGS), each
-        checked; only beside `positional_key`, whose value is `positional`, rope."""
+        checked; only beside `positional_key`, whose value is `positional`, rope; `base`
+        the frequencies' base, given at `base_key` (model.pe_base, pe.base by `path`)."""
         if value is None:
             return None
         if not isinstance(value, dict):
@@ -2582,7 +2681,7 @@ class _Validator:
                 found_text=exact(beta_fast),
             )
         if base == 1:
-            base_key = "pe.base" if path.startswith("pe.") else "model.pe_base"
+            base_key = base_key or ("pe.base" if path.startswith("pe.") else "model.pe_base")
             raise self.ctx.err(
                 path,
                 f"yarn finds its band of pairs by dividing by ln({base_key}), and "
@@ -2844,8 +2943,11 @@ class _Validator:
         # in float64 (the angles and the draws are computed so, then stored in the dtype)
         for key in ("embed_scale", "norm_eps", "scale", "temperature"):
             self.given_number(getattr(m, key), "model." + key)
-        for key in ("pe_base", "init_std"):
-            self.given_number(getattr(m, key), "model." + key, "float64")
+        self.given_number(m.init_std, "model.init_std", "float64")
+        for l, base in enumerate(m.layer_pe_bases or (m.pe_base,)):  # (each layer's, a list)
+            self.given_number(
+                base, "model.pe_base" + (f".{l}" if m.layer_pe_bases else ""), "float64"
+            )
         d = m.d_model
         vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
         vocab_set = set(vocab)

@@ -642,7 +642,7 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """RoPE: pair p of row pos, columns (a, b) (adjacent (2p, 2p+1), halves (p, p + d/2)),
     turned by θ = pos · base^(−2p/d), or pos · the scaled frequency with model.rope_scaling
     (cos and sin times yarn's attention factor); d is rope_dims r when given (partial
-    rotary), whose columns r.. pass through."""
+    rotary), whose columns r.. pass through; with a RoPE by layer, the step's layer's."""
     assert isinstance(ctx.cfg, Config)
     raw_name = step.inputs[0]
     raw = ctx.get(raw_name)
@@ -651,7 +651,9 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i = _new_row(step, cell[0], raw, raw_name)  # a cached K: raw holds its new rows only
     j = cell[1]
     pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
-    m = ctx.cfg.model
+    m, layer = ctx.cfg.model, re.search(r"decoder\.(\d+)\.", step.path)
+    if m.mixed_rope and layer is not None:  # a RoPE by layer: this layer's base and scaling
+        m = m.layer_rope(int(layer.group(1)))
     d, dk = m.rotary_dims, raw.shape[1]  # the columns turned, as a RoPE of width d
     r = _symbol(raw_name)
     raw_text = raw_name if not off else f"{raw_name}[:, {off}..{off + dk - 1}] (this head's)"
@@ -697,6 +699,10 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         nums = f"{ctx.f.fac(a)}×{ctx.f.fac(s)} + {ctx.f.fac(b)}×{ctx.f.fac(c)}"
         total = a * s + b * c
     where = [angle, f"{r} = {raw_text}"]
+    if m.mixed_rope and layer is not None:
+        l = layer.group(1)
+        scaled = f", model.rope_scaling.{l}: {scaling.type}" if scaling is not None else ""
+        where.insert(1, f"base {exact(m.pe_base)}: layer {l}'s (model.pe_base.{l}){scaled}")
     if factor != 1:
         where.insert(1, f"s = {exact(factor)}, yarn's attention factor on cos and sin")
     return _Parts([sym, nums], total, where, {lhs[0]: [a], lhs[1]: [b], "θ": [theta]})

@@ -72,8 +72,10 @@ def named(text: str) -> tuple[str, str]:
 def rope_formula(of: str, m: ModelConfig) -> str:
     """`RoPE(Q_raw, pos), pairs (2i, 2i+1)`: the rotation of `of`, naming its column pairs
     (and its frequency scaling, if any: `, llama3-scaled frequencies`); with rope_dims r,
-    the r columns it turns, over which its pairs and frequencies are counted."""
-    scaled = f", {m.rope_scaling.type}-scaled frequencies" if m.rope_scaling else ""
+    the r columns it turns, over which its pairs and frequencies are counted; with a RoPE
+    by layer (model.pe_base or rope_scaling a list; `m` a layer's), the layer's base."""
+    scaled = f", base {exact(m.pe_base)}" if m.mixed_rope else ""
+    scaled += f", {m.rope_scaling.type}-scaled frequencies" if m.rope_scaling else ""
     pairs = ROPE_PAIRS[m.rope_pairs]
     if not m.rope_dims:
         return f"RoPE({of}, pos), pairs {pairs}{scaled}"
@@ -1148,8 +1150,8 @@ def decoder(
                         layer_mask = tr.rec(
                             "mask", *self_attention_mask(L, start, W, pads, m.dtype), cols="keys"
                         )
-                x = decoder_layer(
-                    x, enc, lw, layer_mask, cross_mask, m, src_labels, tr, layer_cache
+                x = decoder_layer(  # (its own RoPE, with a list of bases or scalings)
+                    x, enc, lw, layer_mask, cross_mask, m.layer_rope(l), src_labels, tr, layer_cache
                 )
         if cache is not None:
             assert keys.tokens is not None

@@ -141,14 +141,18 @@ def require_model(cfg: Config | OpConfig, command: str) -> Config:
 
 def rope_text(m: ModelConfig) -> str:
     """RoPE as the header says it: its pairs and frequencies, over d_k or, with rope_dims
-    r (partial rotary), over the r columns it turns, and any scaling of them."""
+    r (partial rotary), over the r columns it turns, and any scaling of them; with a RoPE
+    by layer (model.pe_base or model.rope_scaling a list), each layer's base and scaling."""
     over = "r" if m.rope_dims else "d_k"
     kept = m.rope_dims < m.d_k
+    if m.mixed_rope:
+        base, turned = ", base and scaling by layer", "pos · θ_i"
+    else:
+        base = f", base {exact(m.pe_base)}"
+        turned = f"pos · {exact(m.pe_base)}^(−2i/{over})" if m.rope_scaling is None else "pos · θ_i"
     return (
-        f"RoPE on q and k in self-attention, base {exact(m.pe_base)}: pair "
-        f"{ROPE_PAIRS[m.rope_pairs].replace('d_k', over)} turned by "
-        + (f"pos · {exact(m.pe_base)}^(−2i/{over})" if m.rope_scaling is None else "pos · θ_i")
-        + " radians"
+        f"RoPE on q and k in self-attention{base}: pair "
+        f"{ROPE_PAIRS[m.rope_pairs].replace('d_k', over)} turned by {turned} radians"
         + (" (halves: Hugging Face's rotate_half)" if m.rope_pairs == "halves" else "")
         + (
             f"; partial rotary: the first r = rope_dims {m.rope_dims} columns of each head's "
@@ -158,13 +162,38 @@ def rope_text(m: ModelConfig) -> str:
             else ""
         )
         + ("; odd d_k: the last column is not turned" if m.rotary_dims % 2 else "")
-        + (
-            f"; θ_i = {exact(m.pe_base)}^(−2i/{over}) scaled, "
-            + model.rope_scaling_text(m.rope_scaling, m.rotary_dims, m.pe_base)
-            if m.rope_scaling
-            else ""
-        )
+        + (rope_layers_text(m, over) if m.mixed_rope else scaling_text(m, over))
     )
+
+
+def scaling_text(m: ModelConfig, over: str) -> str:
+    """`; θ_i = 10000^(−2i/d_k) scaled, linear ...`: the RoPE scaling `m` has, if any."""
+    if m.rope_scaling is None:
+        return ""
+    return f"; θ_i = {exact(m.pe_base)}^(−2i/{over}) scaled, " + model.rope_scaling_text(
+        m.rope_scaling, m.rotary_dims, m.pe_base
+    )
+
+
+def rope_layers_text(m: ModelConfig, over: str) -> str:
+    """`; θ_i = base^(−2i/d_k), by layer (...): base 10000 in layers 0, 1; base 1000000
+    scaled, linear ... in layer 2`: each decoder layer's base and scaling (model.pe_base.<l>,
+    model.rope_scaling.<l>), the layers of the same RoPE together (Gemma 3's local and
+    global ones)."""
+    layers: dict[tuple[float, ops.RopeScaling | None], list[int]] = {}
+    for l, key in enumerate(zip(m.layer_pe_bases, m.layer_rope_scalings, strict=True)):
+        layers.setdefault(key, []).append(l)
+    said = []
+    for (base, scaling), ls in layers.items():
+        scaled = ""
+        if scaling is not None:
+            scaled = " scaled, " + model.rope_scaling_text(scaling, m.rotary_dims, base)
+        said.append(
+            f"base {exact(base)}{scaled} in {'layer' if len(ls) == 1 else 'layers'} "
+            + ", ".join(map(str, ls))
+        )
+    by = "by layer (model.pe_base.<l>, model.rope_scaling.<l>)"
+    return f"; θ_i = base^(−2i/{over}), {by}: " + "; ".join(said)
 
 
 # model.norm's formula, as the header's norm row and QK-norm's row state it

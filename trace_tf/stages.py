@@ -165,7 +165,8 @@ STAGES: tuple[Stage, ...] = (
         (f"{_HEAD}.q",),
         "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
         "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
-        "rope_scaling rescales it: linear, llama3 or yarn; with rope_dims r only columns "
+        "rope_scaling rescales it: linear, llama3 or yarn (model.pe_base or rope_scaling a "
+        "list: the decoder layer's own base and scaling); with rope_dims r only columns "
         "0..r−1 turn, pairs and frequencies over r; qk_norm: Norm(q_raw), or "
         "RoPE(q_norm, pos); qk_norm projection: the head's columns of the block's q_norm, "
         "turned by RoPE)",
@@ -175,7 +176,8 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "k",
         (f"{_HEAD}.k",),
-        "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated; qk_norm: "
+        "X W_k + b_k  (cross-attention: X = encoder.output; rope: rotated as q is, by the "
+        "layer's RoPE; qk_norm: "
         "Norm(k_raw), or RoPE(k_norm, pos); qk_norm projection: the K/V head's columns of the "
         "block's k_norm, turned by RoPE)",
         "L_k × d_k",
