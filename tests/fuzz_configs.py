@@ -136,6 +136,10 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["logit_softcap"] = float(rng.choice([0.5, 30.0]))
     if rng.integers(3) == 0:
         kw["qk_norm"] = str(rng.choice(["head", "projection"]))
+    if positional == "rope" and enc == 0 and rng.integers(3) == 0:  # Gemma 3's: RoPE by layer
+        kw["pe_base"] = [float(rng.choice([10000.0, 10.0])) for _ in range(dec)]
+        linear = {"type": "linear", "factor": 8.0}
+        kw["rope_scaling"] = [[None, linear][int(rng.integers(2))] for _ in range(dec)]
     return random_config(rng, **kw)
 
 
@@ -296,7 +300,14 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "decoder_layers": [0, -1, 1, 2, 10**7],
     "positional": ["rope", "relative", "learned", "none", "sinusoidal", "alibi"],
     "rope_pairs": ["halves", "adjacent", "pairs"],
-    "pe_base": [0, 1, -1, 0.5, 1e308],
+    "pe_base": [0, 1, -1, 0.5, 1e308, [10000, 10], [10], [-1], []],
+    "rope_scaling": [
+        None,
+        {"type": "linear", "factor": 2},
+        [None, {"type": "linear", "factor": 8}],
+        [{"type": "yarn"}],
+        [5],
+    ],
     "max_len": [0, 1, -1, 2, 10**9],
     "embed_scale": [0, -1, "sqrt_d_model", "sqrt", 1e308],
     "norm_position": ["pre", "post", "mid", "sandwich", "output"],

@@ -68,8 +68,8 @@ def random_config(
     max_len: int | None = None,
     window: int | list[int | None] | None = None,
     token_types: int = 0,
-    pe_base: float | None = None,
-    rope_scaling: dict[str, Any] | None = None,
+    pe_base: float | list[float] | None = None,
+    rope_scaling: dict[str, Any] | list[dict[str, Any] | None] | None = None,
     rope_dims: int | None = None,
     parallel: str = "none",
     qk_norm: str = "none",
@@ -94,7 +94,8 @@ def random_config(
     `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
-    `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise.
+    `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise;
+    `pe_base`, `rope_scaling` lists (decoder-only): each decoder layer's, as Gemma 3's.
     `parallel` (pre-norm): separate or shared; with shared, the FFN has no norm of its own.
     `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
     after its W_o and norm (the other arrays are those of the same call without it);

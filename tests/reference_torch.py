@@ -15,7 +15,7 @@ within 1e-10, so the reference is itself checked against torch's attention.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,11 @@ class Hyper:
     attn_softcap: float | None  # Gemma 2's attn_logit_softcapping: c · tanh(scaled / c)
     logit_softcap: float | None  # Gemma 2's final_logit_softcapping: c · tanh(logits / c)
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
+    # model.pe_base, model.rope_scaling as lists: decoder layer l's own RoPE base and
+    # scaling, as Gemma 3's sliding and full layers have (rope_parameters by layer type);
+    # None: pe_base and rope_scaling for every layer
+    layer_pe_bases: tuple[float, ...] | None
+    layer_rope_scalings: tuple[dict[str, Any] | None, ...] | None
     rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
     qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3);
@@ -82,6 +87,9 @@ def hyper(model: dict[str, Any]) -> Hyper:
     embed_scale = model.get("embed_scale", 1)
     scale = model.get("scale", "sqrt_dk")
     window = model.get("window")
+    bases, scalings = model.get("pe_base", 10000), model.get("rope_scaling")
+    by_layer = isinstance(bases, list) or isinstance(scalings, list)
+    n_dec = int(model.get("decoder_layers", 0))
     return Hyper(
         d_model=d_model,
         n_heads=n_heads,
@@ -92,7 +100,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         encoder_layers=int(model.get("encoder_layers", 1)),
         decoder_layers=int(model.get("decoder_layers", 0)),
         positional=model.get("positional", "sinusoidal"),
-        pe_base=float(model.get("pe_base", 10000)),
+        pe_base=float(bases[0] if isinstance(bases, list) else bases),
         rope_pairs=model.get("rope_pairs", "adjacent"),
         max_len=int(model.get("max_len", 128)),
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
@@ -108,7 +116,15 @@ def hyper(model: dict[str, Any]) -> Hyper:
         layer_windows=tuple(int(w or 0) for w in window) if isinstance(window, list) else None,
         attn_softcap=model.get("attn_softcap"),
         logit_softcap=model.get("logit_softcap"),
-        rope_scaling=model.get("rope_scaling"),
+        rope_scaling=scalings[0] if isinstance(scalings, list) else scalings,
+        layer_pe_bases=tuple(
+            float(b) for b in (bases if isinstance(bases, list) else [bases] * n_dec)
+        )
+        if by_layer
+        else None,
+        layer_rope_scalings=tuple(scalings if isinstance(scalings, list) else [scalings] * n_dec)
+        if by_layer
+        else None,
         rope_dims=int(model.get("rope_dims") or d_k),
         parallel=model.get("parallel", "none"),
         qk_norm=model.get("qk_norm", "none"),
@@ -630,6 +646,13 @@ def parallel_layer(
     return tr.rec(f"{path}.ffn.residual", mlp_out + attn_out + x)
 
 
+def layer_rope(hp: Hyper, n: int) -> Hyper:
+    """hp as decoder layer n computes: its own RoPE base and scaling, with lists of them."""
+    if hp.layer_pe_bases is None or hp.layer_rope_scalings is None:
+        return hp
+    return replace(hp, pe_base=hp.layer_pe_bases[n], rope_scaling=hp.layer_rope_scalings[n])
+
+
 def run_stack(
     name: str,
     x: Tensor,
@@ -651,22 +674,24 @@ def run_stack(
         raise ValueError(f"weights.{name}: expected {n_layers} layers, found {len(layers)}")
     for n, layer in enumerate(layers):
         path = f"{name}.{n}"
+        # a decoder layer's own RoPE (model.pe_base or rope_scaling a list)
+        lhp = layer_rope(hp, n) if name == "decoder" else hp
         self_mask_n = (layer_masks or {}).get(n, self_mask)
         attn, ffn = layer["self_attn"], layer["ffn"]
-        if hp.parallel != "none":
-            x = parallel_layer(x, attn, ffn, self_mask_n, hp, tr, path)
+        if lhp.parallel != "none":
+            x = parallel_layer(x, attn, ffn, self_mask_n, lhp, tr, path)
             continue
-        h = sublayer_input(x, attn, hp, tr, f"{path}.self_attn")
-        y = multi_head_attention(h, h, attn, self_mask_n, hp, tr, f"{path}.self_attn")
-        x = sublayer_output(x, y, attn, hp, tr, f"{path}.self_attn")
+        h = sublayer_input(x, attn, lhp, tr, f"{path}.self_attn")
+        y = multi_head_attention(h, h, attn, self_mask_n, lhp, tr, f"{path}.self_attn")
+        x = sublayer_output(x, y, attn, lhp, tr, f"{path}.self_attn")
         if memory is not None:  # queries from the decoder, keys and values from the encoder output
             cross = layer["cross_attn"]
-            h = sublayer_input(x, cross, hp, tr, f"{path}.cross_attn")
-            y = multi_head_attention(h, memory, cross, cross_mask, hp, tr, f"{path}.cross_attn")
-            x = sublayer_output(x, y, cross, hp, tr, f"{path}.cross_attn")
-        h = sublayer_input(x, ffn, hp, tr, f"{path}.ffn")
-        y = feed_forward(h, ffn, hp, tr, f"{path}.ffn")
-        x = sublayer_output(x, y, ffn, hp, tr, f"{path}.ffn")
+            h = sublayer_input(x, cross, lhp, tr, f"{path}.cross_attn")
+            y = multi_head_attention(h, memory, cross, cross_mask, lhp, tr, f"{path}.cross_attn")
+            x = sublayer_output(x, y, cross, lhp, tr, f"{path}.cross_attn")
+        h = sublayer_input(x, ffn, lhp, tr, f"{path}.ffn")
+        y = feed_forward(h, ffn, lhp, tr, f"{path}.ffn")
+        x = sublayer_output(x, y, ffn, lhp, tr, f"{path}.ffn")
     if hp.final_norm:
         x = tr.rec(f"{name}.final_norm", normalise(x, weights.get(f"{name}_final_norm", {}), hp))
     return tr.rec(f"{name}.output", x)

@@ -453,6 +453,26 @@ SHAPES = [
         window=[3, 3],
         attn_softcap=2.0,
     ),
+    # Gemma 3's RoPE by layer (model.pe_base, model.rope_scaling as lists): its sliding
+    # layers' base apart from its full layer's, the full one's frequencies linear-scaled
+    # (÷ 8), in its shape: sandwich RMSNorms, per-head QK-norm, multi-query, halves
+    dict(
+        d_model=8,
+        n_heads=2,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=3,
+        norm_position="sandwich",
+        norm="rms",
+        positional="rope",
+        rope_pairs="halves",
+        qk_norm="head",
+        activation="geglu_tanh",
+        tgt_len=6,
+        window=[2, 2, None],
+        pe_base=[10000.0, 10000.0, 10.0],
+        rope_scaling=[None, None, {"type": "linear", "factor": 8.0}],
+    ),
 ]
 
 

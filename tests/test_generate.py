@@ -266,6 +266,21 @@ GEMMA2 = [
         logit_softcap=2.0,
     ),
     dict(d_model=6, n_heads=2, pad=True, src_len=4, attn_softcap=0.8, logit_softcap=1.5),
+    # Gemma 3's RoPE by layer: layer 0's base 10000 unscaled, layer 1's 10 scaled ÷ 8
+    # (model.pe_base, model.rope_scaling as lists): each cached key turned by its layer's
+    dict(
+        d_model=8,
+        n_heads=2,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        qk_norm="head",
+        tgt_len=3,
+        window=[2, None],
+        pe_base=[10000.0, 10.0],
+        rope_scaling=[None, {"type": "linear", "factor": 8.0}],
+    ),
 ]
 
 
