@@ -203,31 +203,37 @@ class _Float64Torch(types.ModuleType):
         return torch.float64 if name in ("float", "float32") else getattr(torch, name)
 
 
-def hf_rope_init(config: Any) -> tuple[torch.Tensor, float]:
+def hf_rope_init(config: Any, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     """HF's own rope init function for `config`'s rope_type (modeling_rope_utils:
     linear, llama3, yarn, ...), run in float64: its inverse frequencies and attention
-    scaling."""
-    kind = config.rope_parameters["rope_type"]
+    scaling; with `layer_type`, that type's RoPE (Gemma 3's rope_parameters by type)."""
+    rope = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    by_type = {} if layer_type is None else {"layer_type": layer_type}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(modeling_rope_utils, "torch", _Float64Torch("torch"))
-        inv_freq, scaling = modeling_rope_utils.ROPE_INIT_FUNCTIONS[kind](config)
+        init = modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope["rope_type"]]
+        inv_freq, scaling = init(config, **by_type)
     assert inv_freq.dtype == torch.float64
     return inv_freq, float(scaling)
 
 
-def rotary_float64(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+def rotary_float64(
+    self: Any, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+) -> Any:
     """LlamaRotaryEmbedding.forward (GPTNeoXRotaryEmbedding's is the same) with its angles
     in float64: the default rope type's inverse frequencies written here, over the
     int(head_dim · partial_rotary_factor) columns turned, a scaled type's by HF's own
-    function (hf_rope_init), cos and sin times its attention scaling as forward does."""
+    function (hf_rope_init), cos and sin times its attention scaling as forward does;
+    with `layer_type`, that type's RoPE (Gemma3RotaryEmbedding.forward's argument)."""
     c = self.config
-    if c.rope_parameters["rope_type"] == "default":
+    rope = c.rope_parameters if layer_type is None else c.rope_parameters[layer_type]
+    if rope["rope_type"] == "default":
         head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        d = int(head * c.rope_parameters.get("partial_rotary_factor", 1.0))
-        base = c.rope_parameters["rope_theta"]
+        d = int(head * rope.get("partial_rotary_factor", 1.0))
+        base = rope["rope_theta"]
         inv_freq, scaling = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), 1.0
     else:
-        inv_freq, scaling = hf_rope_init(c)
+        inv_freq, scaling = hf_rope_init(c, layer_type)
     freqs = position_ids[..., None].double() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)

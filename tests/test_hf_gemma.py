@@ -161,13 +161,12 @@ def to_config(model: GemmaForCausalLM, prompt: list[int]) -> dict[str, Any]:
 
 
 def rope_theta(config: Any) -> float:
-    """The RoPE base: Gemma 1's and 2's one, or Gemma 3's, one per layer type
-    (tests/test_hf_gemma3.py gives its sliding and full layers the same)."""
+    """The RoPE base: Gemma 1's and 2's one, or with Gemma 3's by layer type its full
+    layers' (tests/test_hf_gemma3.py's mapping then gives each layer its own)."""
     rope = config.rope_parameters
-    if "rope_theta" in rope:
-        return float(rope["rope_theta"])
-    (base,) = {r["rope_theta"] for r in rope.values()}
-    return float(base)
+    return float(
+        rope["rope_theta"] if "rope_theta" in rope else rope["full_attention"]["rope_theta"]
+    )
 
 
 def _rms_norm_float64(self: Any, x: torch.Tensor) -> torch.Tensor:
