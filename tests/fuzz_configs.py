@@ -134,6 +134,8 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["attn_softcap"] = float(rng.choice([0.5, 2.0, 50.0]))
     if rng.integers(3) == 0:
         kw["logit_softcap"] = float(rng.choice([0.5, 30.0]))
+    if rng.integers(3) == 0:  # GPT-OSS's attention sinks, fused or per head
+        kw["attn_sinks"] = True
     if rng.integers(3) == 0:
         kw["qk_norm"] = str(rng.choice(["head", "projection"]))
     if positional == "rope" and enc == 0 and rng.integers(3) == 0:  # Gemma 3's: RoPE by layer
@@ -325,6 +327,7 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "window": [-1, 0, 1, 2, 1.5, None, 10**9, [2, None], [None], [1, 0], []],
     "attn_softcap": [0, -1, 1e-300, 1e-50, 1e39, 0.5, 50, None, "x", True],
     "logit_softcap": [0, -1, 1e-50, 1e39, 0.5, 30, None, [1]],
+    "attn_sinks": [True, False, 1, "yes", None, [True]],
     "score": ["dot", "additive", "bilinear", "gaussian", "cosine"],
     "dtype": ["float32", "float16", "float64"],
     "causal": [True],
@@ -457,6 +460,7 @@ REDRAW: dict[str, list[Any]] = {
     "window": [1, 2, [1, None]],
     "attn_softcap": [0.5, 50],
     "logit_softcap": [0.5, 30],
+    "attn_sinks": [True],
     "score": ["dot", "additive", "bilinear", "gaussian", "scaled_dot"],
     "dtype": ["float32"],
 }

@@ -75,6 +75,7 @@ def random_config(
     qk_norm: str = "none",
     attn_softcap: float | None = None,
     logit_softcap: float | None = None,
+    attn_sinks: bool = False,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -101,6 +102,8 @@ def random_config(
     after its W_o and norm (the other arrays are those of the same call without it);
     projection: over the whole projection, γ, β of n_heads·d_k and n_kv_heads·d_k.
     `norm_position` sandwich: each sublayer's post_norm drawn after everything else of it.
+    `attn_sinks`: each self-attention head's sink logit, N(1, 1) (GPT-OSS's sinks take a
+    good share), drawn after everything else of the block: fused `sinks` or per-head `sink`.
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -151,7 +154,7 @@ def random_config(
             block[listed] = heads
         return block
 
-    def attention_block(relative: bool = False) -> dict[str, Any]:
+    def attention_block(relative: bool = False, sinks: bool = False) -> dict[str, Any]:
         widths = {"q": dk, "k": dk, "v": dv}
         block: dict[str, Any] = {}
         if grouped:  # the query heads' W_q, the K/V heads' W_k and W_v (and rel_bias after)
@@ -189,6 +192,13 @@ def random_config(
                 block[name] = {"gamma": vector(width, mean=1.0), "beta": vector(width)}
         if norm_position == "sandwich":
             block["post_norm"] = norm_params()
+        if sinks:
+            logits = (1.0 + rng.standard_normal(n_heads)).tolist()
+            if "heads" in block:
+                for head, sink in zip(block["heads"], logits, strict=True):
+                    head["sink"] = sink
+            else:
+                block["sinks"] = logits
         return block
 
     def ffn_block() -> dict[str, Any]:
@@ -206,7 +216,7 @@ def random_config(
         return ffn
 
     def layer(cross: bool) -> dict[str, Any]:
-        block = {"self_attn": attention_block(relative=positional == "relative")}
+        block = {"self_attn": attention_block(positional == "relative", attn_sinks)}
         if cross:
             block["cross_attn"] = attention_block()
         block["ffn"] = ffn_block()
@@ -240,6 +250,7 @@ def random_config(
         "qk_norm": None if qk_norm == "none" else qk_norm,
         "attn_softcap": attn_softcap,
         "logit_softcap": logit_softcap,
+        "attn_sinks": attn_sinks or None,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {
@@ -303,7 +314,7 @@ def random_config(
 def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
     """A copy of `cfg` with every fused attention block in per-head form:
     head h takes columns h*d_k..(h+1)*d_k of W_q, W_k, b_q, b_k (h*d_v.. for W_v, b_v)
-    and row h of rel_bias; under grouped-query attention K/V head j (in `kv_heads`)
+    and row h of rel_bias, entry h of sinks; under grouped-query attention K/V head j (in `kv_heads`)
     takes columns j*d_k.. of W_k, b_k (j*d_v.. of W_v, b_v)."""
     cfg = copy.deepcopy(cfg)
     model = cfg["model"]
@@ -333,6 +344,9 @@ def to_per_head(cfg: dict[str, Any]) -> dict[str, Any]:
                 if "rel_bias" in block:  # row h of the fused table
                     for h, row in enumerate(block.pop("rel_bias")):
                         heads[h]["rel_bias"] = row
+                if "sinks" in block:  # entry h of the fused sinks
+                    for h, sink in enumerate(block.pop("sinks")):
+                        heads[h]["sink"] = sink
                 kv = {"kv_heads": kv_heads} if n_kv < n_heads else {}
                 layer[name] = {"heads": heads, **kv, **block}
     return cfg

@@ -61,6 +61,7 @@ class Hyper:
     layer_windows: tuple[int, ...] | None
     attn_softcap: float | None  # Gemma 2's attn_logit_softcapping: c · tanh(scaled / c)
     logit_softcap: float | None  # Gemma 2's final_logit_softcapping: c · tanh(logits / c)
+    attn_sinks: bool  # GPT-OSS: each self-attention head's sink logit joins the softmax row
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
     # model.pe_base, model.rope_scaling as lists: decoder layer l's own RoPE base and
     # scaling, as Gemma 3's sliding and full layers have (rope_parameters by layer type);
@@ -116,6 +117,7 @@ def hyper(model: dict[str, Any]) -> Hyper:
         layer_windows=tuple(int(w or 0) for w in window) if isinstance(window, list) else None,
         attn_softcap=model.get("attn_softcap"),
         logit_softcap=model.get("logit_softcap"),
+        attn_sinks=bool(model.get("attn_sinks", False)),
         rope_scaling=scalings[0] if isinstance(scalings, list) else scalings,
         layer_pe_bases=tuple(
             float(b) for b in (bases if isinstance(bases, list) else [bases] * n_dec)
@@ -361,6 +363,15 @@ def relative_bias_table(block: dict[str, Any], hp: Hyper) -> list[Tensor]:
     return [fused[h] for h in range(hp.n_heads)]
 
 
+def sink_logits(block: dict[str, Any], hp: Hyper) -> list[Tensor]:
+    """Each head's sink logit (GPT-OSS's GptOssAttention.sinks): per head `sink`, or entry
+    h of the block's fused `sinks` of n_heads numbers."""
+    if "heads" in block:
+        return [param(head, "sink", ()) for head in block["heads"]]
+    fused = param(block, "sinks", (hp.n_heads,))
+    return [fused[h] for h in range(hp.n_heads)]
+
+
 def relative_bias(b: Tensor, n_q: int, n_k: int, max_len: int) -> Tensor:
     """B[i,j] = b[(j − i) + max_len − 1]: the bias of query i looking at key j depends on
     the offset j − i alone. [n_q, n_k]"""
@@ -435,6 +446,30 @@ def check_against_gemma2(
         raise AssertionError(f"attention disagrees with Hugging Face's Gemma 2 by {error}")
 
 
+def check_against_gpt_oss(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sink: Tensor, hp: Hyper, context: Tensor
+) -> None:
+    """Recompute a head with a sink by Hugging Face's GPT-OSS eager attention (the sink a
+    last column of Q Kᵀ · scaling + mask, the max subtracted, softmax, the column dropped),
+    in float64; every row, a fully masked one included (all its weight the sink's: zeros)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = SimpleNamespace(num_key_value_groups=1, training=False, sinks=sink.reshape(1))
+    out, _ = eager_attention_forward(
+        module,  # type: ignore[arg-type]
+        q[None, None],
+        k[None, None],
+        v[None, None],
+        None if mask is None else mask[None, None],
+        scaling=1.0 / hp.scale,
+    )
+    error = (out[0, :, 0] - context).abs().max().item()  # [1, n_q, 1, d_v] -> [n_q, d_v]
+    if not error <= SDPA_ATOL[q.dtype]:
+        raise AssertionError(f"attention disagrees with Hugging Face's GPT-OSS by {error}")
+
+
 def attention_head(
     x_q: Tensor,
     x_kv: Tensor,
@@ -449,13 +484,15 @@ def attention_head(
     alibi: tuple[float, bool] | None = None,
     qk_norm: tuple[dict[str, Any], dict[str, Any]] | None = None,
     q_given: Tensor | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """softmax(Q K^T / scale + B + mask) V (paper eq. 1; B, with `rel` a table of relative
     position biases, lecture 000 section 6.2, or with `alibi` (slope, causal) ALiBi's;
     `rotary`: q and k turned by RoPE, the query and key rows at positions 0, 1, ...;
     `qk_norm`: the block's (q_norm, k_norm) weights, each row of q and k normalised over
     its d_k columns first, as Qwen3's q_norm and k_norm); `q_given`: the head's q, already
-    projected and normalised (OLMo 2's whole-projection QK-norm, as its k in `kv`).
+    projected and normalised (OLMo 2's whole-projection QK-norm, as its k in `kv`); `sink`:
+    the head's sink logit s (GPT-OSS), A = e^S / (Σ e^S + e^s), the sink's share recorded.
     [n_q, d_model] x [n_kv, d_model] -> [n_q, d_v]"""
     q = x_q @ w["W_q"] + w["b_q"] if q_given is None else q_given  # [n_q, d_k]
     k = x_kv @ w["W_k"] + w["b_k"] if kv is None else kv[0]  # [n_kv, d_k]
@@ -488,9 +525,20 @@ def attention_head(
     if mask is not None:
         scaled = tr.rec(f"{path}.masked", scaled + mask)
     # torch.softmax is the stable one (it subtracts the row max); a fully masked row is NaN.
-    weights = tr.rec(f"{path}.softmax", torch.softmax(scaled, dim=-1))
+    if sink is None:
+        weights = tr.rec(f"{path}.softmax", torch.softmax(scaled, dim=-1))
+    else:  # e^s joins each row's sum: the exponentials over their sum with e^s, by hand
+        top = torch.maximum(scaled.max(dim=-1, keepdim=True).values, sink)
+        e, e_sink = torch.exp(scaled - top), torch.exp(sink - top)
+        total = e.sum(dim=-1, keepdim=True) + e_sink
+        weights = tr.rec(f"{path}.softmax", e / total)
+        tr.rec(f"{path}.sink", e_sink / total)
     context = tr.rec(f"{path}.context", weights @ v)  # [n_q, d_v]
-    if hp.attn_softcap is None:
+    if sink is not None and hp.attn_softcap is None:  # SDPA has no sink: GPT-OSS has
+        check_against_gpt_oss(q, k, v, sdpa_mask, sink, hp, context)
+    elif sink is not None:
+        pass  # no library caps and sinks both: the step-by-step softmax above alone
+    elif hp.attn_softcap is None:
         check_against_sdpa(q, k, v, sdpa_mask, hp.scale, context)
     else:  # SDPA has no soft cap: Hugging Face's Gemma 2 eager attention has
         check_against_gemma2(q, k, v, sdpa_mask, hp, context)
@@ -551,6 +599,10 @@ def multi_head_attention(
     # QK-norm in every attention block, one q_norm and one k_norm shared by its heads
     qk = (block.get("q_norm", {}), block.get("k_norm", {})) if hp.qk_norm == "head" else None
     qs: list[Tensor | None] = [None] * hp.n_heads
+    # attention sinks (GPT-OSS) in self-attention only, as trace-tf keeps them
+    sinks: list[Tensor | None] = [None] * hp.n_heads
+    if hp.attn_sinks and path.endswith("self_attn"):
+        sinks = list(sink_logits(block, hp))
     if hp.qk_norm == "projection":
         qs, kvs = whole_projection_qk(x_q, x_kv, block, hp, tr, path)
     heads = [
@@ -568,6 +620,7 @@ def multi_head_attention(
             slopes[n],
             qk,
             qs[n],
+            sinks[n],
         )
         for n, w in enumerate(head_weights(block, hp))
     ]

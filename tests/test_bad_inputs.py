@@ -2871,6 +2871,100 @@ GEMMA3 = [
 ]  # fmt: skip
 
 
+# GPT-OSS's attention sinks (model.attn_sinks; a head's sink, a block's fused sinks)
+SINK_DEC = NEOX_DEC.replace("rope\n", "rope\n  attn_sinks: true\n")
+SINKS = [
+    case(
+        "attn-sinks-not-bool",
+        NEOX_DEC.replace("rope\n", "rope\n  attn_sinks: 1\n"),
+        "model.attn_sinks",
+        "attn_sinks",
+        "found the number 1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "attn-sinks-gaussian",
+        NEOX_DEC.replace("rope\n", "rope\n  score: gaussian\n  attn_sinks: true\n"),
+        "model.attn_sinks",
+        "attn_sinks",
+        "an attention sink is a logit beside the scaled dot products",
+        "model.score is gaussian",
+        "expected model.score scaled_dot, dot or bilinear beside model.attn_sinks: true",
+        "found model.score: gaussian",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sink-with-sinks-off",
+        NEOX_DEC + "weights:\n  decoder:\n    - self_attn:\n        heads: [{sink: 0.5}]\n",
+        "weights.decoder.0.self_attn.heads.0.sink",
+        "sink:",
+        "an attention sink is given, but model.attn_sinks is false",
+        "expected model.attn_sinks: true, or no sink, found model.attn_sinks: false",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "fused-sinks-with-sinks-off",
+        NEOX_DEC + "weights:\n  decoder:\n    - self_attn:\n        sinks: [0.5, 1]\n",
+        "weights.decoder.0.self_attn.sinks",
+        "sinks: [",
+        "model.attn_sinks is false",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sinks-in-cross-attention",
+        ENC_DEC.replace("decoder_layers: 1", "decoder_layers: 1\n  attn_sinks: true")
+        + "weights:\n  decoder:\n    - cross_attn:\n        sinks: [0.5, 1]\n",
+        "weights.decoder.0.cross_attn.sinks",
+        "sinks: [",
+        "none is settled for cross-attention",
+        "expected a sink only in self_attn blocks, found a sink in cross_attn",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sink-in-cross-attention-head",
+        ENC_DEC.replace("decoder_layers: 1", "decoder_layers: 1\n  attn_sinks: true")
+        + "weights:\n  decoder:\n    - cross_attn:\n        heads: [{}, {sink: 1}]\n",
+        "weights.decoder.0.cross_attn.heads.1.sink",
+        "sink:",
+        "found a sink in cross_attn",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "fused-sinks-shape",
+        SINK_DEC + "weights:\n  decoder:\n    - self_attn:\n        sinks: [0.5, 1, 2]\n",
+        "weights.decoder.0.self_attn.sinks",
+        "sinks: [",
+        "n_heads",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sink-a-list",
+        SINK_DEC + "weights:\n  decoder:\n    - self_attn:\n        heads: [{sink: [1]}]\n",
+        "weights.decoder.0.self_attn.heads.0.sink",
+        "sink:",
+        "a number",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sink-not-finite",
+        SINK_DEC + "weights:\n  decoder:\n    - self_attn:\n        heads: [{sink: .inf}]\n",
+        "weights.decoder.0.self_attn.heads.0.sink",
+        "sink:",
+        "finite",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "sink-and-fused-sinks",
+        SINK_DEC + "weights:\n  decoder:\n    - self_attn:\n        sinks: [0.5, 1]\n"
+        "        heads: [{sink: 1}]\n",
+        "weights.decoder.0.self_attn.heads.0.sink",
+        "sink:",
+        "one form per block",
+        args=("decode", "{file}"),
+    ),
+]  # fmt: skip
+
+
 CORPUS = [
     *LONG_TEXT,
     *SHAPES,
@@ -2892,6 +2986,7 @@ CORPUS = [
     *NEOX,
     *GEMMA2,
     *GEMMA3,
+    *SINKS,
 ]
 
 

@@ -410,6 +410,8 @@ def _every_option() -> dict[str, Config]:
             "model": {**ROPE_DECODER_ONLY["model"], "window": [1, None], "attn_softcap": 2,
                       "logit_softcap": 3},
         },
+        # GPT-OSS's attention sinks (each head's sink step, drawn sinks) in an encoder-decoder
+        "sinks": {**SMALL, "model": {**SMALL["model"], "attn_sinks": True}},
         "encoder_only_vocab": {
             **{k: v for k, v in SMALL.items() if k != "target"},
             "model": {**SMALL["model"], "decoder_layers": 0},

@@ -473,6 +473,33 @@ SHAPES = [
         pe_base=[10000.0, 10000.0, 10.0],
         rope_scaling=[None, None, {"type": "linear", "factor": 8.0}],
     ),
+    # GPT-OSS's attention sinks: decoder-only, LLaMA's conventions, grouped-query, fused
+    # sinks, alternating windows and pads (a row may see little but its sink); and per-head
+    # sinks in an encoder-decoder with relative bias (the encoder's and the decoder's
+    # self-attention have sinks, cross-attention none)
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        fused=True,
+        pad=True,
+        tgt_len=6,
+        window=[2, None],
+        attn_sinks=True,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        decoder_layers=1,
+        positional="relative",
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+        attn_sinks=True,
+    ),
 ]
 
 

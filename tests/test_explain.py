@@ -37,6 +37,11 @@ def _model(score: str = "scaled_dot", **shape: Any) -> dict[str, Any]:
     return data
 
 
+def _tempered(data: dict[str, Any], T: float) -> dict[str, Any]:
+    """`data` with the softmax temperature T in every attention."""
+    return {**data, "model": {**data["model"], "temperature": T}}
+
+
 # Configs covering every kind of step: score functions, norms, activations, positions,
 # masks (with a fully masked row), tied output, embed scale, and the calculators.
 MODEL_CASES: dict[str, dict[str, Any]] = {
@@ -139,6 +144,19 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
     "softcap_alibi_pads": _model(
         d_model=6, n_heads=3, decoder_layers=1, positional="alibi", pad=True, src_len=4,
         tgt_len=3, attn_softcap=0.8,
+    ),
+    # GPT-OSS's attention sinks (the sink's term in each softmax entry, the sink step):
+    # grouped-query with fused sinks, a window and pads; per-head sinks in an
+    # encoder-decoder with a bilinear score and a temperature (s_h divided by T)
+    "sinks_gpt_oss": _model(
+        d_model=8, n_heads=4, n_kv_heads=2, encoder_layers=0, decoder_layers=2, fused=True,
+        norm_position="pre", norm="rms", positional="rope", rope_pairs="halves", pad=True,
+        tgt_len=4, window=[2, None], attn_sinks=True,
+    ),
+    "sinks_bilinear_temperature": _tempered(
+        _model("bilinear", d_model=4, n_heads=2, decoder_layers=1, pad=True, src_len=4,
+               tgt_len=3, attn_sinks=True),
+        1.7,
     ),
 }  # fmt: skip
 

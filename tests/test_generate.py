@@ -283,6 +283,23 @@ GEMMA2 = [
     ),
 ]
 
+# GPT-OSS's attention sinks (model.attn_sinks): each self-attention head's sink logit in
+# every softmax row, cached rows or not; grouped-query, alternating windows as GPT-OSS's
+SINKS = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        tgt_len=3,
+        window=[2, None],
+        fused=True,
+        attn_sinks=True,
+    ),
+]
+
 
 # ---------------------------------------------------------------------------
 # Greedy against the independent reference, iteration by iteration
@@ -311,7 +328,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS,
     ids=shape_id,
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
@@ -368,7 +385,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS,
     ids=shape_id,
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:

@@ -82,6 +82,7 @@ MODEL_KEYS = [
     "window",
     "attn_softcap",
     "logit_softcap",
+    "attn_sinks",
 ]
 TOP_KEYS = [
     "title",
@@ -176,6 +177,11 @@ QK_NORM_SCORES = ("scaled_dot", "dot", "bilinear")
 # gaussian's −½ Σ ((q − k) w)² is never positive, and no model caps them
 SOFTCAP_SCORES = QK_NORM_SCORES
 SOFTCAPS = ("attn_softcap", "logit_softcap")  # model's soft caps, c · tanh(s / c)
+# ... and beside which model.attn_sinks puts a learned sink logit in each softmax row: a
+# logit on the scale of the scaled dot products (GPT-OSS); none is settled for the others
+SINK_SCORES = QK_NORM_SCORES
+# A per-head weight's fused form under another name: a head's `sink` is entry h of `sinks`
+FUSED_NAMES = {"sink": "sinks"}
 DTYPES = ("float64", "float32")
 # Attention score functions (003, 004) and the per-head weights each one reads.
 SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
@@ -266,6 +272,9 @@ class ModelConfig:
     # head's scaled scores, before a position bias and the mask; logit_softcap of the logits
     attn_softcap: float | None = None
     logit_softcap: float | None = None
+    # attention sinks (GPT-OSS): each self-attention head's learned logit s_h joins every
+    # softmax row's denominator and is dropped, A[i,j] = e^S[i,j] / (Σ_k e^S[i,k] + e^s_h)
+    attn_sinks: bool = False
 
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
@@ -365,6 +374,8 @@ class HeadWeights:
     score: ScoreWeights = field(default_factory=ScoreWeights)
     # positional relative, self-attention: the bias of each offset j − i, −(max_len − 1)..
     rel_bias: np.ndarray | None = None  # [2·max_len − 1]
+    # model.attn_sinks, self-attention: the head's sink logit s_h, a number (0-d)
+    sink: np.ndarray | None = None
     # model.qk_norm: the block's QK-norm weights (head: γ, β of d_k; projection: of
     # n_heads·d_k and n_kv_heads·d_k), the same objects in every head of the block (one norm
     # shared by its heads, as Qwen3's q_norm, k_norm; OLMo 2's over the whole projection)
@@ -552,7 +563,7 @@ class Config:
                     base = f"weights.{stack}.{l}.{block}"
                     kv_keys = KV_KEYS if self.model.grouped else ()
                     for h, hw in enumerate(aw.heads):
-                        for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias"):
+                        for k in ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v", "rel_bias", "sink"):
                             if getattr(hw, k) is not None and k not in kv_keys:
                                 out[f"{base}.heads.{h}.{k}"] = getattr(hw, k)
                         for k, arr in hw.score.arrays().items():
@@ -1635,6 +1646,8 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         attn += H * (2 * L * dk + 4 * L)  # (projection: once per block, no more than this)
     capped = m.attn_softcap is not None  # each head's capped scores
     attn += H * L * L * capped
+    sinks = m.attn_sinks  # each head's sink step, one number a query row (and the sink)
+    attn += H * (L + 1) * sinks
     ffn = L * (2 * dff + 3 * d + 2)
     sandwich = m.norm_position == "sandwich"  # post_norm and its statistics, each sublayer
     attn += L * (d + 2) if sandwich else 0
@@ -1659,6 +1672,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         + stacks * (9 + typed)
         + 3
         + blocks * H * capped
+        + blocks * H * sinks
         + extra
     )
     return numbers + OBJECT_COST * steps
@@ -2496,6 +2510,7 @@ class _Validator:
             **self.windows(m.get("window"), p + "window", enc, dec),
             attn_softcap=self.softcap(m.get("attn_softcap"), p + "attn_softcap", score),
             logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
+            attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
@@ -2893,6 +2908,22 @@ class _Validator:
             )
         return cap
 
+    def attn_sinks(self, value: Any, path: str, score: str) -> bool:
+        """model.attn_sinks: a learned sink logit per self-attention head (GPT-OSS); only
+        beside a dot-product score (SINK_SCORES), on whose scale GPT-OSS learns it."""
+        on = self.boolean(value, path)
+        if on and score not in SINK_SCORES:
+            raise self.ctx.err(
+                path,
+                "an attention sink is a logit beside the scaled dot products (GPT-OSS's), and "
+                f"model.score is {score}: no sink of its scores is settled"
+                + self.ctx.set_by("model.score"),
+                expected=f"model.score {', '.join(SINK_SCORES[:-1])} or {SINK_SCORES[-1]} "
+                f"beside {path}: true, or {path}: false",
+                found_text=f"model.score: {score}",
+            )
+        return on
+
     def check_size(self, m: ModelConfig, n_vocab: int, lengths: Sequence[int]) -> None:
         """Refuse, before allocating anything, a model whose arrays would be too large.
 
@@ -2915,9 +2946,9 @@ class _Validator:
         if m.positional == "relative":  # a table per self-attention head
             total += (enc + dec) * H * (2 * m.max_len - 1)
         total += trace_size(m, max(lengths, default=1), V)
-        # The weight arrays, at most: per head 6, 3 score weights and a rel_bias; per block W_o,
+        # The weight arrays, at most: per head 6, 3 score weights, a rel_bias and a sink; per block W_o,
         # b_o, gamma, beta and QK-norm's 4; per FFN 6; an embedding per token; a few more.
-        total += OBJECT_COST * (blocks * (10 * H + 8) + (enc + dec) * 6 + V + 8)
+        total += OBJECT_COST * (blocks * (11 * H + 8) + (enc + dec) * 6 + V + 8)
         if total > self.max_elements:
             # every size the bound grows with, so that the one at fault is in sight
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
@@ -3136,7 +3167,8 @@ class _Validator:
             elif sep and whole in fused:
                 if whole not in out:
                     out[whole] = self.ctx.given(whole)
-                n, first = value.shape[-1], int(h) * value.shape[-1]
+                n = value.shape[-1] if value.ndim else 1  # (a sink: one number, entry h of sinks)
+                first = int(h) * n
                 matrix = name.startswith("W")
                 if name == "rel_bias":
                     part = f"row {h}"
@@ -3366,15 +3398,26 @@ class _Validator:
         each query head's HeadWeights holds its K/V head's arrays themselves, shared."""
         p = f"weights.{path}"
         projections = ("W_q", "W_k", "W_v", "b_q", "b_k", "b_v")
-        per_head = (*projections, "rel_bias")  # the keys with a per-head and a fused form
+        per_head = (*projections, "rel_bias", "sink")  # the keys with a per-head and a fused
+        fused_names = [FUSED_NAMES.get(k, k) for k in per_head]  # form; the fused ones' names
         a = self.mapping(
             value,
             p,
-            ("heads", "kv_heads", *per_head, "q_norm", "k_norm", "W_o", "b_o", "norm", "post_norm"),
+            [
+                "heads",
+                "kv_heads",
+                *fused_names,
+                "q_norm",
+                "k_norm",
+                "W_o",
+                "b_o",
+                "norm",
+                "post_norm",
+            ],
         )
         d, H, dk, dv = m.d_model, m.n_heads, m.d_k, m.d_v
         kv_keys = KV_KEYS if m.grouped else ()  # held by the K/V heads, not the query heads
-        fused_keys = [k for k in per_head if a.get(k) is not None]
+        fused_keys = [k for k in fused_names if a.get(k) is not None]
         heads_raw, kv_raw = a.get("heads"), a.get("kv_heads")
         if kv_raw is not None and not m.grouped:
             raise self.ctx.err(
@@ -3404,7 +3447,7 @@ class _Validator:
                         f"{p}.{listed}.{h}.{given[0]}",
                         f"one form per block: per-head '{listed}' and fused weights are both "
                         "given" + source,
-                        expected=f"either {listed}: [...] or fused W_q/W_k/W_v (and rel_bias) "
+                        expected=f"either {listed}: [...] or fused W_q/W_k/W_v (rel_bias, sinks) "
                         "(with fused weights, heads may hold only score weights)",
                         found_text=f"fused {', '.join(fused_keys)} beside {listed}.{h}.{given[0]}",
                     )
@@ -3422,6 +3465,11 @@ class _Validator:
                 dims=f"n_heads x (2·max_len − 1), max_len {m.max_len}",
             )
             self.given_fused.append(f"{path}.rel_bias")
+        if "sinks" in fused_keys:
+            if not m.attn_sinks or path.endswith("cross_attn"):
+                self.refuse_sink(f"{p}.sinks", path)
+            fused["sinks"] = self.array(a["sinks"], f"{p}.sinks", (H,), dims="n_heads")
+            self.given_fused.append(f"{path}.sinks")
         for k in (k for k in fused_keys if k in projections):
             n, count = (m.n_kv_heads, "n_kv_heads") if k in kv_keys else (H, "n_heads")
             shape = (d, n * sizes[k]) if k.startswith("W") else (n * sizes[k],)
@@ -3474,6 +3522,7 @@ class _Validator:
                 )
             elif relative:
                 arrays["rel_bias"] = self.draw(f"{path}.heads.{h}.rel_bias", (n_offsets,))
+            arrays["sink"] = self.sink(hd, fused.get("sinks"), hp, path, h, m)
             for k in sizes:
                 # a shared K/V head's arrays are the same objects in each of its query heads
                 arrays[k] = kv[m.kv_head(h)][k] if k in kv_keys else projection(hd, k, "heads", h)
@@ -3574,6 +3623,49 @@ class _Validator:
                     )
             out.append(self.mapping(entry, f"{path}.{h}", allowed))
         return out
+
+    def sink(
+        self,
+        entry: dict[str, Any],
+        fused: np.ndarray | None,
+        hp: str,
+        path: str,
+        h: int,
+        m: ModelConfig,
+    ) -> np.ndarray | None:
+        """Head h's sink logit with model.attn_sinks in a self-attention block (`path`):
+        entry h of the block's `fused` sinks, its own `sink` (a number), or drawn under
+        `<path>.heads.<h>.sink`; None elsewhere, where a given one is refused."""
+        sinks = m.attn_sinks and not path.endswith("cross_attn")
+        if entry.get("sink") is not None and not sinks:
+            self.refuse_sink(f"{hp}.sink", path)
+        if not sinks:
+            return None
+        if fused is not None:  # entry h, a 0-d copy
+            return np.array(fused[h])
+        draw = functools.partial(self.draw, f"{path}.heads.{h}.sink", ())
+        if entry.get("sink") is None:
+            return draw()
+        return self.array(entry["sink"], f"{hp}.sink", (), dims="a number", base=draw)
+
+    def refuse_sink(self, where: str, path: str) -> NoReturn:
+        """A sink where the model has none: a cross-attention (GPT-OSS's sinks are its
+        self-attention's; none of another sequence's keys is settled) or attn_sinks off."""
+        if path.endswith("cross_attn"):
+            raise self.ctx.err(
+                where,
+                "attention sinks are a self-attention's (GPT-OSS's decoder); none is settled "
+                "for cross-attention",
+                expected="a sink only in self_attn blocks",
+                found_text="a sink in cross_attn",
+            )
+        raise self.ctx.err(
+            where,
+            "an attention sink is given, but model.attn_sinks is false"
+            + self.ctx.set_by("model.attn_sinks"),
+            expected="model.attn_sinks: true, or no sink",
+            found_text="model.attn_sinks: false",
+        )
 
     def refuse_rel_bias(self, where: str, m: ModelConfig, path: str) -> NoReturn:
         """A rel_bias where the model has none: a cross-attention (its keys are another
@@ -3770,7 +3862,7 @@ def head_part(key: str) -> tuple[str, str, str] | None:
     if found is None:
         return None
     block, listed, h, name = found.groups()
-    return listed, f"{block}.{name}", h
+    return listed, f"{block}.{FUSED_NAMES.get(name, name)}", h
 
 
 def _astype(value: Any, dtype: np.dtype[Any], done: dict[int, np.ndarray] | None = None) -> Any:

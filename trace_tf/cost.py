@@ -212,6 +212,7 @@ COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "biased": (FREE,),
     "masked": (FREE,),
     "softmax": (FREE,),
+    "sink": (FREE,),  # the sink's e^((s_h − m)/T) per row: elementwise, as softmax's
     "context": (Product("attention", "L_q·L_k·d_v", x_w),),
     "concat": (FREE,),
     "wo": (Product("projection", "L·(H·d_v)·d_model", x_w),),

@@ -991,39 +991,74 @@ def _temperature(ctx: _Ctx, step: Step) -> float:
 
 def _softmax(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m = the row's max (the stable softmax, as
-    ops.softmax computes it: the max subtracted before T divides)."""
-    return _softmax_row(ctx, step.inputs[0], cell, _temperature(ctx, step))
+    ops.softmax computes it: the max subtracted before T divides); with a second input,
+    the head's sink logit (model.attn_sinks), + e^((s_h − m)/T) in the denominator."""
+    sink = step.inputs[1] if len(step.inputs) > 1 else None
+    return _softmax_row(ctx, step.inputs[0], cell, _temperature(ctx, step), sink)
 
 
-def _softmax_row(ctx: _Ctx, src: str, cell: tuple[int, ...], T: float) -> _Parts:
-    """Entry (i, j) of the softmax of row i of `src` at temperature T."""
+def _sink(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """The weight row i gave the head's sink (model.attn_sinks): the sink's column of the
+    softmax of the row with s_h appended, e^((s_h − m)/T) / (Σ_k e^((s_k − m)/T) + e^((s_h − m)/T))."""
+    return _softmax_row(ctx, step.inputs[0], cell, _temperature(ctx, step), step.inputs[1], True)
+
+
+def _softmax_row(
+    ctx: _Ctx,
+    src: str,
+    cell: tuple[int, ...],
+    T: float,
+    sink: str | None = None,
+    of_sink: bool = False,
+) -> _Parts:
+    """Entry (i, j) of the softmax of row i of `src` at temperature T; with a `sink`
+    (the weight holding a head's sink logit s_h), s_h joins the row's denominator, and
+    `of_sink` asks for the sink's own weight (entry (i, 0) of the step sink)."""
     i, j = cell
     f = ctx.f
     row = [float(x) for x in ctx.get(src)[i]]
     s = _symbol(src)
     shown = [f.shown(x) for x in row]  # (written, as are the exponentials and their sum)
-    m = _max(shown)
     where = [f"{s} = {ctx.row_of(src, i)} = {f.vec(row)}"]
-    masked = all(x == -math.inf for x in row)  # SPEC: NaN, and the run warns of it
+    operands: dict[str, list[float]] = {f"{s}{i}": row}
+    if sink is not None:
+        s_h = f.shown(float(ctx.get(sink)))
+        where.append(f"s_h = {sink}{ctx.source(sink)} = {f.num(s_h)}: the head's sink logit")
+        operands["s_h"] = [s_h]
+        shown.append(s_h)  # the row's last entry, as ops.softmax_with_sink appends it
+    m = _max(shown)
+    masked = all(x == -math.inf for x in shown)  # SPEC: NaN, and the run warns of it
     why = "every entry is −inf: −inf − (−inf) is nan" if masked else "it cancels"
-    where.append(f"m = the row's largest {s} = {f.num(m)} (subtracted for stability; {why})")
+    largest = f"the row's largest {s}" if sink is None else f"max(the row's largest {s}, s_h)"
+    where.append(f"m = {largest} = {f.num(m)} (subtracted for stability; {why})")
     if T == 1:
         z = [x - m for x in shown]  # a fully masked row: −inf − (−inf) = nan
         terms = [f"e^({f.num(x)} − {f.fac(m)})" for x in shown]
-        formula = f"e^({s}[{i},{j}] − m) / Σ_k e^({s}[{i},k] − m)"
+        entry, each, last = f"e^({s}[{i},{j}] − m)", f"e^({s}[{i},k] − m)", "e^(s_h − m)"
     else:
         z = [f.shown(float(v)) for v in ops.tempered_shift(np.array(shown), T)]
         terms = [f"e^({f.num(x)})" for x in z]
-        formula = f"e^(({s}[{i},{j}] − m)/T) / Σ_k e^(({s}[{i},k] − m)/T)"
+        entry, each = f"e^(({s}[{i},{j}] − m)/T)", f"e^(({s}[{i},k] − m)/T)"
+        last = "e^((s_h − m)/T)"
         where.append(f"T = {exact(T)}: z = ({s} − m) / T = {f.vec(z)}")
     exps = [_exp(x) for x in z]
     total_sum = _fsum(exps)
-    result = _div(f.shown(exps[j]), f.shown(total_sum))
+    k = len(exps) - 1 if of_sink else j
+    if sink is None:
+        formula = f"{entry} / Σ_k {each}"
+        denominator = _elide(terms)
+    else:
+        formula = f"{last if of_sink else entry} / (Σ_k {each} + {last})"
+        denominator = f"{_elide(terms[:-1])} + {terms[-1]}"
+        if T != 1:
+            where[-1] += " (s_h divided by T as the row is)"
+    result = _div(f.shown(exps[k]), f.shown(total_sum))
+    operands.update({"m": [m], "T": [T]})
     return _Parts(
-        [formula, f"{terms[j]} / ({_elide(terms)})", f"{f.num(exps[j])} / {f.num(total_sum)}"],
+        [formula, f"{terms[k]} / ({denominator})", f"{f.num(exps[k])} / {f.num(total_sum)}"],
         result,
         where,
-        {f"{s}{i}": row, "m": [m], "T": [T]},
+        operands,
         note="a fully masked row has no softmax" if masked else "",
     )
 
@@ -1727,6 +1762,7 @@ EXPLAINERS: dict[str, Explainer] = {
     "biased": _biased,
     "masked": _masked,
     "softmax": _softmax,
+    "sink": _sink,
     "context": _context,
     "concat": _concat,
     "wo": _linear,

@@ -584,6 +584,7 @@ def attention_head(
         alibi=alibi,
         start=start,
         softcap=m.attn_softcap,
+        sink=hw.sink,
     )
     return out, kv
 
@@ -656,6 +657,7 @@ def attend(
     alibi: Alibi | None = None,
     start: int = 0,
     softcap: float | None = None,
+    sink: Array | None = None,
 ) -> Array:
     """softmax((score(Q, K) / scale + B + M) / T) V. [L_q, d_q] x [L_k, d_k] x [L_k, d_v] -> [L_q, d_v]
 
@@ -667,6 +669,8 @@ def attend(
     With a `softcap` c (Gemma 2's attn_logit_softcapping), the scaled scores are capped
     first, S_c = c · tanh((S / scale) / c), and B and M added to S_c: a −inf of M stays
     −inf, where capped after it would be −c, and the masked key weighted.
+    With a `sink` logit s (GPT-OSS's attention sinks), e^(s/T) joins each row's denominator
+    (ops.softmax_with_sink), recorded as softmax, and the weight it took as the step sink.
     """
     scores = SCORE_FUNCTIONS[score](q, k, sw if sw is not None else ScoreWeights(), tr)
     name, where = named(scale_text)
@@ -712,9 +716,35 @@ def attend(
                 cols="keys",
             )
     temp = f" / T, T = {exact(temperature)}" if temperature != 1.0 else ""
-    weights = tr.rec(
-        "softmax", ops.softmax(scaled, temperature), f"A = softmax(row{temp})", scaled, cols="keys"
-    )
+    if sink is None:
+        weights = tr.rec(
+            "softmax",
+            ops.softmax(scaled, temperature),
+            f"A = softmax(row{temp})",
+            scaled,
+            cols="keys",
+        )
+    else:
+        weights, taken = ops.softmax_with_sink(scaled, sink, temperature)
+        s, t = ("s_h", "") if temperature == 1.0 else ("s_h/T", "/T")
+        denominator = f"Σ_k e^(S[i,k]{t}) + e^({s})"
+        weights = tr.rec(
+            "softmax",
+            weights,
+            f"A[i,j] = e^(S[i,j]{t}) / ({denominator}),  s_h = {exact(float(sink))} (the "
+            f"head's sink)" + (f", T = {exact(temperature)}" if temperature != 1.0 else ""),
+            scaled,
+            sink,
+            cols="keys",
+        )
+        tr.rec(
+            "sink",
+            taken,
+            f"e^({s}) / ({denominator}) = 1 − Σ_j A[i,j]  (the sink's weight)",
+            scaled,
+            sink,
+            cols=("sink",),
+        )
     return tr.rec("context", weights @ v, "A V", weights, v)
 
 

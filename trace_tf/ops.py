@@ -32,6 +32,19 @@ def softmax(x: Array, temperature: float = 1.0) -> Array:
         return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def softmax_with_sink(x: Array, sink: Array, temperature: float = 1.0) -> tuple[Array, Array]:
+    """Row softmax with a sink logit s joining each row's denominator, then dropped
+    (GPT-OSS's attention sinks): e^(x_j/T) / (Σ_k e^(x_k/T) + e^(s/T)), so a row sums to
+    less than 1 and the sink takes the rest. -> the row weights [..., n], the sink's [..., 1]
+
+    The sink is the row's last column, and softmax's shift its max, m = max(max_j x_j, s),
+    as Hugging Face's gpt_oss eager_attention_forward: s is divided by T as every entry of
+    the row is, and a fully masked row (all −inf) gives zeros, all its weight the sink's."""
+    column = np.broadcast_to(np.asarray(sink, dtype=x.dtype), (*x.shape[:-1], 1))
+    both = softmax(np.concatenate([x, column], axis=-1), temperature)
+    return np.ascontiguousarray(both[..., :-1]), np.ascontiguousarray(both[..., -1:])
+
+
 def tempered_shift(x: Array, temperature: float = 1.0) -> Array:
     """(x − m) / T, m the row max: what softmax exponentiates. [..., n] -> [..., n]
 

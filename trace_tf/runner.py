@@ -308,6 +308,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             + "; stable row softmax",
         ),
         *([("soft caps", softcaps_text(m))] if m.attn_softcap or m.logit_softcap else []),
+        *([("sinks", SINKS_TEXT)] if m.attn_sinks else []),
         ("positions", pos),
         *([("token types", types_text(cfg))] if m.token_types else []),
         (
@@ -440,6 +441,15 @@ def window_text(m: ModelConfig) -> str:
         return ""
     every = " in every layer" if m.layer_windows else ""
     return f", sliding window {m.window}{every}: query i sees keys i − {m.window} < j ≤ i"
+
+
+# model.attn_sinks (GPT-OSS), for the header
+SINKS_TEXT = (
+    "each self-attention head's learned sink logit s_h joins every softmax row's denominator, "
+    "A[i,j] = e^(S[i,j]/T) / (Σ_k e^(S[i,k]/T) + e^(s_h/T)), then is dropped: a row sums to "
+    "1 − sink (step sink), a fully masked row gives all to the sink; m = max(row, s_h) "
+    "subtracted; not in cross-attention"
+)
 
 
 def softcap_text(cap: float, capped: str, of: str) -> str:

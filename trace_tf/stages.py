@@ -278,9 +278,20 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "softmax",
         (f"{_HEAD}.softmax", "attn.softmax"),
-        "A = softmax(row / T): e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m the row max",
+        "A = softmax(row / T): e^((s_j − m)/T) / Σ_k e^((s_k − m)/T), m the row max  "
+        "(attn_sinks: + e^((s_h − m)/T) in the denominator, m = max(row max, s_h))",
         "L_q × L_k",
-        "attention weights: how much each query takes from each key; rows sum to 1",
+        "attention weights: how much each query takes from each key; rows sum to 1 (with a "
+        "sink, to 1 − sink)",
+    ),
+    Stage(
+        "sink",
+        ("<stack>.<l>.self_attn.h<n>.sink",),
+        "e^((s_h − m)/T) / (Σ_k e^((s_k − m)/T) + e^((s_h − m)/T)) = 1 − Σ_j A[i,j]",
+        "L_q × 1",
+        "the weight each query row gave the head's sink logit s_h (GPT-OSS), attending to "
+        "nothing; a fully masked row gives it 1",
+        "with model.attn_sinks: true (self-attention)",
     ),
     Stage(
         "context",
