@@ -76,6 +76,9 @@ def random_config(
     attn_softcap: float | None = None,
     logit_softcap: float | None = None,
     attn_sinks: bool = False,
+    experts: int | None = None,
+    experts_top_k: int | None = None,
+    experts_normalize: bool | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -104,6 +107,9 @@ def random_config(
     `norm_position` sandwich: each sublayer's post_norm drawn after everything else of it.
     `attn_sinks`: each self-attention head's sink logit, N(1, 1) (GPT-OSS's sinks take a
     good share), drawn after everything else of the block: fused `sinks` or per-head `sink`.
+    `experts` E: each FFN a mixture of experts (model.experts, experts_top_k, and
+    experts_normalize when given), its router [d_model, E] and then each expert's
+    weights, as a dense FFN's, drawn in place of the dense FFN's (then its norms).
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -201,7 +207,7 @@ def random_config(
                 block["sinks"] = logits
         return block
 
-    def ffn_block() -> dict[str, Any]:
+    def dense_ffn() -> dict[str, Any]:
         ffn: dict[str, Any] = {"W_1": matrix(d_model, dff), "W_2": matrix(dff, d_model)}
         if biases:
             ffn["b_1"], ffn["b_2"] = vector(dff), vector(d_model)
@@ -209,6 +215,14 @@ def random_config(
             ffn["W_3"] = matrix(d_model, dff)
             if biases:
                 ffn["b_3"] = vector(dff)
+        return ffn
+
+    def ffn_block() -> dict[str, Any]:
+        if experts is None:
+            ffn = dense_ffn()
+        else:  # (a router of larger logits, so that the choice is clear-cut)
+            ffn = {"router": (2 * np.array(matrix(d_model, experts))).tolist()}
+            ffn["experts"] = [dense_ffn() for _ in range(experts)]
         if parallel != "shared":
             ffn["norm"] = norm_params()
         if norm_position == "sandwich":
@@ -251,6 +265,9 @@ def random_config(
         "attn_softcap": attn_softcap,
         "logit_softcap": logit_softcap,
         "attn_sinks": attn_sinks or None,
+        "experts": experts,
+        "experts_top_k": experts_top_k,
+        "experts_normalize": experts_normalize,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {

@@ -72,6 +72,11 @@ class Hyper:
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
     qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3);
     # "projection": all of q_proj(x) normalised over H·d_k, k_proj(x) over H_kv·d_k (OLMo 2)
+    # a mixture of experts (Mixtral): E experts (0: a dense FFN), each token to its top k,
+    # their probabilities renormalised to sum to 1 when experts_normalize
+    experts: int = 0
+    experts_top_k: int = 0
+    experts_normalize: bool = True
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -130,6 +135,9 @@ def hyper(model: dict[str, Any]) -> Hyper:
         rope_dims=int(model.get("rope_dims") or d_k),
         parallel=model.get("parallel", "none"),
         qk_norm=model.get("qk_norm", "none"),
+        experts=int(model.get("experts") or 0),
+        experts_top_k=int(model.get("experts_top_k") or 0),
+        experts_normalize=bool(model.get("experts_normalize", True)),
     )
 
 
@@ -650,6 +658,33 @@ def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
     return tr.rec(f"{path}.out", act @ param(ffn, "W_2", (d_ff, d)) + param(ffn, "b_2", (d,), 0.0))
 
 
+def ffn_sublayer(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
+    """The FFN sublayer: dense, or a sparse mixture of experts (Mixtral's sparse MoE block,
+    written as Hugging Face writes it): router logits x W_r, softmax, torch.topk, the k
+    weights renormalised (experts_normalize), each expert on its tokens' rows only, their
+    weighted outputs added with index_add_ in expert order. [n, d_model] -> [n, d_model]"""
+    if not hp.experts:
+        return feed_forward(x, ffn, hp, tr, path)
+    E, k = hp.experts, hp.experts_top_k
+    logits = tr.rec(f"{path}.router", x @ param(ffn, "router", (hp.d_model, E)))
+    probs = tr.rec(f"{path}.route_prob", torch.softmax(logits, dim=-1))
+    top, chosen = torch.topk(probs, k, dim=-1)
+    if hp.experts_normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    tr.rec(f"{path}.routed", torch.zeros_like(probs).scatter(1, chosen, top))
+    out = torch.zeros_like(x)
+    for e in range(E):
+        token, slot = torch.where(chosen == e)
+        if len(token) == 0:
+            continue
+        order = torch.argsort(token)  # (the tokens in order, as the steps' rows)
+        token, slot = token[order], slot[order]
+        x_e = tr.rec(f"{path}.e{e}.x", x[token])
+        y = feed_forward(x_e, ffn["experts"][e], hp, tr, f"{path}.e{e}")
+        out.index_add_(0, token, y * top[token, slot, None])
+    return tr.rec(f"{path}.out", out)
+
+
 def sublayer_input(x: Tensor, block: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
     """What a sublayer reads: x with post-norm (the paper, 3.1) and OLMo 2's output norm,
     Norm(x) with pre-norm and Gemma 2's sandwich (its input_layernorm). [n, d]"""
@@ -695,7 +730,7 @@ def parallel_layer(
         ln2 = ln1
     else:
         ln2 = tr.rec(f"{path}.ffn.norm", normalise(x, ffn.get("norm", {}), hp))
-    mlp_out = feed_forward(ln2, ffn, hp, tr, f"{path}.ffn")
+    mlp_out = ffn_sublayer(ln2, ffn, hp, tr, f"{path}.ffn")
     return tr.rec(f"{path}.ffn.residual", mlp_out + attn_out + x)
 
 
@@ -743,7 +778,7 @@ def run_stack(
             y = multi_head_attention(h, memory, cross, cross_mask, lhp, tr, f"{path}.cross_attn")
             x = sublayer_output(x, y, cross, lhp, tr, f"{path}.cross_attn")
         h = sublayer_input(x, ffn, lhp, tr, f"{path}.ffn")
-        y = feed_forward(h, ffn, lhp, tr, f"{path}.ffn")
+        y = ffn_sublayer(h, ffn, lhp, tr, f"{path}.ffn")
         x = sublayer_output(x, y, ffn, lhp, tr, f"{path}.ffn")
     if hp.final_norm:
         x = tr.rec(f"{name}.final_norm", normalise(x, weights.get(f"{name}_final_norm", {}), hp))

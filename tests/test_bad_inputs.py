@@ -2965,6 +2965,131 @@ SINKS = [
 ]  # fmt: skip
 
 
+# A mixture of experts (model.experts, experts_top_k, experts_normalize; ffn.router, experts)
+MOE_DEC = NEOX_DEC.replace("rope\n", "rope\n  experts: 2\n  experts_top_k: 1\n")
+MOE = [
+    case(
+        "experts-top-k-missing",
+        NEOX_DEC.replace("rope\n", "rope\n  experts: 4\n"),
+        "model.experts_top_k",
+        "model:",
+        "missing required key experts_top_k",
+        "expected a whole number from 1 to model.experts (4)",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-top-k-above-experts",
+        NEOX_DEC.replace("rope\n", "rope\n  experts: 4\n  experts_top_k: 5\n"),
+        "model.experts_top_k",
+        "experts_top_k",
+        "more experts per token than model.experts (4)",
+        "expected a whole number from 1 to 4, found 5",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-top-k-without-experts",
+        NEOX_DEC.replace("rope\n", "rope\n  experts_top_k: 2\n"),
+        "model.experts_top_k",
+        "experts_top_k",
+        "a setting of a mixture of experts, and model.experts is not given",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-normalize-text",
+        MOE_DEC.replace("top_k: 1\n", "top_k: 1\n  experts_normalize: yes please\n"),
+        "model.experts_normalize",
+        "experts_normalize",
+        "not a boolean",
+        "expected true or false",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-zero",
+        MOE_DEC.replace("experts: 2", "experts: 0"),
+        "model.experts",
+        "experts: 0",
+        "must be at least 1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-dense-W-1",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        W_1: [[1]]\n",
+        "weights.decoder.0.ffn.W_1",
+        "W_1",
+        "with model.experts (2) each expert has its own W_1",
+        "expected weights.decoder.0.ffn.experts.<e>.W_1 (e from 0 to 1)",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-router-in-a-dense-ffn",
+        NEOX_DEC + "weights:\n  decoder:\n    - ffn:\n        router: [[1]]\n",
+        "weights.decoder.0.ffn.router",
+        "router",
+        "router belongs to a mixture of experts, and model.experts is not given",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-too-many",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        experts: [{}, {}, {}]\n",
+        "weights.decoder.0.ffn.experts.2",
+        "experts: [",
+        "more experts than model.experts (2)",
+        "found 3 experts",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-unknown-key",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        experts: [{W_q: [[1]]}]\n",
+        "weights.decoder.0.ffn.experts.0.W_q",
+        "W_q",
+        "unknown key 'W_q'",
+        "expected one of: W_1, b_1, W_3, b_3, W_2, b_2",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-router-shape",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        router: [[1, 2]]\n",
+        "weights.decoder.0.ffn.router",
+        "router",
+        "expected shape 8 x 2 (d_model x experts), found shape 1 x 2",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-W-3-ungated",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        experts: [{}, {W_3: [[1]]}]\n",
+        "weights.decoder.0.ffn.experts.1.W_3",
+        "W_3",
+        "W_3 is the up projection of a gated FFN, but model.activation is relu",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-W-1-shape",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        experts: [{}, {W_1: [[1]]}]\n",
+        "weights.decoder.0.ffn.experts.1.W_1",
+        "W_1",
+        "expected shape 8 x 32 (d_model x d_ff), found shape 1 x 1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-not-a-list",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        experts: {W_1: 3}\n",
+        "weights.decoder.0.ffn.experts",
+        "experts: {",
+        "not a list",
+        "expected a list of 2 (one entry per expert), found a mapping",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-set-off-leaves-top-k",
+        MOE_DEC,
+        "model.experts_top_k",
+        "experts_top_k",
+        "model.experts is not given (a dense FFN) (model.experts set by --set)",
+        args=("decode", "{file}", "--set", "model.experts=null"),
+    ),
+]  # fmt: skip
+
+
 CORPUS = [
     *LONG_TEXT,
     *SHAPES,
@@ -2987,6 +3112,7 @@ CORPUS = [
     *GEMMA2,
     *GEMMA3,
     *SINKS,
+    *MOE,
 ]
 
 

@@ -429,8 +429,9 @@ def _every_option() -> dict[str, Config]:
 EVERY_OPTION = _every_option()
 
 
-def _symbols(cfg: Config, path: str) -> dict[str, int]:
-    """Each symbol of the ledger's formulas for the step at `path`, from the config."""
+def _symbols(cfg: Config, path: str, rows: int) -> dict[str, int]:
+    """Each symbol of the ledger's formulas for the step at `path` of `rows` rows, from the
+    config (a mixture's expert: L is its rows, the tokens routed to it)."""
     m = cfg.model
     L_src = len(cfg.source) if cfg.source is not None and m.encoder_layers else 0
     L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
@@ -440,7 +441,10 @@ def _symbols(cfg: Config, path: str) -> dict[str, int]:
         L_q = L_k = L_src
     else:
         L_q = L_k = L_tgt
+    if re.search(r"\.ffn\.e\d+\.", path):
+        L_q = rows
     return {
+        "E": m.experts, "k": m.experts_top_k,
         "L_q": L_q, "L_k": L_k, "L": L_q, "H": m.n_heads, "H_kv": m.n_kv_heads,
         "d_model": m.d_model, "d_k": m.d_k,
         "d_v": m.d_v, "d_a": m.d_a or m.d_k, "d_ff": m.d_ff, "V": len(cfg.vocab),
@@ -463,9 +467,12 @@ def _expected_by_kind(cfg: Config) -> dict[str, int]:
         kinds["attention"] += H * (Lq * inner * Lk + Lq * Lk * dv)  # scores, A V
 
     def ffn(L: int) -> None:  # W_1 and W_2, and a gated FFN's W_3
+        # a mixture of experts: the router, the L·k token-expert pairs, the weighted sum
+        pairs = L * m.experts_top_k if m.experts else L
         kinds["ffn"] += (
-            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * L * d * dff
+            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * pairs * d * dff
         )
+        kinds["ffn"] += (L * d * m.experts + pairs * d) if m.experts else 0
 
     L_src = len(cfg.source) if m.encoder_layers and cfg.source is not None else 0
     L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
@@ -496,7 +503,7 @@ def test_every_formula_names_the_sizes_its_numbers_are() -> None:
             if c.kind == "elementwise":
                 assert c.macs == 0 and c.formula.startswith("—") and c.terms == ()
                 continue
-            values = _symbols(cfg, c.path)
+            values = _symbols(cfg, c.path, c.shape[0])
             factors = re.split(r"·(?![^(]*\))", c.formula)  # not inside (H·d_v)
             evaluated = tuple(
                 math.prod(values[s] for s in f.strip("()").split("·")) for f in factors
@@ -514,7 +521,7 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     array an earlier step holds (grouped-query attention: a K/V head's K and V, recorded
     in each query head of its group, are computed once)."""
     products = {"q", "q_raw", "k", "k_raw", "v", "q_a", "k_a", "q_b", "scores", "context",
-                "wo", "hidden", "up", "out", "logits_raw", "logits"}  # fmt: skip
+                "wo", "hidden", "up", "out", "logits_raw", "logits", "router"}  # fmt: skip
     for name, cfg in EVERY_OPTION.items():
         trace = run(cfg)
         ledger = cost.ledger(cfg)
@@ -543,6 +550,8 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
             if step.stage in products and not (rotated or normed or columns or again or capped):
                 first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
                 want = math.prod(step.shape) * first.shape[-1]
+                if step.path.endswith(".ffn.out") and cfg.model.experts:  # Σ of k outs each
+                    want = math.prod(step.shape) * int((first > 0).sum()) // len(first)
             assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)
 
 

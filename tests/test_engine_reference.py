@@ -500,6 +500,47 @@ SHAPES = [
         tgt_len=4,
         attn_sinks=True,
     ),
+    # a mixture of experts (model.experts): Mixtral's shape (LLaMA's, grouped-query, 4
+    # experts, top 2, renormalised); Qwen-MoE's norm_topk_prob false (not renormalised) in a
+    # padded encoder-decoder with biases, post-norm ReLU, 3 of 5 experts; and one expert per
+    # token (top 1 of 3) in GPT-NeoX's parallel layers, tanh GeGLU
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        biases=False,
+        tgt_len=6,
+        experts=4,
+        experts_top_k=2,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        d_ff=5,
+        decoder_layers=1,
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+        experts=5,
+        experts_top_k=3,
+        experts_normalize=False,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        parallel="separate",
+        activation="geglu_tanh",
+        positional="rope",
+        tgt_len=5,
+        experts=3,
+        experts_top_k=1,
+    ),
 ]
 
 

@@ -158,6 +158,17 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
                tgt_len=3, attn_sinks=True),
         1.7,
     ),
+    # a mixture of experts: Mixtral's shape (2 of 4, renormalised), and 2 of 3 kept as
+    # they are in an encoder-decoder with biases
+    "experts_mixtral": _model(
+        d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, norm_position="pre",
+        norm="rms", positional="rope", rope_pairs="halves", activation="swiglu", biases=False,
+        tgt_len=5, experts=4, experts_top_k=2,
+    ),
+    "experts_unnormalized_cross": _model(
+        d_model=4, n_heads=2, d_ff=3, decoder_layers=1, src_len=4, tgt_len=3, experts=3,
+        experts_top_k=2, experts_normalize=False,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

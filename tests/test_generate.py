@@ -299,6 +299,30 @@ SINKS = [
         attn_sinks=True,
     ),
 ]
+# a mixture of experts (model.experts): Mixtral's shape, each new token routed on its own
+# through the cache; and an encoder-decoder one, 2 of 3 experts, not renormalised
+MOE = [
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        tgt_len=3,
+        experts=4,
+        experts_top_k=2,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        pad=True,
+        src_len=4,
+        experts=3,
+        experts_top_k=2,
+        experts_normalize=False,
+    ),
+]
 
 
 # ---------------------------------------------------------------------------
@@ -328,7 +352,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS + MOE,
     ids=shape_id,
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
@@ -385,7 +409,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS,
+    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS + MOE,
     ids=shape_id,
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:

@@ -123,6 +123,8 @@ def test_the_config_reference_gives_the_defaults_the_code_has() -> None:
         ),
         "null (unlimited)": (0, base.window),
         "null (all of d_k)": ((0, m.d_k), (m.rope_dims, m.rotary_dims)),
+        "null (a dense FFN)": (0, base.experts),
+        "required beside `experts`": (0, base.experts_top_k),
     }
     for key, default, _ in _table("`model` key"):
         key = key.strip("`")

@@ -83,6 +83,9 @@ MODEL_KEYS = [
     "attn_softcap",
     "logit_softcap",
     "attn_sinks",
+    "experts",
+    "experts_top_k",
+    "experts_normalize",
 ]
 TOP_KEYS = [
     "title",
@@ -275,6 +278,12 @@ class ModelConfig:
     # attention sinks (GPT-OSS): each self-attention head's learned logit s_h joins every
     # softmax row's denominator and is dropped, A[i,j] = e^S[i,j] / (Σ_k e^S[i,k] + e^s_h)
     attn_sinks: bool = False
+    # a mixture of experts (Mixtral): each FFN is `experts` expert FFNs and a router that
+    # sends each token to the experts_top_k of largest probability, their probabilities
+    # renormalised to sum to 1 when experts_normalize; 0 (not given): one dense FFN
+    experts: int = 0
+    experts_top_k: int = 0
+    experts_normalize: bool = True
 
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
@@ -407,9 +416,33 @@ class FFNWeights:
 
 
 @dataclass(frozen=True, eq=False)
+class MoEWeights:
+    """A mixture-of-experts FFN (model.experts): the router and each expert's FFN, whose
+    `norm` is this block's (one norm before the router, not one per expert)."""
+
+    router: np.ndarray  # [d_model, E]: the router's logits are X W_r
+    experts: tuple[FFNWeights, ...]
+    norm: NormWeights
+    post_norm: NormWeights | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The router and each expert's weights that are set, by their key below the FFN."""
+        out = {"router": self.router}
+        for e, fw in enumerate(self.experts):
+            out |= {f"experts.{e}.{k}": v for k, v in ffn_arrays(fw).items()}
+        return out
+
+
+def ffn_arrays(fw: FFNWeights) -> dict[str, np.ndarray]:
+    """A dense FFN's weights that are set, by key (W_1, b_1, W_3, b_3, W_2, b_2)."""
+    keys = ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2")
+    return {k: getattr(fw, k) for k in keys if getattr(fw, k) is not None}
+
+
+@dataclass(frozen=True, eq=False)
 class LayerWeights:
     self_attn: AttentionWeights
-    ffn: FFNWeights
+    ffn: FFNWeights | MoEWeights
     cross_attn: AttentionWeights | None = None  # decoder layers of an encoder-decoder only
 
 
@@ -588,9 +621,8 @@ class Config:
                         out[f"{base}.post_norm.beta"] = aw.post_norm.beta
                 base = f"weights.{stack}.{l}.ffn"
                 f = layer.ffn
-                for k in ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2"):
-                    if getattr(f, k) is not None:
-                        out[f"{base}.{k}"] = getattr(f, k)
+                own = f.arrays() if isinstance(f, MoEWeights) else ffn_arrays(f)
+                out |= {f"{base}.{k}": v for k, v in own.items()}
                 if self.model.parallel != "shared":  # (else it is self_attn.norm)
                     out[f"{base}.norm.gamma"] = f.norm.gamma
                     out[f"{base}.norm.beta"] = f.norm.beta
@@ -1649,6 +1681,9 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     sinks = m.attn_sinks  # each head's sink step, one number a query row (and the sink)
     attn += H * (L + 1) * sinks
     ffn = L * (2 * dff + 3 * d + 2)
+    # a mixture of experts: router, route_prob, routed; each of the L·k token-expert
+    # pairs' x, hidden, act, up, gated and out
+    ffn += L * (3 * m.experts + m.experts_top_k * (4 * dff + 2 * d))
     sandwich = m.norm_position == "sandwich"  # post_norm and its statistics, each sublayer
     attn += L * (d + 2) if sandwich else 0
     ffn += L * (d + 2) if sandwich else 0
@@ -1668,7 +1703,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     steps = (
         blocks * ((20 if m.qk_norm != "none" else 14) * H + 6 + 3 * sandwich)
         + blocks * 12 * (m.qk_norm == "projection")
-        + (enc + dec) * (7 + 3 * sandwich)
+        + (enc + dec) * (7 + 3 * sandwich + (3 + 6 * m.experts) * (m.experts > 0))
         + stacks * (9 + typed)
         + 3
         + blocks * H * capped
@@ -2511,6 +2546,7 @@ class _Validator:
             attn_softcap=self.softcap(m.get("attn_softcap"), p + "attn_softcap", score),
             logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
             attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
+            **self.experts(m),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
@@ -2849,6 +2885,45 @@ class _Validator:
             )
         return tuple(float(x) for x in slopes)
 
+    def experts(self, m: dict[str, Any]) -> dict[str, Any]:
+        """model.experts E (null or absent: a dense FFN), experts_top_k k, 1 <= k <= E,
+        required beside it, and experts_normalize (default true, Mixtral's); the two are
+        refused without experts. -> ModelConfig's experts, experts_top_k, experts_normalize"""
+        if m.get("experts") is None:
+            for key in ("experts_top_k", "experts_normalize"):
+                if m.get(key) is not None:
+                    raise self.ctx.err(
+                        f"model.{key}",
+                        f"{key} is a setting of a mixture of experts, and model.experts is "
+                        "not given (a dense FFN)" + self.ctx.set_by("model.experts"),
+                        expected=f"model.experts: the number of experts beside model.{key}, "
+                        f"or no {key}",
+                        found_text=f"{key} without experts",
+                    )
+            return {}
+        E = self.integer(m["experts"], "model.experts", 1)
+        if m.get("experts_top_k") is None:
+            raise self.ctx.err(
+                "model.experts_top_k",
+                "missing required key experts_top_k (how many experts each token is sent to)",
+                expected=f"a whole number from 1 to model.experts ({E})",
+            )
+        k = self.integer(m["experts_top_k"], "model.experts_top_k", 1)
+        if k > E:
+            raise self.ctx.err(
+                "model.experts_top_k",
+                f"more experts per token than model.experts ({E})"
+                + self.ctx.set_by("model.experts"),
+                expected=f"a whole number from 1 to {E}",
+                found_text=str(k),
+            )
+        normalize = m.get("experts_normalize", True)
+        return {
+            "experts": E,
+            "experts_top_k": k,
+            "experts_normalize": self.boolean(normalize, "model.experts_normalize"),
+        }
+
     def windows(
         self, value: Any, path: str, encoder_layers: int, decoder_layers: int
     ) -> dict[str, Any]:
@@ -2939,6 +3014,7 @@ class _Validator:
         attn += 2 * d if m.norm_position == "sandwich" else 0  # post_norm's gamma and beta
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
         ffn = 2 * d * dff + dff + (5 if m.norm_position == "sandwich" else 3) * d
+        ffn += m.experts * (3 * d * dff + 2 * dff + d) + d * m.experts  # experts, router
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
@@ -2948,7 +3024,7 @@ class _Validator:
         total += trace_size(m, max(lengths, default=1), V)
         # The weight arrays, at most: per head 6, 3 score weights, a rel_bias and a sink; per block W_o,
         # b_o, gamma, beta and QK-norm's 4; per FFN 6; an embedding per token; a few more.
-        total += OBJECT_COST * (blocks * (11 * H + 8) + (enc + dec) * 6 + V + 8)
+        total += OBJECT_COST * (blocks * (11 * H + 8) + (enc + dec) * 6 * (1 + m.experts) + V + 8)
         if total > self.max_elements:
             # every size the bound grows with, so that the one at fault is in sight
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
@@ -3696,11 +3772,14 @@ class _Validator:
 
     def ffn(
         self, value: Any, path: str, m: ModelConfig, shared: NormWeights | None = None
-    ) -> FFNWeights:
-        """An FFN's weights; with a `shared` norm (model.parallel: shared, the attention's),
-        it has none of its own, and giving one is refused."""
+    ) -> FFNWeights | MoEWeights:
+        """An FFN's weights (a mixture of experts' with model.experts); with a `shared`
+        norm (model.parallel: shared, the attention's), it has none of its own, and giving
+        one is refused."""
         p = f"weights.{path}"
-        f = self.mapping(value, p, ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2", "norm", "post_norm"))
+        keys = ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2")
+        moe = ("router", "experts")
+        f = self.mapping(value, p, (*keys, *moe, "norm", "post_norm"))
         if shared is not None and f.get("norm") is not None:
             raise self.ctx.err(
                 f"{p}.norm",
@@ -3710,6 +3789,58 @@ class _Validator:
                 "self_attn.norm), or model.parallel: separate",
                 found_text="model.parallel: shared",
             )
+        own = [k for k in (moe if not m.experts else keys) if f.get(k) is not None]
+        if own and m.experts:
+            raise self.ctx.err(
+                f"{p}.{own[0]}",
+                f"with model.experts ({m.experts}) each expert has its own {own[0]}"
+                + self.ctx.set_by("model.experts"),
+                expected=f"{p}.experts.<e>.{own[0]} (e from 0 to {m.experts - 1}), or no "
+                "model.experts (a dense FFN)",
+                found_text=f"{own[0]} of the whole FFN",
+            )
+        if own:
+            raise self.ctx.err(
+                f"{p}.{own[0]}",
+                f"{own[0]} belongs to a mixture of experts, and model.experts is not given"
+                + self.ctx.set_by("model.experts"),
+                expected=f"model.experts and model.experts_top_k beside {own[0]}, or no {own[0]}",
+                found_text=f"{own[0]} in a dense FFN",
+            )
+        norm = self.norm(f.get("norm"), f"{p}.norm", m.d_model) if shared is None else shared
+        post_norm = self.post_norm(f.get("post_norm"), f"{p}.post_norm", m)
+        if not m.experts:
+            return self.dense_ffn(f, path, m, norm, post_norm)
+        E = m.experts
+        router = self.weight(
+            f, "router", f"{p}.router", f"{path}.router", (m.d_model, E), "d_model x experts"
+        )
+        entries = self.bounded_list(
+            f.get("experts"), f"{p}.experts", E, "expert", "experts", "model.experts"
+        )
+        experts = tuple(
+            self.dense_ffn(
+                self.mapping(entries[e] if e < len(entries) else None, f"{p}.experts.{e}", keys),
+                f"{path}.experts.{e}",
+                m,
+                norm,
+                None,
+            )
+            for e in range(E)
+        )
+        return MoEWeights(router=router, experts=experts, norm=norm, post_norm=post_norm)
+
+    def dense_ffn(
+        self,
+        f: dict[str, Any],
+        path: str,
+        m: ModelConfig,
+        norm: NormWeights,
+        post_norm: NormWeights | None,
+    ) -> FFNWeights:
+        """A dense FFN's W_1, b_1, (gated: W_3, b_3), W_2, b_2 under `path` (a mixture's
+        expert: `decoder.0.ffn.experts.1`), drawn by the SPEC's rule where not given."""
+        p = f"weights.{path}"
         if not m.gated:
             for key in ("W_3", "b_3"):
                 if f.get(key) is not None:
@@ -3729,8 +3860,8 @@ class _Validator:
                 f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model), "d_ff x d_model"
             ),
             b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
-            norm=self.norm(f.get("norm"), f"{p}.norm", m.d_model) if shared is None else shared,
-            post_norm=self.post_norm(f.get("post_norm"), f"{p}.post_norm", m),
+            norm=norm,
+            post_norm=post_norm,
         )
 
     def refuse_up(self, where: str, key: str, m: ModelConfig) -> NoReturn:

@@ -90,6 +90,26 @@ def pairs_w(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
     return None
 
 
+def routed_sum(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """Σ_e W[i,e] · Y_e[r] (a mixture of experts' ffn.out): W is L × E, each chosen
+    expert's out n_e × d, and every token's row is k of the Σ n_e = L·k rows, each
+    scaled and added: L·k·d multiply-adds."""
+    if len(inputs) < 2 or len(inputs[0]) != 2 or len(shape) != 2:
+        return None
+    (L, E), outs = inputs[0], inputs[1:]
+    rows = sum(y[0] for y in outs if len(y) == 2 and y[1] == shape[1])
+    each = all(0 < y[0] <= L for y in outs)  # (an expert computes some of the L tokens)
+    if (
+        each
+        and len(outs) <= E
+        and shape[0] == L
+        and rows == sum(y[0] for y in outs)
+        and rows % L == 0
+    ):
+        return L, rows // L, shape[1]
+    return None
+
+
 @dataclass(frozen=True)
 class Product:
     """A step made by a matrix product: its kind, its multiply-adds in symbols (rows ·
@@ -226,7 +246,15 @@ COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "act": (FREE,),
     "up": (Product("ffn", "L·d_model·d_ff", x_w),),  # a gated FFN's second product
     "gated": (FREE,),  # act ⊙ U, elementwise
-    "out": (Product("ffn", "L·d_ff·d_model", x_w),),
+    "router": (Product("ffn", "L·d_model·E", x_w),),  # a mixture of experts' router
+    "route_prob": (FREE,),
+    "routed": (FREE,),  # the top-k choice and its weights
+    "x": (FREE,),  # the rows routed to an expert: a copy
+    # a dense FFN's (and an expert's, on its L_e rows), or a mixture's weighted sum
+    "out": (
+        Product("ffn", "L·d_ff·d_model", x_w),
+        Product("ffn", "L·k·d_model", routed_sum),  # each token's k outs, weighted
+    ),
     "embed_norm": (FREE,),
     "final_norm": (FREE,),
     "output": (FREE,),
@@ -292,16 +320,26 @@ def ledger(cfg: Config) -> list[Cost]:
     tr = ShapeTracer()
     with np.errstate(all="ignore"):  # the numbers are not shown: their overflow is no news
         model.run_full(cfg, tr)
-    return [cost_of(path, shape, inputs, again) for path, shape, inputs, again in tr.shapes]
+    experts = cfg.model.experts > 0
+    return [
+        cost_of(path, shape, inputs, again, experts) for path, shape, inputs, again in tr.shapes
+    ]
 
 
 def classify(
-    path: str, shape: Shape, inputs: Sequence[Shape]
+    path: str, shape: Shape, inputs: Sequence[Shape], experts: bool | None = None
 ) -> tuple[Product | Free | Normed | Columns, tuple[int, ...]]:
     """How a recorded step is computed (its entry in COSTS) and its terms; an error
-    (a bug, not bad input) when no way, or more than one, fits."""
+    (a bug, not bad input) when no way, or more than one, fits. `experts`: whether the
+    model's FFNs are mixtures, whose ffn.out alone is a weighted sum (its shapes can be
+    those of a product too: one expert for all L = E tokens)."""
     entry = stage_of(path)
     ways = COSTS.get(entry.key, ()) if entry is not None else ()
+    if experts is not None and entry is not None and entry.key == "out":
+        summed = experts and path.endswith(".ffn.out")
+        ways = tuple(
+            w for w in ways if (isinstance(w, Product) and w.layout is routed_sum) == summed
+        )
     fits = [(way, terms) for way in ways if (terms := way.fit(shape, inputs)) is not None]
     if len(fits) != 1:
         raise LookupError(
@@ -311,10 +349,17 @@ def classify(
     return fits[0]
 
 
-def cost_of(path: str, shape: Shape, inputs: Sequence[Shape], again: bool = False) -> Cost:
+def cost_of(
+    path: str,
+    shape: Shape,
+    inputs: Sequence[Shape],
+    again: bool = False,
+    experts: bool | None = None,
+) -> Cost:
     """The step's cost; `again`: its array was recorded before (a K/V head's K or V in
-    another query head of its group), and a product is not made twice."""
-    way, terms = classify(path, shape, inputs)
+    another query head of its group), and a product is not made twice; `experts`: as
+    `classify`."""
+    way, terms = classify(path, shape, inputs, experts)
     stage = path.rsplit(".", 1)[-1]
     if again and (isinstance(way, Product) or way.of is not None):  # (a rotation, norm neither)
         return Cost(path, stage, "elementwise", shape, SHARED, (), 0)

@@ -982,7 +982,7 @@ def _masked(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _temperature(ctx: _Ctx, step: Step) -> float:
-    if step.stage == "probs":
+    if step.stage in ("probs", "route_prob"):  # (model.temperature is the attention's)
         return 1.0
     if isinstance(ctx.cfg, Config):
         return ctx.cfg.model.temperature
@@ -1533,6 +1533,137 @@ def _gated(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     )
 
 
+# A mixture of experts (model.experts): the steps under <stack>.<l>.ffn, each expert's
+# under ffn.e<e>. The choice is the engine's, ops.top_experts of the recorded
+# route_prob: each row's k largest, ties to the lowest index.
+
+
+def _ffn_scope(path: str) -> str:
+    """`decoder.0.ffn.` of any step under that FFN (an expert's `decoder.0.ffn.e1.out`)."""
+    return path[: path.rindex(".ffn.") + len(".ffn.")]
+
+
+def _chosen(ctx: _Ctx, path: str) -> np.ndarray:
+    """Each token's chosen experts in the FFN of the step at `path`, largest first. [L, k]"""
+    assert isinstance(ctx.cfg, Config)
+    probs = ctx.trace.value(_ffn_scope(path) + "route_prob")
+    return ops.top_experts(probs, ctx.cfg.model.experts_top_k)
+
+
+def _expert_rows(ctx: _Ctx, path: str, e: int) -> np.ndarray:
+    """The tokens expert e computed, in order: the rows of its steps (e<e>.x)."""
+    return np.flatnonzero((_chosen(ctx, path) == e).any(axis=-1))
+
+
+def _labels(experts: Iterable[int]) -> str:
+    return ", ".join(f"e{int(e)}" for e in experts)
+
+
+def _routed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A token's weight of an expert: 0 unless the expert is among its k largest P, else
+    P (renormalised: P over the sum of the k chosen ones)."""
+    assert isinstance(ctx.cfg, Config)
+    m, f = ctx.cfg.model, ctx.f
+    i, e = cell
+    p_name = step.inputs[0]
+    P = ctx.get(p_name)
+    chosen = [int(c) for c in _chosen(ctx, step.path)[i]]
+    where = [
+        f"P{i} = {ctx.row_of(p_name, i)} = {f.vec(P[i])}",
+        f"the k = {m.experts_top_k} experts of largest P[{i},·]: {_labels(chosen)} (model."
+        "experts_top_k; of equal ones the lowest index)",
+    ]
+    operands = {f"P{i}": [float(x) for x in P[i]]}
+    if e not in chosen:
+        return _Parts([], 0.0, where, operands, note=f"e{e} is not chosen for row {i}")
+    p = float(P[i, e])
+    if not m.experts_normalize:
+        where.append("not renormalised (model.experts_normalize false): the weight is P")
+        return _Parts([f"P[{i},{e}]", f.num(p)], p, where, operands)
+    picked = [float(P[i, c]) for c in chosen]
+    total = 0.0
+    for x in picked:  # (as numpy sums the k chosen, largest first)
+        total += x
+    where.append("renormalised (model.experts_normalize): divided by the chosen ones' sum")
+    return _Parts(
+        [
+            f"P[{i},{e}] / ({' + '.join(f'P[{i},{c}]' for c in chosen)})",
+            f"{f.num(p)} / ({_sum(f, picked)})",
+            f"{f.num(p)} / {f.num(total)}",
+        ],
+        _div(p, total),
+        where,
+        operands,
+    )
+
+
+def _expert_input(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """Row r of an expert's X_e: the row of X of the r-th token routed to it."""
+    r, j = cell
+    e = int(step.path.rsplit(".", 2)[-2][1:])
+    x_name = step.inputs[0]
+    i = int(_expert_rows(ctx, step.path, e)[r])
+    chosen = [int(c) for c in _chosen(ctx, step.path)[i]]
+    v = float(ctx.get(x_name)[i, j])
+    return _Parts(
+        [f"X[{i},{j}]", ctx.f.num(v)],
+        v,
+        [
+            f"X = {x_name}; row {r} of X_e is {ctx.row_of(x_name, i)}, the {_nth(r)} token "
+            f"whose chosen experts ({_labels(chosen)}, routed) include e{e}"
+        ],
+        {f"X[{i},{j}]": [v]},
+    )
+
+
+def _nth(r: int) -> str:
+    """0 -> 1st, 1 -> 2nd, ... (row r counted from 1)."""
+    n = r + 1
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _ffn_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A dense FFN's (or an expert's) out, a product; a mixture of experts' ffn.out, the
+    sum of its chosen experts' outs, weighted."""
+    assert isinstance(ctx.cfg, Config)
+    if not ctx.cfg.model.experts or not step.path.endswith(".ffn.out"):
+        return _linear(ctx, step, cell)
+    f = ctx.f
+    i, j = cell
+    w_name = step.inputs[0]
+    W = ctx.get(w_name)
+    scope = _ffn_scope(step.path)
+    experts = sorted(int(c) for c in _chosen(ctx, step.path)[i])  # (summed in index order)
+    ws, ys, where, symbols, read = [], [], [], [], [w_name]
+    for e in experts:
+        r = int(np.flatnonzero(_expert_rows(ctx, step.path, e) == i)[0])
+        y_name = f"{scope}e{e}.out"
+        ws.append(float(W[i, e]))
+        ys.append(float(ctx.get(y_name)[r, j]))
+        symbols.append(f"W[{i},{e}] · Y{e}[{r},{j}]")
+        where.append(f"Y{e} = {y_name}: its row {r} is {ctx.row_of(y_name, r)}")
+        read.append(y_name)
+    total = 0.0
+    for w, y in zip(ws, ys, strict=True):  # (as the engine adds: one expert at a time)
+        total += w * y
+    text = " + ".join(
+        f"{f.fac(w) if k else f.num(w)}×{f.fac(y)}"
+        for k, (w, y) in enumerate(zip(ws, ys, strict=True))
+    )
+    return _Parts(
+        [" + ".join(symbols), text],
+        total,
+        [
+            f"W = {w_name}: row {i}'s chosen experts {_labels(experts)} = "
+            + f.vec([W[i, e] for e in experts]),
+            *where,
+        ],
+        {f"W[{i},·]": ws, f"Y[·][{j}]": ys},
+        inputs=tuple(read),
+    )
+
+
 def _embed(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     assert isinstance(ctx.cfg, Config)
     i, j = cell
@@ -1774,11 +1905,15 @@ EXPLAINERS: dict[str, Explainer] = {
     "rms": _rms,
     "centered": _centered,
     "norm_out": _norm_out,
+    "router": _linear,
+    "route_prob": _softmax,
+    "routed": _routed,
+    "x": _expert_input,
     "hidden": _linear,
     "act": _act,
     "up": _linear,
     "gated": _gated,
-    "out": _linear,
+    "out": _ffn_out,
     "embed_norm": _norm,
     "final_norm": _norm,
     "output": _output,

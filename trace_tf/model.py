@@ -27,6 +27,7 @@ from trace_tf.config import (
     HeadWeights,
     LayerWeights,
     ModelConfig,
+    MoEWeights,
     NormWeights,
     ScoreWeights,
     Sequence_,
@@ -852,6 +853,86 @@ def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRA
     )
 
 
+def ffn_sublayer(
+    x: Array, fw: FFNWeights | MoEWeights, m: ModelConfig, tr: Tracer = NULL_TRACER
+) -> Array:
+    """The FFN sublayer: one dense FFN, or a mixture of experts (model.experts). [L, d] -> [L, d]"""
+    if isinstance(fw, MoEWeights):
+        return mixture_of_experts(x, fw, m, tr)
+    return feed_forward(x, fw, m, tr)
+
+
+def expert_labels(E: int) -> tuple[str, ...]:
+    """The experts as a step's columns and scopes name them: e0, e1, ... (as heads h0, h1)."""
+    return tuple(f"e{e}" for e in range(E))
+
+
+def routed_formula(m: ModelConfig) -> str:
+    """The `routed` step's formula: the top-k rule, its ties and the renormalisation."""
+    k = m.experts_top_k
+    top = f"e among the k = {k} of largest P[i,·] in row i (ties: the lowest index)"
+    if m.experts_normalize:
+        return f"W[i,e] = P[i,e] / Σ_(c chosen) P[i,c] for {top}, else 0 (renormalised)"
+    return f"W[i,e] = P[i,e] for {top}, else 0 (not renormalised)"
+
+
+def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
+    """A sparse mixture of experts (Mixtral; Shazeer et al. 2017): the router's logits
+    X W_r, their softmax over the E experts, each token's k most probable experts and
+    their weights (renormalised to sum to 1 with experts_normalize); each expert, the FFN
+    of model.activation, runs on the rows of the tokens sent to it only, and out[i] =
+    Σ_e routed[i,e] · expert e's out for token i, the experts in index order. An expert
+    no token chose computes and records nothing. [L, d] -> [L, E] -> [L, d]"""
+    labels = expert_labels(m.experts)
+    logits = tr.rec(
+        "router",
+        ops.linear(x, mw.router),
+        "R = X W_r (a logit per expert)",
+        x,
+        mw.router,
+        cols=labels,
+    )
+    probs = tr.rec(
+        "route_prob",
+        ops.softmax(logits),
+        "P = softmax(R) over the experts",
+        logits,
+        cols=labels,
+    )
+    chosen = ops.top_experts(probs, m.experts_top_k)
+    weights = tr.rec(
+        "routed",
+        ops.routing_weights(probs, chosen, m.experts_normalize),
+        routed_formula(m),
+        probs,
+        cols=labels,
+    )
+    tokens = tr.row_labels()
+    out = np.zeros_like(x)
+    outs = []
+    for e, fw in enumerate(mw.experts):
+        rows = np.flatnonzero((chosen == e).any(axis=-1))
+        if not len(rows):
+            continue
+        with tr.scope(f"e{e}", rows=None if tokens is None else [tokens[i] for i in rows]):
+            xe = tr.rec(
+                "x",
+                x[rows],
+                f"X_e = rows {spaced(rows.tolist())} of X: the tokens routed to expert {e}",
+                x,
+            )
+            ye = feed_forward(xe, fw, m, tr)
+        out[rows] += weights[rows, e, None] * ye
+        outs.append(ye)
+    return tr.rec(
+        "out",
+        out,
+        "Σ_e routed[i,e] · e<e>.out (the row of token i; each token's k experts, in index order)",
+        weights,
+        *outs,
+    )
+
+
 # ---------------------------------------------------------------------------
 # 5.4 / 3.1 Residual connection and normalisation around each sublayer
 # ---------------------------------------------------------------------------
@@ -1010,7 +1091,7 @@ def parallel_layer(
     with tr.scope("ffn"):
         if m.parallel == "separate":
             h = normalize(x, lw.ffn.norm, m, "norm", tr)
-        out = feed_forward(h, lw.ffn, m, tr)
+        out = ffn_sublayer(h, lw.ffn, m, tr)
         return tr.rec("residual", x + attn + out, PARALLEL_FORMULAS[m.parallel], x, attn, out)
 
 
@@ -1025,7 +1106,7 @@ def encoder_layer(
         x = _self_attention(x, lw.self_attn, mask, m, tr, causal=False)
     with tr.scope("ffn"):
         return add_and_norm(
-            x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
+            x, lambda h: ffn_sublayer(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
         )
 
 
@@ -1063,7 +1144,7 @@ def decoder_layer(
             )
     with tr.scope("ffn"):
         return add_and_norm(
-            x, lambda h: feed_forward(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
+            x, lambda h: ffn_sublayer(h, lw.ffn, m, tr), lw.ffn.norm, m, tr, lw.ffn.post_norm
         )
 
 

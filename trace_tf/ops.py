@@ -69,6 +69,25 @@ def linear(x: Array, W: Array, b: Array | None = None) -> Array:
     return y + b if b is not None else y
 
 
+def top_experts(probs: Array, k: int) -> NDArray[np.intp]:
+    """Each row's k experts of largest router probability, largest first; of equal ones
+    the lowest index first (a stable sort), so a tie is decided the same on every run.
+    [L, E] -> [L, k]"""
+    return np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+
+
+def routing_weights(probs: Array, chosen: NDArray[np.intp], normalize: bool) -> Array:
+    """The weight of each token's chosen experts in its output: their probabilities,
+    divided by the sum of the chosen ones when `normalize` (Mixtral's; equal to GPT-OSS's
+    softmax over the top-k logits), 0 for the experts not chosen. [L, E], [L, k] -> [L, E]"""
+    picked = np.take_along_axis(probs, chosen, axis=-1)
+    if normalize:
+        picked = picked / np.sum(picked, axis=-1, keepdims=True)
+    weights = np.zeros_like(probs)
+    np.put_along_axis(weights, chosen, picked, axis=-1)
+    return weights
+
+
 def relu(x: Array) -> Array:
     """max(0, x), elementwise."""
     return np.maximum(x, 0.0)

@@ -330,6 +330,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 "GELU tanh approximation",
             }[m.activation],
         ),
+        *([("experts", experts_text(m))] if m.experts else []),
         (
             "masks",
             "additive, 0 where attention may look, −inf where it may not: " + "; ".join(masks)
@@ -369,6 +370,23 @@ NORM_POSITION_TEXT = {
     "its output)",
     "output": " (each sublayer x + Norm(F(x)): norm on its output, none on its input)",
 }
+
+
+def experts_text(m: ModelConfig) -> str:
+    """A mixture of experts' conventions: the router, top-k and its ties, the weights."""
+    E, k = m.experts, m.experts_top_k
+    weights = (
+        "their probabilities renormalised to sum to 1 (experts_normalize)"
+        if m.experts_normalize
+        else "their probabilities as they are, not renormalised (experts_normalize false)"
+    )
+    return (
+        f"mixture of {E} experts, each an FFN of the activation above: router logits X W_r "
+        f"(no bias), softmax over the experts, each token sent to the {k} of largest "
+        f"probability (ties: the lowest index), {weights}; out = Σ of the weight times each "
+        "chosen expert's out, the experts in index order; an expert computes only its "
+        "tokens' rows (e<e>.*), and one no token chose records nothing"
+    )
 
 
 def qk_norm_text(m: ModelConfig) -> str:

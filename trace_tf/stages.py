@@ -55,6 +55,7 @@ class Stage:
 
 
 _HEAD = "<stack>.<l>.<block>.h<n>"
+_MOE = "with model.experts (a mixture of experts)"
 _BLOCK = "<stack>.<l>.<block>"  # model.qk_norm projection's steps: the block's, all heads'
 
 STAGES: tuple[Stage, ...] = (
@@ -419,15 +420,49 @@ STAGES: tuple[Stage, ...] = (
         "calculator: the normalised values",
     ),
     Stage(
+        "router",
+        ("<stack>.<l>.ffn.router",),
+        "R = X W_r",
+        "L × E",
+        "a mixture of experts' router: a logit per token (row) and expert (column, e0..)",
+        _MOE,
+    ),
+    Stage(
+        "route_prob",
+        ("<stack>.<l>.ffn.route_prob",),
+        "P = softmax(R) over the experts",
+        "L × E",
+        "each token's probability of each expert",
+        _MOE,
+    ),
+    Stage(
+        "routed",
+        ("<stack>.<l>.ffn.routed",),
+        "P[i,e] of the k experts of largest P[i,·], ties to the lowest index (divided by "
+        "their sum with experts_normalize true), 0 for the others",
+        "L × E",
+        "each token's weight of each expert in its output: its k chosen experts' only",
+        _MOE,
+    ),
+    Stage(
+        "x",
+        ("<stack>.<l>.ffn.e<n>.x",),
+        "X_e = the rows of X routed to expert e",
+        "L_e × d_model",
+        "what expert e reads: the tokens whose k chosen experts include it (an expert no "
+        "token chose records nothing)",
+        _MOE,
+    ),
+    Stage(
         "hidden",
-        ("<stack>.<l>.ffn.hidden",),
+        ("<stack>.<l>.ffn.hidden", "<stack>.<l>.ffn.e<n>.hidden"),
         "H = X W_1 + b_1",
         "L × d_ff",
         "the feed-forward layer's widened features",
     ),
     Stage(
         "act",
-        ("<stack>.<l>.ffn.act",),
+        ("<stack>.<l>.ffn.act", "<stack>.<l>.ffn.e<n>.act"),
         "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation  |  SiLU(H) = H σ(H)",
         "L × d_ff",
         "the non-linearity (of a gated FFN: its gate, SiLU for swiglu, GELU for geglu, "
@@ -435,7 +470,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "up",
-        ("<stack>.<l>.ffn.up",),
+        ("<stack>.<l>.ffn.up", "<stack>.<l>.ffn.e<n>.up"),
         "U = X W_3 + b_3",
         "L × d_ff",
         "a gated FFN's up projection, the features the gate scales",
@@ -443,7 +478,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "gated",
-        ("<stack>.<l>.ffn.gated",),
+        ("<stack>.<l>.ffn.gated", "<stack>.<l>.ffn.e<n>.gated"),
         "act ⊙ U",
         "L × d_ff",
         "a gated FFN's gate times its up projection, entry by entry",
@@ -451,10 +486,11 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "out",
-        ("<stack>.<l>.ffn.out",),
-        "act W_2 + b_2  (gated: gated W_2 + b_2)",
+        ("<stack>.<l>.ffn.out", "<stack>.<l>.ffn.e<n>.out"),
+        "act W_2 + b_2  (gated: gated W_2 + b_2); a mixture of experts' ffn.out: Σ_e "
+        "routed[i,e] · e<e>.out",
         "L × d_model",
-        "the feed-forward output, back in d_model",
+        "the feed-forward output, back in d_model (an expert's: of its L_e tokens' rows)",
     ),
     Stage(
         "final_norm",

@@ -438,6 +438,10 @@ class Tracer:
     def path(self, name: str) -> str:
         return self._prefix[-1] + name
 
+    def row_labels(self) -> tuple[str, ...] | None:
+        """The labels of the current scope's rows (its tokens), when known."""
+        return self._rows[-1]
+
     def rec(
         self,
         name: str,
