@@ -159,11 +159,14 @@ def to_config(
                 "b_o": p[f"{a}.o_proj.bias"],
             }
         ffn: dict[str, Any] = {
-            "W_1": p[f"{f}.gate_proj.weight"].T,
-            "W_3": p[f"{f}.up_proj.weight"].T,
-            "W_2": p[f"{f}.down_proj.weight"].T,
-            "norm": {"gamma": p[f"model.layers.{l}.post_attention_layernorm.weight"]},
+            "norm": {"gamma": p[f"model.layers.{l}.post_attention_layernorm.weight"]}
         }
+        if f"{f}.gate_proj.weight" in p:  # a dense MLP (Mixtral's experts: test_hf_mixtral)
+            ffn |= {
+                "W_1": p[f"{f}.gate_proj.weight"].T,
+                "W_3": p[f"{f}.up_proj.weight"].T,
+                "W_2": p[f"{f}.down_proj.weight"].T,
+            }
         if getattr(c, "mlp_bias", False):
             ffn |= {
                 "b_1": p[f"{f}.gate_proj.bias"],
