@@ -142,6 +142,10 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["pe_base"] = [float(rng.choice([10000.0, 10.0])) for _ in range(dec)]
         linear = {"type": "linear", "factor": 8.0}
         kw["rope_scaling"] = [[None, linear][int(rng.integers(2))] for _ in range(dec)]
+    if rng.integers(3) == 0:  # a mixture of experts: k of E, renormalised or not
+        kw["experts"] = int(rng.integers(1, 4))
+        kw["experts_top_k"] = int(rng.integers(1, kw["experts"] + 1))
+        kw["experts_normalize"] = bool(rng.integers(2))
     return random_config(rng, **kw)
 
 
@@ -330,6 +334,9 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "attn_sinks": [True, False, 1, "yes", None, [True]],
     "score": ["dot", "additive", "bilinear", "gaussian", "cosine"],
     "dtype": ["float32", "float16", "float64"],
+    "experts": [0, -1, 1, 2, 3, 2.5, None, "x", 10**7],
+    "experts_top_k": [0, -1, 1, 2, 9, None, True],
+    "experts_normalize": [True, False, "yes", None, 1],
     "causal": [True],
 }
 
@@ -433,6 +440,9 @@ def m_redraw(rng: np.random.Generator, data: Any) -> str:
         model["n_kv_heads"] = 1
     if model.get("positional") == "rope" and model.get("d_k", 2) % 2:
         model["d_k"] = 2
+    if rng.integers(4) == 0:  # a mixture of experts, every weight drawn
+        model["experts"], model["experts_top_k"] = 3, int(_pick(rng, [1, 2, 3]))
+        said.append(f"experts 3, top {model['experts_top_k']}")
     return "redraw: " + ", ".join(said)
 
 
