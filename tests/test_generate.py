@@ -324,6 +324,10 @@ MOE = [
     ),
 ]
 
+# every generate configuration, as the reference and the cache checks take them
+EVERY_SHAPE = SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2
+EVERY_SHAPE += SINKS + MOE
+
 
 # ---------------------------------------------------------------------------
 # Greedy against the independent reference, iteration by iteration
@@ -352,7 +356,7 @@ def reference_greedy(raw: dict[str, Any], max_tokens: int) -> tuple[list[str], l
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS + MOE,
+    EVERY_SHAPE,
     ids=shape_id,
 )
 def test_greedy_matches_the_reference_step_by_step(shape: dict[str, Any]) -> None:
@@ -409,7 +413,7 @@ def test_the_packaged_example_table_shows_prefix_distribution_and_choice() -> No
 
 @pytest.mark.parametrize(
     "shape",
-    SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2 + SINKS + MOE,
+    EVERY_SHAPE,
     ids=shape_id,
 )
 def test_cached_and_uncached_probabilities_agree_to_1e_12(shape: dict[str, Any]) -> None:
