@@ -1642,7 +1642,8 @@ def _ffn_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         ws.append(float(W[i, e]))
         ys.append(float(ctx.get(y_name)[r, j]))
         symbols.append(f"W[{i},{e}] · Y{e}[{r},{j}]")
-        where.append(f"Y{e} = {y_name}: its row {r} is {ctx.row_of(y_name, r)}")
+        token = f" ({quoted(step.rows[i])})" if step.rows is not None else ""
+        where.append(f"Y{e} = {y_name}, whose row {r} is token {i}{token}'s")
         read.append(y_name)
     total = 0.0
     for w, y in zip(ws, ys, strict=True):  # (as the engine adds: one expert at a time)
