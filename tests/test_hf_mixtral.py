@@ -98,12 +98,15 @@ def mixtral(shape: dict[str, Any], seed: int) -> MixtralForCausalLM:
 
 
 def router_float64(self: Any, hidden_states: torch.Tensor) -> Any:
-    """MixtralTopKRouter.forward without its cast to float32 before the softmax."""
+    """MixtralTopKRouter.forward without its cast to float32 before the softmax; also
+    Qwen3MoeTopKRouter.forward (tests/test_hf_qwen3_moe.py), the same but for dividing the
+    top k by their sum only if its `norm_topk_prob` (Mixtral's router always does)."""
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
     router_logits = torch.nn.functional.linear(hidden_states, self.weight)
     router_probs = torch.nn.functional.softmax(router_logits, dim=-1)
     top_value, indices = torch.topk(router_probs, self.top_k, dim=-1)
-    top_value /= top_value.sum(dim=-1, keepdim=True)
+    if getattr(self, "norm_topk_prob", True):
+        top_value /= top_value.sum(dim=-1, keepdim=True)
     return router_logits, top_value, indices
 
 
@@ -116,23 +119,28 @@ def float64_mixtral() -> Iterator[None]:
 
 
 @torch.no_grad()
-def outputs(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, np.ndarray]:
-    """hf_outputs (every hidden state, head and logit), and each layer's router logits."""
-    values = hf_outputs(model, prompt)
+def router_logits(model: Any, prompt: list[int]) -> dict[str, np.ndarray]:
+    """Each layer's router logits (HF's `output_router_logits`), by trace-tf step."""
     out = model(torch.tensor([prompt]), output_router_logits=True)
     assert len(out.router_logits) == model.config.num_hidden_layers
-    for l, logits in enumerate(out.router_logits):
-        values[f"decoder.{l}.ffn.router"] = logits.numpy()
-    return values
+    return {f"decoder.{l}.ffn.router": x.numpy() for l, x in enumerate(out.router_logits)}
 
 
-def mixtral_config(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, Any]:
-    """LLaMA's mapping, the window, and the experts (fused 3-D: cut per expert)."""
-    c, ff = model.config, model.config.intermediate_size
-    raw = to_config(model, prompt)  # type: ignore[arg-type]
+def outputs(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, np.ndarray]:
+    """hf_outputs (every hidden state, head and logit), and each layer's router logits."""
+    return hf_outputs(model, prompt) | router_logits(model, prompt)
+
+
+def mixtral_config(model: Any, prompt: list[int]) -> dict[str, Any]:
+    """LLaMA's mapping, the window, and the experts (fused 3-D: cut per expert); also
+    Qwen3-MoE's but for its QK-norm, d_ff and experts_normalize (test_hf_qwen3_moe.py).
+    E is `num_experts` (MixtralConfig's alias of num_local_experts), ff the experts' own
+    width, read off gate_up_proj (Qwen3-MoE's moe_intermediate_size)."""
+    c = model.config
+    raw = to_config(model, prompt)
     raw["model"] |= {
         "window": c.sliding_window,
-        "experts": c.num_local_experts,
+        "experts": c.num_experts,
         "experts_top_k": c.num_experts_per_tok,
         "experts_normalize": True,
     }
@@ -140,11 +148,12 @@ def mixtral_config(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, An
     for l, layer in enumerate(raw["weights"]["decoder"]):
         mlp = f"model.layers.{l}.mlp"
         gate_up, down = p[f"{mlp}.experts.gate_up_proj"], p[f"{mlp}.experts.down_proj"]
-        assert gate_up.shape == (c.num_local_experts, 2 * ff, c.hidden_size)
+        ff = down.shape[2]
+        assert gate_up.shape == (c.num_experts, 2 * ff, c.hidden_size)
         layer["ffn"]["router"] = listed(p[f"{mlp}.gate.weight"].T)
         layer["ffn"]["experts"] = [
             listed({"W_1": gate_up[e, :ff].T, "W_3": gate_up[e, ff:].T, "W_2": down[e].T})
-            for e in range(c.num_local_experts)
+            for e in range(c.num_experts)
         ]
     return raw
 

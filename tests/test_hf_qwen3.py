@@ -142,16 +142,21 @@ def windows(config: Any) -> list[int | None] | None:
     return by_layer if any(w is not None for w in by_layer) else None
 
 
-def qwen3_config(model: Qwen3ForCausalLM, prompt: list[int]) -> dict[str, Any]:
-    """LLaMA's mapping, QK-norm on, each layer's q_norm and k_norm γ, and its window."""
-    raw = to_config(model, prompt)  # type: ignore[arg-type]
+def with_qk_norm(raw: dict[str, Any], model: Any) -> dict[str, Any]:
+    """`raw` with QK-norm on and each layer's q_norm and k_norm γ (Qwen3's, Qwen3-MoE's)."""
     raw["model"]["qk_norm"] = "head"
-    raw["model"]["window"] = windows(model.config)
     p = model.state_dict()
     for l, layer in enumerate(raw["weights"]["decoder"]):
         for norm in ("q_norm", "k_norm"):
             gamma = p[f"model.layers.{l}.self_attn.{norm}.weight"].numpy().tolist()
             layer["self_attn"][norm] = {"gamma": gamma}
+    return raw
+
+
+def qwen3_config(model: Qwen3ForCausalLM, prompt: list[int]) -> dict[str, Any]:
+    """LLaMA's mapping, QK-norm on, each layer's q_norm and k_norm γ, and its window."""
+    raw = with_qk_norm(to_config(model, prompt), model)  # type: ignore[arg-type]
+    raw["model"]["window"] = windows(model.config)
     return raw
 
 
