@@ -17,7 +17,7 @@ unlike Qwen3's, is Mistral's: `sliding_window` (None unless use_sliding_window) 
 layer, no layer_types. HF's float32 norm, angles, softmax and router softmax are done in
 float64 (test_hf_mixtral's router_float64 honours norm_topk_prob): every hidden state,
 each head's attention weights and normalised q and k, each layer's router logits and the
-logits agree to 1e-12. Every parameter is drawn (Qwen3MoeConfig's defaults are a 30B's:
+logits agree to 1e-12. Every parameter is drawn (Qwen3MoeConfig's defaults are a 15B's:
 every size is set here). norm_topk_prob flipped, a wrong k or no QK-norm fail it.
 """
 
@@ -52,9 +52,21 @@ from test_hf_qwen3 import qwen3_outputs, with_qk_norm
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 
-# Qwen3MoeConfig's sizes and options, each model's own; its defaults are a 30B's (vocab
-# 151936, hidden 2048, 48 layers, 128 experts of 768, top 8; head_dim hidden / heads
-# unless given, Qwen3-30B-A3B's config gives 128), every one set small here
+# Qwen3MoeConfig's defaults are a 15B's (its docstring's Qwen3-15B-A2B; head_dim hidden / heads unless given; Qwen3-30B-A3B's
+# config gives 128): each is set small below, or the model is huge
+BIG_DEFAULTS = {
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "max_position_embeddings": 32768,
+}
+
+# Qwen3MoeConfig's sizes and options, each model's own
 SHAPES: list[dict[str, Any]] = [
     dict(  # norm_topk_prob off (the config's default)
         num_hidden_layers=1,
@@ -114,6 +126,16 @@ def qwen3_moe(shape: dict[str, Any], seed: int) -> Qwen3MoeForCausalLM:
         shape["moe_intermediate_size"],
     )  # (not the 128 of 768 defaults)
     return draw_parameters(Qwen3MoeForCausalLM(config), seed)
+
+
+def test_the_config_defaults_are_big_and_every_shape_sets_them_small() -> None:
+    defaults = Qwen3MoeConfig()
+    assert {k: getattr(defaults, k) for k in BIG_DEFAULTS} == BIG_DEFAULTS
+    assert defaults.norm_topk_prob is False and dense_layers(defaults) == []
+    for shape in SHAPES:
+        model = qwen3_moe(shape, 0)
+        for key, big in BIG_DEFAULTS.items():
+            assert getattr(model.config, key) <= big / 2, (key, shape)
 
 
 def dense_layers(c: Qwen3MoeConfig) -> list[int]:
