@@ -133,13 +133,14 @@ def outputs(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, np.ndarra
 
 def mixtral_config(model: Any, prompt: list[int]) -> dict[str, Any]:
     """LLaMA's mapping, the window, and the experts (fused 3-D: cut per expert); also
-    Qwen3-MoE's but for its QK-norm, d_ff and experts_normalize (test_hf_qwen3_moe.py).
+    Qwen3-MoE's and OLMoE's but for QK-norm, d_ff and experts_normalize
+    (test_hf_qwen3_moe.py, test_hf_olmoe.py).
     E is `num_experts` (MixtralConfig's alias of num_local_experts), ff the experts' own
     width, read off gate_up_proj (Qwen3-MoE's moe_intermediate_size)."""
     c = model.config
     raw = to_config(model, prompt)
     raw["model"] |= {
-        "window": c.sliding_window,
+        "window": getattr(c, "sliding_window", None),  # (OLMoE's config has none)
         "experts": c.num_experts,
         "experts_top_k": c.num_experts_per_tok,
         "experts_normalize": True,
