@@ -461,7 +461,7 @@ REDRAW: dict[str, list[Any]] = {
     "final_norm": [True, False],
     "norm": ["rms", "layer"],
     "norm_eps": [0, 1e-3],
-    "activation": ["gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"],
+    "activation": ["gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "swiglu_oss"],
     "scale": [1, "sqrt_dk", 1e-300],
     "temperature": [0.5, 1e-300, 1e300],
     "init_std": [0, 1e-200, 1e200],

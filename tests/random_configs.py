@@ -79,6 +79,8 @@ def random_config(
     experts: int | None = None,
     experts_top_k: int | None = None,
     experts_normalize: bool | None = None,
+    router_bias: bool = False,
+    swiglu_limit: float | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
 
@@ -109,7 +111,9 @@ def random_config(
     good share), drawn after everything else of the block: fused `sinks` or per-head `sink`.
     `experts` E: each FFN a mixture of experts (model.experts, experts_top_k, and
     experts_normalize when given), its router [d_model, E] and then each expert's
-    weights, as a dense FFN's, drawn in place of the dense FFN's (then its norms).
+    weights, as a dense FFN's, drawn in place of the dense FFN's (then its norms);
+    `router_bias`: GPT-OSS's ffn.router_bias [E], drawn after the experts.
+    `swiglu_limit`: model.swiglu_limit (activation swiglu_oss; small, so that it clamps).
     """
     if d_k is None and d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
@@ -211,7 +215,7 @@ def random_config(
         ffn: dict[str, Any] = {"W_1": matrix(d_model, dff), "W_2": matrix(dff, d_model)}
         if biases:
             ffn["b_1"], ffn["b_2"] = vector(dff), vector(d_model)
-        if activation in ("swiglu", "geglu", "geglu_tanh"):  # a gated FFN's up projection
+        if activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_oss"):  # an up projection
             ffn["W_3"] = matrix(d_model, dff)
             if biases:
                 ffn["b_3"] = vector(dff)
@@ -223,6 +227,8 @@ def random_config(
         else:  # (a router of larger logits, so that the choice is clear-cut)
             ffn = {"router": (2 * np.array(matrix(d_model, experts))).tolist()}
             ffn["experts"] = [dense_ffn() for _ in range(experts)]
+            if router_bias:  # GPT-OSS's
+                ffn["router_bias"] = vector(experts)
         if parallel != "shared":
             ffn["norm"] = norm_params()
         if norm_position == "sandwich":
@@ -268,6 +274,7 @@ def random_config(
         "experts": experts,
         "experts_top_k": experts_top_k,
         "experts_normalize": experts_normalize,
+        "swiglu_limit": swiglu_limit,
     }
     model.update({key: value for key, value in given.items() if value is not None})
     chosen = {

@@ -77,6 +77,9 @@ class Hyper:
     experts: int = 0
     experts_top_k: int = 0
     experts_normalize: bool = True
+    # GPT-OSS's clamped SwiGLU (activation swiglu_oss): its limit and gain
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
 
 
 def hyper(model: dict[str, Any]) -> Hyper:
@@ -138,6 +141,8 @@ def hyper(model: dict[str, Any]) -> Hyper:
         experts=int(model.get("experts") or 0),
         experts_top_k=int(model.get("experts_top_k") or 0),
         experts_normalize=bool(model.get("experts_normalize", True)),
+        swiglu_limit=float(model.get("swiglu_limit", 7.0)),
+        swiglu_alpha=float(model.get("swiglu_alpha", 1.702)),
     )
 
 
@@ -649,6 +654,17 @@ def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
     hidden = tr.rec(
         f"{path}.hidden", x @ param(ffn, "W_1", (d, d_ff)) + param(ffn, "b_1", (d_ff,), 0.0)
     )
+    if hp.activation == "swiglu_oss":  # as Hugging Face's GptOssExperts._apply_gate
+        gate = tr.rec(f"{path}.gate_clamp", hidden.clamp(min=None, max=hp.swiglu_limit))
+        glu = tr.rec(f"{path}.act", gate * torch.sigmoid(gate * hp.swiglu_alpha))
+        up = tr.rec(
+            f"{path}.up", x @ param(ffn, "W_3", (d, d_ff)) + param(ffn, "b_3", (d_ff,), 0.0)
+        )
+        up1 = tr.rec(f"{path}.up_clamp", up.clamp(min=-hp.swiglu_limit, max=hp.swiglu_limit) + 1)
+        gated = tr.rec(f"{path}.gated", up1 * glu)
+        return tr.rec(
+            f"{path}.out", gated @ param(ffn, "W_2", (d_ff, d)) + param(ffn, "b_2", (d,), 0.0)
+        )
     act = tr.rec(f"{path}.act", activation(hidden, GATES.get(hp.activation, hp.activation)))
     if hp.activation in GATES:
         up = tr.rec(
@@ -666,7 +682,10 @@ def ffn_sublayer(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
     if not hp.experts:
         return feed_forward(x, ffn, hp, tr, path)
     E, k = hp.experts, hp.experts_top_k
-    logits = tr.rec(f"{path}.router", x @ param(ffn, "router", (hp.d_model, E)))
+    logits = tr.rec(
+        f"{path}.router",
+        x @ param(ffn, "router", (hp.d_model, E)) + param(ffn, "router_bias", (E,), 0.0),
+    )
     probs = tr.rec(f"{path}.route_prob", torch.softmax(logits, dim=-1))
     top, chosen = torch.topk(probs, k, dim=-1)
     if hp.experts_normalize:

@@ -864,7 +864,7 @@ UNKNOWN_KEYS = [
         "model.activation",
         4,
         "not a valid choice (did you mean 'swiglu'?)",
-        "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, geglu_tanh, found the string 'swiglue'",
+        "expected one of: relu, gelu, gelu_tanh, silu, swiglu, geglu, geglu_tanh, swiglu_oss, found the string 'swiglue'",
     ),
     case(
         "rope-pairs-misspelt",
@@ -1289,7 +1289,7 @@ STRUCTURE = [
             f"weights.encoder.0.ffn.{k}",
             k,
             f"{k} is the up projection of a gated FFN, but model.activation is {act}",
-            f"expected model.activation: swiglu, geglu or geglu_tanh, or no {k}",
+            f"expected model.activation: swiglu, geglu, geglu_tanh or swiglu_oss, or no {k}",
             f"found model.activation: {act}",
         )
         for k, value, act in (("W_3", M22, "relu"), ("b_3", V2, "silu"))
@@ -3086,6 +3086,56 @@ MOE = [
         "experts_top_k",
         "model.experts is not given (a dense FFN) (model.experts set by --set)",
         args=("decode", "{file}", "--set", "model.experts=null"),
+    ),
+    # GPT-OSS's router bias and clamped SwiGLU (model.activation swiglu_oss)
+    case(
+        "experts-router-bias-length",
+        MOE_DEC + "weights:\n  decoder:\n    - ffn:\n        router_bias: [1, 2, 3]\n",
+        "weights.decoder.0.ffn.router_bias",
+        "router_bias",
+        "expected shape 2 (experts), found shape 3",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-router-bias-in-a-dense-ffn",
+        NEOX_DEC + "weights:\n  decoder:\n    - ffn:\n        router_bias: [1]\n",
+        "weights.decoder.0.ffn.router_bias",
+        "router_bias",
+        "router_bias belongs to a mixture of experts, and model.experts is not given",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "swiglu-limit-without-swiglu-oss",
+        NEOX_DEC.replace("rope\n", "rope\n  activation: swiglu\n  swiglu_limit: 7\n"),
+        "model.swiglu_limit",
+        "swiglu_limit",
+        "swiglu_limit is a setting of GPT-OSS's clamped SwiGLU, and model.activation is swiglu",
+        "expected model.activation: swiglu_oss beside model.swiglu_limit, or no swiglu_limit",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "swiglu-alpha-set-off",
+        NEOX_DEC.replace("rope\n", "rope\n  activation: swiglu_oss\n  swiglu_alpha: 1\n"),
+        "model.swiglu_alpha",
+        "swiglu_alpha",
+        "and model.activation is relu (model.activation set by --set)",
+        args=("decode", "{file}", "--set", "model.activation=relu"),
+    ),
+    case(
+        "swiglu-limit-zero",
+        NEOX_DEC.replace("rope\n", "rope\n  activation: swiglu_oss\n  swiglu_limit: 0\n"),
+        "model.swiglu_limit",
+        "swiglu_limit: 0",
+        "must be positive",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "swiglu-alpha-text",
+        NEOX_DEC.replace("rope\n", "rope\n  activation: swiglu_oss\n  swiglu_alpha: big\n"),
+        "model.swiglu_alpha",
+        "swiglu_alpha",
+        "not a number",
+        args=("decode", "{file}"),
     ),
 ]  # fmt: skip
 

@@ -470,7 +470,10 @@ def _expected_by_kind(cfg: Config) -> dict[str, int]:
         # a mixture of experts: the router, the L·k token-expert pairs, the weighted sum
         pairs = L * m.experts_top_k if m.experts else L
         kinds["ffn"] += (
-            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * pairs * d * dff
+            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_oss") else 2)
+            * pairs
+            * d
+            * dff
         )
         kinds["ffn"] += (L * d * m.experts + pairs * d) if m.experts else 0
 

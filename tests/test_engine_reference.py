@@ -541,6 +541,23 @@ SHAPES = [
         experts=3,
         experts_top_k=1,
     ),
+    # GPT-OSS's shape: LLaMA's with q/k/v/o biases, sinks, alternating windows, a router
+    # bias and the clamped SwiGLU, its limit small enough to clamp both the gate and U
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **(LLAMA | dict(activation="swiglu_oss")),
+        tgt_len=6,
+        window=[3, None],
+        attn_sinks=True,
+        swiglu_limit=0.6,
+        experts=4,
+        experts_top_k=2,
+        router_bias=True,
+    ),
 ]
 
 

@@ -169,6 +169,12 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         d_model=4, n_heads=2, d_ff=3, decoder_layers=1, src_len=4, tgt_len=3, experts=3,
         experts_top_k=2, experts_normalize=False,
     ),
+    # GPT-OSS's FFN: a router bias and the clamped SwiGLU, a limit that clamps both ways
+    "experts_gpt_oss": _model(
+        d_model=6, n_heads=2, encoder_layers=0, decoder_layers=1, norm_position="pre",
+        norm="rms", positional="rope", rope_pairs="halves", activation="swiglu_oss",
+        swiglu_limit=0.5, tgt_len=5, experts=4, experts_top_k=2, router_bias=True,
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

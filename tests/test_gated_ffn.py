@@ -237,8 +237,10 @@ def test_stages_lists_up_and_gated_and_step_selects_them() -> None:
     keys = [s["key"] for s in data["stages"]]
     assert keys[keys.index("hidden") : keys.index("out") + 1] == [
         "hidden",
+        "gate_clamp",  # swiglu_oss's (tests/test_swiglu_oss.py)
         "act",
         "up",
+        "up_clamp",  # swiglu_oss's
         "gated",
         "out",
     ]

@@ -300,7 +300,8 @@ SINKS = [
     ),
 ]
 # a mixture of experts (model.experts): Mixtral's shape, each new token routed on its own
-# through the cache; and an encoder-decoder one, 2 of 3 experts, not renormalised
+# through the cache; an encoder-decoder one, 2 of 3 experts, not renormalised; and
+# GPT-OSS's: sinks, a window, a router bias and the clamped SwiGLU (a limit that clamps)
 MOE = [
     dict(
         d_model=8,
@@ -321,6 +322,21 @@ MOE = [
         experts=3,
         experts_top_k=2,
         experts_normalize=False,
+    ),
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        **(LLAMA | dict(activation="swiglu_oss")),
+        tgt_len=3,
+        window=[2, None],
+        attn_sinks=True,
+        swiglu_limit=0.6,
+        experts=4,
+        experts_top_k=2,
+        router_bias=True,
     ),
 ]
 

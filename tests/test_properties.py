@@ -53,7 +53,9 @@ def shapes(draw: st.DrawFn, **fixed: Any) -> dict[str, Any]:
         "norm_position": draw(st.sampled_from(["post", "pre"])),
         "norm": draw(st.sampled_from(["layer", "rms"])),
         "activation": draw(
-            st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"])
+            st.sampled_from(
+                ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh", "swiglu_oss"]
+            )
         ),
         "positional": draw(st.sampled_from(["sinusoidal", "learned", "rope", "none"])),
         "rope_pairs": draw(st.sampled_from(["adjacent", "halves"])),

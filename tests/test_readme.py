@@ -125,6 +125,14 @@ def test_the_config_reference_gives_the_defaults_the_code_has() -> None:
         "null (all of d_k)": ((0, m.d_k), (m.rope_dims, m.rotary_dims)),
         "null (a dense FFN)": (0, base.experts),
         "required beside `experts`": (0, base.experts_top_k),
+        "7 (with `swiglu_oss`)": (
+            (0.0, 7.0),
+            (base.swiglu_limit, model(d_model=8, activation="swiglu_oss").swiglu_limit),
+        ),
+        "1.702 (with `swiglu_oss`)": (
+            (0.0, 1.702),
+            (base.swiglu_alpha, model(d_model=8, activation="swiglu_oss").swiglu_alpha),
+        ),
     }
     for key, default, _ in _table("`model` key"):
         key = key.strip("`")

@@ -86,6 +86,8 @@ MODEL_KEYS = [
     "experts",
     "experts_top_k",
     "experts_normalize",
+    "swiglu_limit",
+    "swiglu_alpha",
 ]
 TOP_KEYS = [
     "title",
@@ -196,11 +198,24 @@ SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
     "gaussian": ("w",),
 }
 ALL_SCORE_WEIGHTS = ("W_a_q", "W_a_k", "v_a", "W_b", "w")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
+ACTIVATIONS = (
+    "relu",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "swiglu",
+    "geglu",
+    "geglu_tanh",
+    "swiglu_oss",
+)
 # The gated feed-forward networks (Shazeer 2020) and the activation of their gate:
 # (act(X W_1 + b_1) ⊙ (X W_3 + b_3)) W_2 + b_2.
 # geglu_tanh: GeGLU with the tanh approximation of GELU (Gemma's gelu_pytorch_tanh).
-GATES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh"}
+# swiglu_oss: GPT-OSS's clamped SwiGLU, ((clamp(U, ±limit) + 1) ⊙ G σ(α G)) W_2 + b_2 with
+# G = min(X W_1 + b_1, limit): its gate's activation is Swish with gain α (swish_alpha).
+GATES = {"swiglu": "silu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "swiglu_oss": "swish_alpha"}
+# GPT-OSS's defaults for swiglu_oss (transformers' GptOssConfig swiglu_limit, swiglu_alpha)
+SWIGLU_OSS_DEFAULTS = {"swiglu_limit": 7.0, "swiglu_alpha": 1.702}
 
 
 # ---------------------------------------------------------------------------
@@ -284,6 +299,10 @@ class ModelConfig:
     experts: int = 0
     experts_top_k: int = 0
     experts_normalize: bool = True
+    # activation swiglu_oss (GPT-OSS): the gate clamped above at swiglu_limit and the up
+    # projection to ±swiglu_limit, the gate's Swish gain swiglu_alpha; else unused (0)
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.n_kv_heads:
@@ -420,14 +439,17 @@ class MoEWeights:
     """A mixture-of-experts FFN (model.experts): the router and each expert's FFN, whose
     `norm` is this block's (one norm before the router, not one per expert)."""
 
-    router: np.ndarray  # [d_model, E]: the router's logits are X W_r
+    router: np.ndarray  # [d_model, E]: the router's logits are X W_r + b_r
     experts: tuple[FFNWeights, ...]
     norm: NormWeights
     post_norm: NormWeights | None = None
+    router_bias: np.ndarray | None = None  # [E]: b_r (GPT-OSS's router has one)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The router and each expert's weights that are set, by their key below the FFN."""
         out = {"router": self.router}
+        if self.router_bias is not None:
+            out["router_bias"] = self.router_bias
         for e, fw in enumerate(self.experts):
             out |= {f"experts.{e}.{k}": v for k, v in ffn_arrays(fw).items()}
         return out
@@ -1684,6 +1706,8 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     # a mixture of experts: router, route_prob, routed; each of the L·k token-expert
     # pairs' x, hidden, act, up, gated and out
     ffn += L * (3 * m.experts + m.experts_top_k * (4 * dff + 2 * d))
+    oss = m.activation == "swiglu_oss"  # gate_clamp and up_clamp, each FFN and expert pair
+    ffn += oss * 2 * L * dff * (1 + m.experts_top_k)
     sandwich = m.norm_position == "sandwich"  # post_norm and its statistics, each sublayer
     attn += L * (d + 2) if sandwich else 0
     ffn += L * (d + 2) if sandwich else 0
@@ -1704,6 +1728,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         blocks * ((20 if m.qk_norm != "none" else 14) * H + 6 + 3 * sandwich)
         + blocks * 12 * (m.qk_norm == "projection")
         + (enc + dec) * (7 + 3 * sandwich + (3 + 6 * m.experts) * (m.experts > 0))
+        + (enc + dec) * 2 * oss * (1 + m.experts)
         + stacks * (9 + typed)
         + 3
         + blocks * H * capped
@@ -2547,11 +2572,12 @@ class _Validator:
             logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
             attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
             **self.experts(m),
+            **self.swiglu_oss(m, p),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
             divisors = ("scale", "temperature", *SOFTCAPS)  # (a cap divides, then multiplies)
-            for key in ("embed_scale", "norm_eps", *divisors):
+            for key in ("embed_scale", "norm_eps", *divisors, *SWIGLU_OSS_DEFAULTS):
                 if getattr(config, key) is None:  # a cap that is off
                     continue
                 why = outside_float32(getattr(config, key), divisor=key in divisors)
@@ -2924,6 +2950,27 @@ class _Validator:
             "experts_normalize": self.boolean(normalize, "model.experts_normalize"),
         }
 
+    def swiglu_oss(self, m: dict[str, Any], p: str) -> dict[str, Any]:
+        """model.swiglu_limit (> 0) and model.swiglu_alpha (> 0), GPT-OSS's defaults 7 and
+        1.702 where not given, with activation swiglu_oss only: refused beside any other.
+        -> ModelConfig's swiglu_limit and swiglu_alpha"""
+        activation = m.get("activation", "relu")  # (checked before)
+        if activation != "swiglu_oss":
+            key = next((k for k in SWIGLU_OSS_DEFAULTS if m.get(k) is not None), None)
+            if key is not None:
+                raise self.ctx.err(
+                    p + key,
+                    f"{key} is a setting of GPT-OSS's clamped SwiGLU, and model.activation "
+                    f"is {activation}" + self.ctx.set_by("model.activation"),
+                    expected=f"model.activation: swiglu_oss beside {p}{key}, or no {key}",
+                    found_text=f"model.activation: {activation}",
+                )
+            return {}
+        return {
+            key: self.number(m.get(key, default), p + key, positive=True)
+            for key, default in SWIGLU_OSS_DEFAULTS.items()
+        }
+
     def windows(
         self, value: Any, path: str, encoder_layers: int, decoder_layers: int
     ) -> dict[str, Any]:
@@ -3014,7 +3061,7 @@ class _Validator:
         attn += 2 * d if m.norm_position == "sandwich" else 0  # post_norm's gamma and beta
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
         ffn = 2 * d * dff + dff + (5 if m.norm_position == "sandwich" else 3) * d
-        ffn += m.experts * (3 * d * dff + 2 * dff + d) + d * m.experts  # experts, router
+        ffn += m.experts * (3 * d * dff + 2 * dff + d) + (d + 1) * m.experts  # experts, router
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
@@ -3778,7 +3825,7 @@ class _Validator:
         one is refused."""
         p = f"weights.{path}"
         keys = ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2")
-        moe = ("router", "experts")
+        moe = ("router", "router_bias", "experts")
         f = self.mapping(value, p, (*keys, *moe, "norm", "post_norm"))
         if shared is not None and f.get("norm") is not None:
             raise self.ctx.err(
@@ -3828,7 +3875,14 @@ class _Validator:
             )
             for e in range(E)
         )
-        return MoEWeights(router=router, experts=experts, norm=norm, post_norm=post_norm)
+        router_bias = self.bias(f, "router_bias", f"{p}.router_bias", E, "experts")
+        return MoEWeights(
+            router=router,
+            experts=experts,
+            norm=norm,
+            post_norm=post_norm,
+            router_bias=router_bias,
+        )
 
     def dense_ffn(
         self,

@@ -246,6 +246,8 @@ COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "act": (FREE,),
     "up": (Product("ffn", "L·d_model·d_ff", x_w),),  # a gated FFN's second product
     "gated": (FREE,),  # act ⊙ U, elementwise
+    "gate_clamp": (FREE,),  # swiglu_oss: min(H, limit), elementwise
+    "up_clamp": (FREE,),  # swiglu_oss: clamp(U, ±limit) + 1, elementwise
     "router": (Product("ffn", "L·d_model·E", x_w),),  # a mixture of experts' router
     "route_prob": (FREE,),
     "routed": (FREE,),  # the top-k choice and its weights

@@ -447,6 +447,8 @@ def _bias_of(ctx: _Ctx, weight: str) -> tuple[str, np.ndarray] | None:
     """The bias that goes with a weight, by the SPEC's naming (W_q -> b_q, W -> b)."""
     if weight == TIED_OUTPUT:
         name = "weights.output.b"
+    elif weight.endswith(".ffn.router"):  # a mixture of experts' router: router_bias
+        name = f"{weight}_bias"
     else:
         head, _, last = weight.rpartition(".")
         if not last.startswith("W"):
@@ -1492,6 +1494,18 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     h = float(ctx.get(step.inputs[0])[cell])
     kind = ctx.cfg.model.act  # a gated FFN's: its gate's
     hn = f.num(h)
+    if kind == "swish_alpha":  # swiglu_oss: of the clamped gate G, with gain α
+        alpha = ctx.cfg.model.swiglu_alpha
+        g, a = f"G{_idx(cell)}", exact(alpha)
+        e = _exp(-alpha * h)
+        chain = [
+            f"{g} σ(α {g})",
+            f"{g} / (1 + e^(−α {g}))",
+            f"{hn} / (1 + e^(−{a} × {f.fac(h)}))",
+            f"{hn} / (1 + {f.num(e)})",
+        ]
+        where = [f"G = {step.inputs[0]}", f"α = model.swiglu_alpha = {a}"]
+        return _Parts(chain, _div(h, 1.0 + e), where, {"G": [h]})
     if kind == "silu":
         e = _exp(-h)
         total = _div(h, 1.0 + e)
@@ -1522,14 +1536,49 @@ def _act(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _gated(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """A gated FFN's act ⊙ U: one product of the gate's entry and the up projection's."""
+    """A gated FFN's act ⊙ U (swiglu_oss: act ⊙ U'): one product of the gate's entry
+    and the up projection's."""
     a_name, u_name = step.inputs
     a, u = float(ctx.get(a_name)[cell]), float(ctx.get(u_name)[cell])
+    us = "U'" if u_name.endswith(".up_clamp") else "U"
     return _Parts(
-        [f"act{_idx(cell)} × U{_idx(cell)}", f"{ctx.f.num(a)} × {ctx.f.fac(u)}"],
+        [f"act{_idx(cell)} × {us}{_idx(cell)}", f"{ctx.f.num(a)} × {ctx.f.fac(u)}"],
         a * u,
-        [f"act = {a_name}", f"U = {u_name}"],
-        {f"act{_idx(cell)}": [a], f"U{_idx(cell)}": [u]},
+        [f"act = {a_name}", f"{us} = {u_name}"],
+        {f"act{_idx(cell)}": [a], f"{us}{_idx(cell)}": [u]},
+    )
+
+
+def _gate_clamp(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """GPT-OSS's gate clamped from above: min(H, limit) (a NaN stays NaN, as numpy's)."""
+    assert isinstance(ctx.cfg, Config)
+    limit = ctx.cfg.model.swiglu_limit
+    h = float(ctx.get(step.inputs[0])[cell])
+    total = h if h <= limit or math.isnan(h) else limit
+    return _Parts(
+        [f"min(H{_idx(cell)}, limit)", f"min({ctx.f.num(h)}, {exact(limit)})"],
+        total,
+        [f"H = {step.inputs[0]}", f"limit = model.swiglu_limit = {exact(limit)}"],
+        {"H": [h]},
+    )
+
+
+def _up_clamp(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """GPT-OSS's up projection clamped to ±limit, plus 1 (a NaN stays NaN, as numpy's)."""
+    assert isinstance(ctx.cfg, Config)
+    limit = ctx.cfg.model.swiglu_limit
+    u = float(ctx.get(step.inputs[0])[cell])
+    clamped = u if math.isnan(u) else min(max(u, -limit), limit)
+    lim = exact(limit)
+    return _Parts(
+        [
+            f"clamp(U{_idx(cell)}, −limit, limit) + 1",
+            f"clamp({ctx.f.num(u)}, −{lim}, {lim}) + 1",
+            f"{ctx.f.num(clamped)} + 1",
+        ],
+        clamped + 1.0,
+        [f"U = {step.inputs[0]}", f"limit = model.swiglu_limit = {lim}"],
+        {"U": [u]},
     )
 
 
@@ -1914,6 +1963,8 @@ EXPLAINERS: dict[str, Explainer] = {
     "act": _act,
     "up": _linear,
     "gated": _gated,
+    "gate_clamp": _gate_clamp,
+    "up_clamp": _up_clamp,
     "out": _ffn_out,
     "embed_norm": _norm,
     "final_norm": _norm,

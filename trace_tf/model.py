@@ -835,21 +835,64 @@ def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRA
         "H = X W_1" + _plus(fw.b_1, "b_1"),
         *_operands(x, fw.W_1, fw.b_1),
     )
+    if m.activation == "swiglu_oss":
+        return clamped_swiglu(x, hidden, fw, m, tr)
     act = tr.rec("act", ops.ACTIVATIONS[m.act](hidden), ACTIVATION_FORMULAS[m.act], hidden)
     down, name = act, "act"  # what W_2 projects back to d_model
     if fw.W_3 is not None:  # gated: the activation gates an up projection of x
-        up = tr.rec(
-            "up",
-            ops.linear(x, fw.W_3, fw.b_3),
-            "U = X W_3" + _plus(fw.b_3, "b_3"),
-            *_operands(x, fw.W_3, fw.b_3),
-        )
+        up = up_projection(x, fw, tr)
         down, name = tr.rec("gated", act * up, "act ⊙ U", act, up), "gated"
     return tr.rec(
         "out",
         ops.linear(down, fw.W_2, fw.b_2),
         f"{name} W_2" + _plus(fw.b_2, "b_2"),
         *_operands(down, fw.W_2, fw.b_2),
+    )
+
+
+def up_projection(x: Array, fw: FFNWeights, tr: Tracer) -> Array:
+    """A gated FFN's up projection U = X W_3 + b_3, the features its gate scales."""
+    assert fw.W_3 is not None
+    return tr.rec(
+        "up",
+        ops.linear(x, fw.W_3, fw.b_3),
+        "U = X W_3" + _plus(fw.b_3, "b_3"),
+        *_operands(x, fw.W_3, fw.b_3),
+    )
+
+
+def clamped_swiglu(
+    x: Array, hidden: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER
+) -> Array:
+    """GPT-OSS's clamped SwiGLU (activation swiglu_oss), from the gate H = X W_1 + b_1:
+    G = min(H, limit), act = G σ(α G), U' = clamp(X W_3 + b_3, ±limit) + 1, then
+    (act ⊙ U') W_2 + b_2 (Hugging Face's GptOssExperts._apply_gate). [L, d_ff] -> [L, d]"""
+    limit, alpha = exact(m.swiglu_limit), exact(m.swiglu_alpha)
+    gate = tr.rec(
+        "gate_clamp",
+        ops.clamp_gate(hidden, m.swiglu_limit),
+        f"G = min(H, {limit}) (swiglu_limit)",
+        hidden,
+    )
+    act = tr.rec(
+        "act",
+        ops.swish_alpha(gate, m.swiglu_alpha),
+        f"G σ({alpha} G) (swiglu_alpha)",
+        gate,
+    )
+    up = up_projection(x, fw, tr)
+    up1 = tr.rec(
+        "up_clamp",
+        ops.clamp_up(up, m.swiglu_limit),
+        f"U' = clamp(U, −{limit}, {limit}) + 1 (swiglu_limit)",
+        up,
+    )
+    gated = tr.rec("gated", act * up1, "act ⊙ U'", act, up1)
+    return tr.rec(
+        "out",
+        ops.linear(gated, fw.W_2, fw.b_2),
+        "gated W_2" + _plus(fw.b_2, "b_2"),
+        *_operands(gated, fw.W_2, fw.b_2),
     )
 
 
@@ -878,7 +921,7 @@ def routed_formula(m: ModelConfig) -> str:
 
 def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
     """A sparse mixture of experts (Mixtral; Shazeer et al. 2017): the router's logits
-    X W_r, their softmax over the E experts, each token's k most probable experts and
+    X W_r (+ b_r, GPT-OSS's), their softmax over the E experts, each token's k most probable experts and
     their weights (renormalised to sum to 1 with experts_normalize); each expert, the FFN
     of model.activation, runs on the rows of the tokens sent to it only, and out[i] =
     Σ_e routed[i,e] · expert e's out for token i, the experts in index order. An expert
@@ -886,10 +929,9 @@ def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NU
     labels = expert_labels(m.experts)
     logits = tr.rec(
         "router",
-        ops.linear(x, mw.router),
-        "R = X W_r (a logit per expert)",
-        x,
-        mw.router,
+        ops.linear(x, mw.router, mw.router_bias),
+        "R = X W_r" + _plus(mw.router_bias, "b_r") + " (a logit per expert)",
+        *_operands(x, mw.router, mw.router_bias),
         cols=labels,
     )
     probs = tr.rec(

@@ -187,6 +187,23 @@ def silu(x: Array) -> Array:
         return x * sigmoid(x)
 
 
+def swish_alpha(x: Array, alpha: float) -> Array:
+    """Swish with gain α: x σ(α x), elementwise (Ramachandran et al. 2017; GPT-OSS's gate,
+    α = 1.702, where SiLU is α = 1)."""
+    with np.errstate(invalid="ignore"):  # −inf · 0: NaN, as silu's
+        return x * sigmoid(alpha * x)
+
+
+def clamp_gate(h: Array, limit: float) -> Array:
+    """GPT-OSS's gate clamped from above only: min(H, limit), elementwise."""
+    return np.minimum(h, limit)
+
+
+def clamp_up(u: Array, limit: float) -> Array:
+    """GPT-OSS's up projection clamped to [−limit, limit], plus 1: clamp(U) + 1, elementwise."""
+    return np.clip(u, -limit, limit) + 1.0
+
+
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
 
 

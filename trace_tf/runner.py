@@ -328,6 +328,11 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
                 "GELU exact (erf)",
                 "geglu_tanh": "GeGLU, gated: (GELU(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2, "
                 "GELU tanh approximation",
+                "swiglu_oss": "GPT-OSS's clamped SwiGLU, gated: ((clamp(x W_3 + b_3, "
+                f"−{exact(m.swiglu_limit)}, {exact(m.swiglu_limit)}) + 1) ⊙ G σ("
+                f"{exact(m.swiglu_alpha)} G)) W_2 + b_2, G = min(x W_1 + b_1, "
+                f"{exact(m.swiglu_limit)}) (swiglu_limit {exact(m.swiglu_limit)}, "
+                f"swiglu_alpha {exact(m.swiglu_alpha)})",
             }[m.activation],
         ),
         *([("experts", experts_text(m))] if m.experts else []),
@@ -382,7 +387,7 @@ def experts_text(m: ModelConfig) -> str:
     )
     return (
         f"mixture of {E} experts, each an FFN of the activation above: router logits X W_r "
-        f"(no bias), softmax over the experts, each token sent to the {k} of largest "
+        f"(+ b_r where ffn.router_bias is given), softmax over the experts, each token sent to the {k} of largest "
         f"probability (ties: the lowest index), {weights}; out = Σ of the weight times each "
         "chosen expert's out, the experts in index order; an expert computes only its "
         "tokens' rows (e<e>.*), and one no token chose records nothing"

@@ -422,7 +422,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "router",
         ("<stack>.<l>.ffn.router",),
-        "R = X W_r",
+        "R = X W_r + b_r (b_r: ffn.router_bias, where given)",
         "L × E",
         "a mixture of experts' router: a logit per token (row) and expert (column, e0..)",
         _MOE,
@@ -461,12 +461,22 @@ STAGES: tuple[Stage, ...] = (
         "the feed-forward layer's widened features",
     ),
     Stage(
+        "gate_clamp",
+        ("<stack>.<l>.ffn.gate_clamp", "<stack>.<l>.ffn.e<n>.gate_clamp"),
+        "G = min(H, limit)",
+        "L × d_ff",
+        "GPT-OSS's gate, clamped from above at the model key swiglu_limit (default 7)",
+        "with model.activation: swiglu_oss",
+    ),
+    Stage(
         "act",
         ("<stack>.<l>.ffn.act", "<stack>.<l>.ffn.e<n>.act"),
-        "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation  |  SiLU(H) = H σ(H)",
+        "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation  |  SiLU(H) = H σ(H)"
+        "  |  swiglu_oss: G σ(α G)",
         "L × d_ff",
         "the non-linearity (of a gated FFN: its gate, SiLU for swiglu, GELU for geglu, "
-        "GELU tanh approximation for geglu_tanh)",
+        "GELU tanh approximation for geglu_tanh, Swish of gain α = the model key swiglu_alpha "
+        "(default 1.702) of the clamped gate for swiglu_oss)",
     ),
     Stage(
         "up",
@@ -474,15 +484,24 @@ STAGES: tuple[Stage, ...] = (
         "U = X W_3 + b_3",
         "L × d_ff",
         "a gated FFN's up projection, the features the gate scales",
-        "with model.activation: swiglu, geglu or geglu_tanh",
+        "with model.activation: swiglu, geglu, geglu_tanh or swiglu_oss",
+    ),
+    Stage(
+        "up_clamp",
+        ("<stack>.<l>.ffn.up_clamp", "<stack>.<l>.ffn.e<n>.up_clamp"),
+        "U' = clamp(U, −limit, limit) + 1",
+        "L × d_ff",
+        "GPT-OSS's up projection clamped to [−limit, limit], limit the model key "
+        "swiglu_limit (default 7), plus 1",
+        "with model.activation: swiglu_oss",
     ),
     Stage(
         "gated",
         ("<stack>.<l>.ffn.gated", "<stack>.<l>.ffn.e<n>.gated"),
-        "act ⊙ U",
+        "act ⊙ U  (swiglu_oss: act ⊙ U')",
         "L × d_ff",
         "a gated FFN's gate times its up projection, entry by entry",
-        "with model.activation: swiglu, geglu or geglu_tanh",
+        "with model.activation: swiglu, geglu, geglu_tanh or swiglu_oss",
     ),
     Stage(
         "out",
