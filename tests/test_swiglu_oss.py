@@ -108,6 +108,9 @@ def test_the_defaults_are_gpt_oss_and_the_header_says_them() -> None:
     cfg = config_from(raw)
     assert isinstance(cfg, Config)
     assert (cfg.model.swiglu_limit, cfg.model.swiglu_alpha) == (7.0, 1.702)
+    nulls = config_from(raw | {"model": raw["model"] | dict(swiglu_limit=None, swiglu_alpha=None)})
+    assert isinstance(nulls, Config)  # null, as absent: the default
+    assert (nulls.model.swiglu_limit, nulls.model.swiglu_alpha) == (7.0, 1.702)
     raw["model"]["swiglu_alpha"] = 1.0  # alpha 1, no clamp reached: SwiGLU's gate, U + 1
     trace = run(config_from(raw), "full")
     H, U = trace.value("decoder.0.ffn.hidden"), trace.value("decoder.0.ffn.up")

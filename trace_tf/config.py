@@ -2966,8 +2966,8 @@ class _Validator:
                     found_text=f"model.activation: {activation}",
                 )
             return {}
-        return {
-            key: self.number(m.get(key, default), p + key, positive=True)
+        return {  # (null, as absent: the default)
+            key: self.number(default if m.get(key) is None else m[key], p + key, positive=True)
             for key, default in SWIGLU_OSS_DEFAULTS.items()
         }
 

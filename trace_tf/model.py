@@ -828,7 +828,8 @@ def _shared(m: ModelConfig, j: int) -> str:
 
 def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
     """act(x W_1 + b_1) W_2 + b_2 (eq. 2); gated (swiglu, geglu, geglu_tanh; Shazeer 2020):
-    (act(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2. [L, d] -> [L, d_ff] -> [L, d]"""
+    (act(x W_1 + b_1) ⊙ (x W_3 + b_3)) W_2 + b_2; GPT-OSS's swiglu_oss: clamped_swiglu.
+    [L, d] -> [L, d_ff] -> [L, d]"""
     hidden = tr.rec(
         "hidden",
         ops.linear(x, fw.W_1, fw.b_1),
@@ -921,8 +922,9 @@ def routed_formula(m: ModelConfig) -> str:
 
 def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NULL_TRACER) -> Array:
     """A sparse mixture of experts (Mixtral; Shazeer et al. 2017): the router's logits
-    X W_r (+ b_r, GPT-OSS's), their softmax over the E experts, each token's k most probable experts and
-    their weights (renormalised to sum to 1 with experts_normalize); each expert, the FFN
+    X W_r (+ b_r, GPT-OSS's), their softmax over the E experts, each token's k most
+    probable experts and their weights (renormalised to sum to 1 with
+    experts_normalize); each expert, the FFN
     of model.activation, runs on the rows of the tokens sent to it only, and out[i] =
     Σ_e routed[i,e] · expert e's out for token i, the experts in index order. An expert
     no token chose computes and records nothing. [L, d] -> [L, E] -> [L, d]"""
