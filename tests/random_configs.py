@@ -68,13 +68,14 @@ def random_config(
     max_len: int | None = None,
     window: int | list[int | None] | None = None,
     token_types: int = 0,
-    pe_base: float | list[float] | None = None,
+    pe_base: float | list[float | None] | None = None,
     rope_scaling: dict[str, Any] | list[dict[str, Any] | None] | None = None,
     rope_dims: int | None = None,
     parallel: str = "none",
     qk_norm: str = "none",
     attn_softcap: float | None = None,
     logit_softcap: float | None = None,
+    logit_scale: float | None = None,
     attn_sinks: bool = False,
     experts: int | None = None,
     experts_top_k: int | None = None,
@@ -96,12 +97,14 @@ def random_config(
     `embed_norm` normalises each stack's embeddings before its first layer.
     `window` (decoder-only): sliding-window self-attention over the last `window` keys;
     a list: each decoder layer's (None: full attention), as Gemma 2's.
-    `attn_softcap`, `logit_softcap`: model's soft caps as given (no array depends on them).
+    `attn_softcap`, `logit_softcap`: model's soft caps as given (no array depends on them);
+    `logit_scale` likewise.
     `token_types` >= 1: a token-type table of that many rows (BERT's segments) and a
     random type for each position of source and target (drawn last: the other arrays
     are those of the same call without token types).
     `rope_scaling` (positional rope): model.rope_scaling as given; `rope_dims` likewise;
-    `pe_base`, `rope_scaling` lists (decoder-only): each decoder layer's, as Gemma 3's.
+    `pe_base`, `rope_scaling` lists (decoder-only): each decoder layer's, as Gemma 3's (a
+    None base: no RoPE in that layer, as Cohere 2's full ones).
     `parallel` (pre-norm): separate or shared; with shared, the FFN has no norm of its own.
     `qk_norm` head: QK-norm, each attention block's q_norm and k_norm (γ, β of d_k) drawn
     after its W_o and norm (the other arrays are those of the same call without it);
@@ -270,6 +273,7 @@ def random_config(
         "qk_norm": None if qk_norm == "none" else qk_norm,
         "attn_softcap": attn_softcap,
         "logit_softcap": logit_softcap,
+        "logit_scale": logit_scale,
         "attn_sinks": attn_sinks or None,
         "experts": experts,
         "experts_top_k": experts_top_k,

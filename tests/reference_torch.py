@@ -61,12 +61,14 @@ class Hyper:
     layer_windows: tuple[int, ...] | None
     attn_softcap: float | None  # Gemma 2's attn_logit_softcapping: c · tanh(scaled / c)
     logit_softcap: float | None  # Gemma 2's final_logit_softcapping: c · tanh(logits / c)
+    logit_scale: float | None  # Cohere's logit_scale: s · logits (then capped, with both)
     attn_sinks: bool  # GPT-OSS: each self-attention head's sink logit joins the softmax row
     rope_scaling: dict[str, Any] | None  # positional rope: model.rope_scaling (linear, llama3)
     # model.pe_base, model.rope_scaling as lists: decoder layer l's own RoPE base and
     # scaling, as Gemma 3's sliding and full layers have (rope_parameters by layer type);
-    # None: pe_base and rope_scaling for every layer
-    layer_pe_bases: tuple[float, ...] | None
+    # None: pe_base and rope_scaling for every layer; a None base: no RoPE in that layer
+    # (Cohere 2's full layers, NoPE)
+    layer_pe_bases: tuple[float | None, ...] | None
     layer_rope_scalings: tuple[dict[str, Any] | None, ...] | None
     rope_dims: int  # positional rope: the leading columns turned (GPT-NeoX's rotary_ndims)
     parallel: str  # none, or separate / shared: x + attn(norm(x)) + ffn(norm(x)) (GPT-NeoX, GPT-J)
@@ -109,7 +111,9 @@ def hyper(model: dict[str, Any]) -> Hyper:
         encoder_layers=int(model.get("encoder_layers", 1)),
         decoder_layers=int(model.get("decoder_layers", 0)),
         positional=model.get("positional", "sinusoidal"),
-        pe_base=float(bases[0] if isinstance(bases, list) else bases),
+        pe_base=float(
+            next(b for b in bases if b is not None) if isinstance(bases, list) else bases
+        ),
         rope_pairs=model.get("rope_pairs", "adjacent"),
         max_len=int(model.get("max_len", 128)),
         embed_scale=math.sqrt(d_model) if embed_scale == "sqrt_d_model" else float(embed_scale),
@@ -125,10 +129,12 @@ def hyper(model: dict[str, Any]) -> Hyper:
         layer_windows=tuple(int(w or 0) for w in window) if isinstance(window, list) else None,
         attn_softcap=model.get("attn_softcap"),
         logit_softcap=model.get("logit_softcap"),
+        logit_scale=model.get("logit_scale"),
         attn_sinks=bool(model.get("attn_sinks", False)),
         rope_scaling=scalings[0] if isinstance(scalings, list) else scalings,
         layer_pe_bases=tuple(
-            float(b) for b in (bases if isinstance(bases, list) else [bases] * n_dec)
+            None if b is None else float(b)
+            for b in (bases if isinstance(bases, list) else [bases] * n_dec)
         )
         if by_layer
         else None,
@@ -754,10 +760,14 @@ def parallel_layer(
 
 
 def layer_rope(hp: Hyper, n: int) -> Hyper:
-    """hp as decoder layer n computes: its own RoPE base and scaling, with lists of them."""
+    """hp as decoder layer n computes: its own RoPE base and scaling, with lists of them;
+    no positions in its attention where its base is None (Cohere2's NoPE layers)."""
     if hp.layer_pe_bases is None or hp.layer_rope_scalings is None:
         return hp
-    return replace(hp, pe_base=hp.layer_pe_bases[n], rope_scaling=hp.layer_rope_scalings[n])
+    base = hp.layer_pe_bases[n]
+    if base is None:
+        return replace(hp, positional="none", rope_scaling=None)
+    return replace(hp, pe_base=base, rope_scaling=hp.layer_rope_scalings[n])
 
 
 def run_stack(
@@ -920,9 +930,12 @@ def reference_forward(cfg: dict[str, Any]) -> dict[str, np.ndarray]:
         output = weights.get("output", {})
         b = param(output, "b", (len(cfg["vocab"]),), 0.0)
         logits = last @ output_weight(cfg, hp) + b  # [n, V]
+        if hp.logit_softcap is not None or hp.logit_scale is not None:
+            logits = tr.rec("logits_raw", logits)
+        if hp.logit_scale is not None:  # CohereForCausalLM's logit_scale
+            logits = logits * float(hp.logit_scale)
         if hp.logit_softcap is not None:  # Gemma2ForCausalLM's final_logit_softcapping
             c = float(hp.logit_softcap)
-            logits = tr.rec("logits_raw", logits)
             logits = torch.tanh(logits / c) * c
         logits = tr.rec("logits", logits)
         tr.rec("probs", torch.softmax(logits, dim=-1))

@@ -2871,6 +2871,69 @@ GEMMA3 = [
 ]  # fmt: skip
 
 
+# Cohere's logit_scale (a number > 0) and Cohere 2's layers without RoPE (a null entry of
+# model.pe_base's list: none for every layer, nor a scaling for such a layer)
+COHERE = [
+    case(
+        "logit-scale-zero",
+        NEOX_DEC.replace("rope\n", "rope\n  logit_scale: 0\n"),
+        "model.logit_scale",
+        "logit_scale",
+        "must be positive",
+        "expected a number > 0, found the number 0",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "logit-scale-text",
+        NEOX_DEC.replace("rope\n", "rope\n  logit_scale: small\n"),
+        "model.logit_scale",
+        "logit_scale",
+        "not a number",
+        "found the string 'small'",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "logit-scale-float32-zero",
+        NEOX_DEC.replace("rope\n", "rope\n  dtype: float32\n  logit_scale: 1.0e-50\n"),
+        "model.logit_scale",
+        "logit_scale",
+        "below the range of float32",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-list-all-null",
+        NEOX_DEC.replace("decoder_layers: 1", "decoder_layers: 2").replace(
+            "rope\n", "rope\n  pe_base: [null, null]\n"
+        ),
+        "model.pe_base",
+        "pe_base",
+        "a null base leaves its layer without RoPE, and every entry is null",
+        "expected a base (a number > 0) for at least one layer, or model.positional: none",
+        "found a list of 2 nulls",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "rope-scaling-at-null-base",
+        NEOX_DEC.replace("decoder_layers: 1", "decoder_layers: 2").replace(
+            "rope\n", f"rope\n  pe_base: [10000, null]\n  rope_scaling: [null, {SCALED}]\n"
+        ),
+        "model.rope_scaling.1",
+        "rope_scaling",
+        "a RoPE scaling rescales a layer's RoPE frequencies, and model.pe_base.1 is null",
+        "expected null for model.rope_scaling.1, or a base for model.pe_base.1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "pe-base-null-single",
+        NEOX_DEC.replace("rope\n", "rope\n  pe_base: null\n"),
+        "model.pe_base",
+        "pe_base",
+        "not a number",
+        args=("decode", "{file}"),
+    ),
+]  # fmt: skip
+
+
 # GPT-OSS's attention sinks (model.attn_sinks; a head's sink, a block's fused sinks)
 SINK_DEC = NEOX_DEC.replace("rope\n", "rope\n  attn_sinks: true\n")
 SINKS = [
@@ -3163,6 +3226,7 @@ CORPUS = [
     *GEMMA3,
     *SINKS,
     *MOE,
+    *COHERE,
 ]
 
 

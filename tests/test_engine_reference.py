@@ -473,6 +473,44 @@ SHAPES = [
         pe_base=[10000.0, 10000.0, 10.0],
         rope_scaling=[None, None, {"type": "linear", "factor": 8.0}],
     ),
+    # Cohere's shape (Command R): one shared LayerNorm for both parallel sublayers, RoPE by
+    # adjacent pairs, SwiGLU, tied embeddings, grouped-query; its logit_scale, here beside a
+    # logit soft cap (the scaled logits capped); and Cohere 2's (Command R7B): sliding
+    # layers turned by RoPE, the full layer with none (model.pe_base null), the logits
+    # scaled alone
+    dict(
+        d_model=8,
+        n_heads=4,
+        n_kv_heads=2,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        activation="swiglu",
+        parallel="shared",
+        biases=False,
+        tie_embeddings=True,
+        tgt_len=5,
+        logit_scale=0.25,
+        logit_softcap=1.5,
+    ),
+    dict(
+        d_model=8,
+        n_heads=2,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=3,
+        norm_position="pre",
+        positional="rope",
+        activation="swiglu",
+        parallel="shared",
+        biases=False,
+        tie_embeddings=True,
+        tgt_len=6,
+        window=[2, 2, None],
+        pe_base=[10000.0, 10000.0, None],
+        logit_scale=0.5,
+    ),
     # GPT-OSS's attention sinks: decoder-only, LLaMA's conventions, grouped-query, fused
     # sinks, alternating windows and pads (a row may see little but its sink); and per-head
     # sinks in an encoder-decoder with relative bias (the encoder's and the decoder's

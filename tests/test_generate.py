@@ -340,9 +340,32 @@ MOE = [
     ),
 ]
 
+# Cohere 2's shape (Command R7B): one shared LayerNorm for both parallel sublayers, RoPE
+# by adjacent pairs in the sliding layer only, the full layer with none (model.pe_base
+# null: its cached keys unturned), tied embeddings, the logits scaled (model.logit_scale)
+COHERE = [
+    dict(
+        d_model=8,
+        n_heads=2,
+        n_kv_heads=1,
+        encoder_layers=0,
+        decoder_layers=2,
+        norm_position="pre",
+        positional="rope",
+        activation="swiglu",
+        parallel="shared",
+        biases=False,
+        tie_embeddings=True,
+        tgt_len=3,
+        window=[2, None],
+        pe_base=[10000.0, None],
+        logit_scale=0.5,
+    ),
+]
+
 # every generate configuration, as the reference and the cache checks take them
 EVERY_SHAPE = SHAPES + ROPE + RELATIVE + ALIBI + WINDOW + TYPES + QK_NORM + NEOX + OLMO2 + GEMMA2
-EVERY_SHAPE += SINKS + MOE
+EVERY_SHAPE += SINKS + MOE + COHERE
 
 
 # ---------------------------------------------------------------------------

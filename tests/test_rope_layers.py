@@ -148,3 +148,59 @@ def test_explain_turns_an_entry_by_its_layer_s_base(tmp_path: Path) -> None:
     assert "3 · 10000^(−0/6) = 3 rad" in layer0
     assert "base 10000: layer 0's (model.pe_base.0)" in layer0
     assert "the arithmetic above agrees" in layer0
+
+
+# ---------------------------------------------------------------------------
+# Layers without RoPE (a null base: Cohere 2's full layers, NoPE)
+# ---------------------------------------------------------------------------
+
+
+def test_a_null_base_leaves_its_layer_s_q_and_k_unturned() -> None:
+    cfg, trace = _traced(_data([10000, None], pairs="adjacent"))
+    assert cfg.model.nope_layers == (1,)
+    assert cfg.model.layer_turns(0) and not cfg.model.layer_turns(1)
+    # layer 1: q and k straight from the projection, x W (no q_raw, no rotation)
+    x = trace.value("decoder.1.self_attn.norm")
+    w = cfg.decoder[1].self_attn.heads[0]
+    b = 0 if w.b_q is None else w.b_q
+    np.testing.assert_allclose(
+        trace.value("decoder.1.self_attn.h0.q"), x @ w.W_q + b, rtol=0, atol=1e-12
+    )
+    assert "decoder.1.self_attn.h0.q_raw" not in trace.steps
+    assert trace["decoder.1.self_attn.h0.q"].formula.startswith("Q = X W_q")
+    # layer 0 still turned by its base (and a turned layer 1 would differ: can fail)
+    raw = trace.value("decoder.0.self_attn.h0.k_raw")
+    k0 = trace.value("decoder.0.self_attn.h0.k")
+    np.testing.assert_allclose(k0, turned(raw, 10000, 1, "adjacent"), rtol=0, atol=1e-12)
+    q1 = trace.value("decoder.1.self_attn.h0.q")
+    assert np.max(np.abs(turned(q1, 10000, 1, "adjacent") - q1)) > 1e-3
+    # the scores of layer 1 are those of the unturned q and k, by hand
+    k1 = trace.value("decoder.1.self_attn.h0.k")
+    np.testing.assert_allclose(
+        trace.value("decoder.1.self_attn.h0.scores"), q1 @ k1.T, rtol=0, atol=1e-12
+    )
+
+
+def test_a_null_base_with_one_scaling_scales_the_turned_layers_only() -> None:
+    cfg, trace = _traced(_data([None, 10], LINEAR, pairs="halves"))
+    assert cfg.model.pe_base == 10  # (the first turned layer's)
+    assert cfg.model.layer_rope_scalings[0] is None
+    raw = trace.value("decoder.1.self_attn.h1.q_raw")
+    np.testing.assert_allclose(
+        trace.value("decoder.1.self_attn.h1.q"), turned(raw, 10, 4, "halves"), rtol=0, atol=1e-12
+    )
+    assert "decoder.0.self_attn.h0.q_raw" not in trace.steps
+
+
+def test_the_header_and_explain_name_the_layers_without_rope(tmp_path: Path) -> None:
+    cfg, _ = _traced(_data([10000, None]))
+    positions = " ".join(dict(conventions(cfg))["positions"].split())
+    assert (
+        "base 10000 in layer 0; no RoPE (model.pe_base.<l> null: q and k as projected) in layer 1"
+    ) in positions
+    f = tmp_path / "n.yaml"
+    f.write_text(yaml.safe_dump(_data([10000, None])), encoding="utf-8")
+    result = runner.invoke(app, ["explain", "decoder.1.self_attn.h0.k", str(f), "--cell", "3,1"])
+    assert result.exit_code == 0, result.stderr
+    said = " ".join(result.stdout.split())
+    assert "K = X W_k" in said and "RoPE" not in said and "the arithmetic above agrees" in said

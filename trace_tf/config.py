@@ -82,6 +82,7 @@ MODEL_KEYS = [
     "window",
     "attn_softcap",
     "logit_softcap",
+    "logit_scale",
     "attn_sinks",
     "experts",
     "experts_top_k",
@@ -246,9 +247,10 @@ class ModelConfig:
     rope_pairs: str = "adjacent"  # rope: which columns turn together (ROPE_PAIRS)
     rope_scaling: RopeScaling | None = None  # rope: its frequencies rescaled (None: as they are)
     # model.pe_base and model.rope_scaling as lists (Gemma 3's local and global RoPE): each
-    # decoder layer's base and scaling (None: unscaled), both one a layer; () when one base
-    # and one scaling serve every layer (a list of equal entries too: it is that value)
-    layer_pe_bases: tuple[float, ...] = ()
+    # decoder layer's base (None: no RoPE in that layer, Cohere 2's full layers) and scaling
+    # (None: unscaled), both one a layer; () when one base and one scaling serve every layer
+    # (a list of equal entries too: it is that value)
+    layer_pe_bases: tuple[float | None, ...] = ()
     layer_rope_scalings: tuple[RopeScaling | None, ...] = ()
     # rope: the first rope_dims columns of each head turn (partial rotary, GPT-NeoX's
     # rotary_ndims), their frequencies over rope_dims; 0 (not given) is all d_k
@@ -290,6 +292,9 @@ class ModelConfig:
     # head's scaled scores, before a position bias and the mask; logit_softcap of the logits
     attn_softcap: float | None = None
     logit_softcap: float | None = None
+    # the logits multiplied by a number (Cohere's logit_scale), s · (out W + b), None off;
+    # with logit_softcap too, the scaled logits are capped: c · tanh(s · logits_raw / c)
+    logit_scale: float | None = None
     # attention sinks (GPT-OSS): each self-attention head's learned logit s_h joins every
     # softmax row's denominator and is dropped, A[i,j] = e^S[i,j] / (Σ_k e^S[i,k] + e^s_h)
     attn_sinks: bool = False
@@ -347,11 +352,25 @@ class ModelConfig:
 
     def layer_rope(self, layer: int) -> ModelConfig:
         """The model as decoder layer `layer` computes it: its own RoPE base and scaling in
-        pe_base and rope_scaling (the model itself when every layer has the same)."""
+        pe_base and rope_scaling (the model itself when every layer has the same); a layer
+        without RoPE (a null base) as a model of positional none, its q and k unturned."""
         if not self.mixed_rope:
             return self
         base, scaling = self.layer_pe_bases[layer], self.layer_rope_scalings[layer]
+        if base is None:
+            return replace(self, positional="none", rope_scaling=None)
         return replace(self, pe_base=base, rope_scaling=scaling)
+
+    def layer_turns(self, layer: int) -> bool:
+        """Whether decoder layer `layer`'s self-attention turns q and k by RoPE."""
+        return self.positional == "rope" and (
+            not self.mixed_rope or self.layer_pe_bases[layer] is not None
+        )
+
+    @property
+    def nope_layers(self) -> tuple[int, ...]:
+        """The decoder layers without RoPE in a RoPE model (model.pe_base's null entries)."""
+        return tuple(l for l, base in enumerate(self.layer_pe_bases) if base is None)
 
     @property
     def mixed_windows(self) -> bool:
@@ -1718,8 +1737,9 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     stacks = (enc > 0) + (dec > 0)
     numbers = blocks * attn + (enc + dec) * ffn + stacks * stack + L * L + 2 * L * n_vocab
     # the sliding layers' own masks (model.window a list of windows); logits_raw
-    extra = dec * m.mixed_windows + (m.logit_softcap is not None)
-    numbers += dec * m.mixed_windows * L * L + (m.logit_softcap is not None) * L * n_vocab
+    raw = m.logit_softcap is not None or m.logit_scale is not None
+    extra = dec * m.mixed_windows + raw
+    numbers += dec * m.mixed_windows * L * L + raw * L * n_vocab
     # The steps, each charged OBJECT_COST: per head at most 14 (20 with QK-norm; capped
     # one more), per block 6 (9 with sandwich; 12 more with projection QK-norm), per FFN 7
     # (10 with sandwich), per stack 9 (10 with token types); the cross mask, logits and
@@ -2570,13 +2590,15 @@ class _Validator:
             **self.windows(m.get("window"), p + "window", enc, dec),
             attn_softcap=self.softcap(m.get("attn_softcap"), p + "attn_softcap", score),
             logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
+            logit_scale=self.logit_scale(m.get("logit_scale"), p + "logit_scale"),
             attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
             **self.experts(m),
             **self.swiglu_oss(m, p),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
             # (not pe_base nor init_std: used in float64, the angles and draws then stored)
-            divisors = ("scale", "temperature", *SOFTCAPS)  # (a cap divides, then multiplies)
+            # (a cap divides, then multiplies; a logit scale of 0 is refused as a divisor's)
+            divisors = ("scale", "temperature", *SOFTCAPS, "logit_scale")
             for key in ("embed_scale", "norm_eps", *divisors, *SWIGLU_OSS_DEFAULTS):
                 if getattr(config, key) is None:  # a cap that is off
                     continue
@@ -2606,31 +2628,68 @@ class _Validator:
         for key, value in (("pe_base", raw_bases), ("rope_scaling", raw_scalings)):
             if isinstance(value, list):
                 self.layer_list(value, p + key, positional, enc, dec)
-        # each layer's base and its key path, then its scaling, checked against that base
+        # each layer's base (None: no RoPE) and its key path, then its scaling, checked
+        # against that base
+        bases: list[tuple[float | None, str]]
         if isinstance(raw_bases, list):
             bases = [
-                (self.number(b, f"{p}pe_base.{l}", positive=True), f"{p}pe_base.{l}")
+                (
+                    None if b is None else self.number(b, f"{p}pe_base.{l}", positive=True),
+                    f"{p}pe_base.{l}",
+                )
                 for l, b in enumerate(raw_bases)
             ]
+            self.some_rope(bases, p)
         else:
             bases = [(self.number(raw_bases, p + "pe_base", positive=True), p + "pe_base")] * dec
+        turned = [(b, key) for b, key in bases if b is not None]  # the layers with RoPE
         if isinstance(raw_scalings, list):
-            scalings = [
-                scaling(value, f"{p}rope_scaling.{l}", *bases[l])
-                for l, value in enumerate(raw_scalings)
-            ]
-        else:  # one scaling, checked against each base (yarn's needs one other than 1)
-            each = [scaling(raw_scalings, p + "rope_scaling", *b) for b in dict.fromkeys(bases)]
-            scalings = each[:1] * dec
+            scalings: list[RopeScaling | None] = []
+            for l, value in enumerate(raw_scalings):
+                layer_base, base_key = bases[l]
+                if layer_base is None:  # no RoPE to rescale
+                    self.no_scaling(value, f"{p}rope_scaling.{l}", base_key)
+                    scalings.append(None)
+                else:
+                    scalings.append(scaling(value, f"{p}rope_scaling.{l}", layer_base, base_key))
+        else:  # one scaling, checked against each base (yarn's needs one other than 1), of
+            # the layers with RoPE only
+            each = [scaling(raw_scalings, p + "rope_scaling", *b) for b in dict.fromkeys(turned)]
+            scalings = [None if b is None else each[0] for b, _ in bases]
         layers = tuple(b for b, _ in bases), tuple(scalings)
         if len(set(zip(*layers, strict=True))) == 1:  # one RoPE for every layer
             return {"pe_base": layers[0][0], "rope_scaling": layers[1][0]}
+        first = next(l for l, b in enumerate(layers[0]) if b is not None)  # a turning layer's
         return {
-            "pe_base": layers[0][0],
-            "rope_scaling": layers[1][0],
+            "pe_base": layers[0][first],
+            "rope_scaling": layers[1][first],
             "layer_pe_bases": layers[0],
             "layer_rope_scalings": layers[1],
         }
+
+    def some_rope(self, bases: list[tuple[float | None, str]], p: str) -> None:
+        """Refuse a list of bases every entry of which is null: no layer would turn q and k."""
+        if all(b is None for b, _ in bases):
+            raise self.ctx.err(
+                p + "pe_base",
+                "a null base leaves its layer without RoPE, and every entry is null: no "
+                "layer would turn q and k",
+                expected="a base (a number > 0) for at least one layer, or model.positional: "
+                "none for a model without positions",
+                found_text=f"a list of {counted(len(bases), 'null')}",
+            )
+
+    def no_scaling(self, value: Any, path: str, base_key: str) -> None:
+        """Refuse a RoPE scaling for a layer whose base (at `base_key`) is null: that layer
+        has no RoPE whose frequencies it could rescale."""
+        if value is not None:
+            raise self.ctx.err(
+                path,
+                f"a RoPE scaling rescales a layer's RoPE frequencies, and {base_key} is null: "
+                "that layer has no RoPE",
+                value,
+                f"null for {path}, or a base for {base_key}",
+            )
 
     def layer_list(self, value: list[Any], path: str, positional: str, enc: int, dec: int) -> None:
         """Refuse a list of model.pe_base or model.rope_scaling (`path`) but one entry per
@@ -3030,6 +3089,11 @@ class _Validator:
             )
         return cap
 
+    def logit_scale(self, value: Any, path: str) -> float | None:
+        """model.logit_scale: null (or absent) is none; else the number s > 0 the logits
+        are multiplied by (Cohere's logit_scale; one <= 0 would erase or reverse their order)."""
+        return None if value is None else self.number(value, path, positive=True)
+
     def attn_sinks(self, value: Any, path: str, score: str) -> bool:
         """model.attn_sinks: a learned sink logit per self-attention head (GPT-OSS); only
         beside a dot-product score (SINK_SCORES), on whose scale GPT-OSS learns it."""
@@ -3099,9 +3163,10 @@ class _Validator:
             self.given_number(getattr(m, key), "model." + key)
         self.given_number(m.init_std, "model.init_std", "float64")
         for l, base in enumerate(m.layer_pe_bases or (m.pe_base,)):  # (each layer's, a list)
-            self.given_number(
-                base, "model.pe_base" + (f".{l}" if m.layer_pe_bases else ""), "float64"
-            )
+            if base is not None:  # (a layer without RoPE has none)
+                self.given_number(
+                    base, "model.pe_base" + (f".{l}" if m.layer_pe_bases else ""), "float64"
+                )
         d = m.d_model
         vocab = self.vocab(data.get("vocab"), data.get("embeddings"))
         vocab_set = set(vocab)

@@ -261,8 +261,9 @@ COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "final_norm": (FREE,),
     "output": (FREE,),
     "logits_raw": (Product("output", "L·d_model·V", x_w),),
-    # the product; or with model.logit_softcap, c · tanh(logits_raw / c)
-    "logits": (Product("output", "L·d_model·V", x_w), Free("logits_raw", "caps")),
+    # the product; or with model.logit_softcap or logit_scale, c · tanh(logits_raw / c),
+    # s · logits_raw or both
+    "logits": (Product("output", "L·d_model·V", x_w), Free("logits_raw", "caps or scales")),
     "probs": (FREE,),
 }
 KINDS = ("projection", "attention", "ffn", "output")

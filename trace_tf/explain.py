@@ -559,7 +559,10 @@ def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     qk_norm projection, the head's columns of the block's q_norm / k_norm, perhaps turned."""
     assert isinstance(ctx.cfg, Config)
     if len(step.inputs) == 1:
-        rotary = ctx.cfg.model.positional == "rope" and ".cross_attn." not in f".{step.path}"
+        layer = re.search(r"decoder\.(\d+)\.self_attn\.", step.path)
+        m = ctx.cfg.model  # (a decoder layer of a null base has no RoPE)
+        rotary = m.layer_turns(int(layer.group(1))) if layer else m.positional == "rope"
+        rotary = rotary and ".cross_attn." not in f".{step.path}"
         if not rotary:  # (only qk_norm projection records a q or k of one input, unturned)
             return _columns(ctx, step, cell)
         return _rope(ctx, step, cell)
@@ -883,8 +886,37 @@ def _capped(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
 
 
 def _logits(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
-    """out W + b; with model.logit_softcap, the cap of logits_raw (its one input)."""
-    return (_capped if len(step.inputs) == 1 else _linear)(ctx, step, cell)
+    """out W + b; with model.logit_softcap or logit_scale, of logits_raw (its one input):
+    its cap, its multiple, or with both the cap of the multiple."""
+    if len(step.inputs) != 1:
+        return _linear(ctx, step, cell)
+    assert isinstance(ctx.cfg, Config)
+    scale = ctx.cfg.model.logit_scale
+    if scale is None:
+        return _capped(ctx, step, cell)
+    f, src = ctx.f, step.inputs[0]
+    r, s = f.shown(float(ctx.get(src)[cell])), f.shown(scale)
+    given = [f"{_symbol(src)} = {src}", f"s = {exact(scale)} (model.logit_scale)"]
+    if ctx.cfg.model.logit_softcap is None:
+        return _Parts(
+            [f"s · {_symbol(src)}{_idx(cell)}", f"{f.num(s)} × {f.num(r)}"],
+            s * r,
+            given,
+            {_symbol(src): [r], "s": [s]},
+        )
+    c = f.shown(ctx.cfg.model.logit_softcap)
+    t = math.tanh(s * r / c)
+    return _Parts(
+        [
+            f"c · tanh(s · {_symbol(src)}{_idx(cell)} / c)",
+            f"{f.num(c)} · tanh({f.num(s)} × {f.num(r)} / {f.num(c)})",
+            f"{f.num(c)} · tanh({f.num(s * r / c)})",
+            f"{f.num(c)} · {f.fac(t)}",
+        ],
+        c * t,
+        [*given, f"c = {exact(c)} (model.logit_softcap): the soft cap, bounding to (−c, c)"],
+        {_symbol(src): [r], "s": [s], "c": [c]},
+    )
 
 
 def _rel_bias(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:

@@ -1333,14 +1333,15 @@ def output_layer(
 ) -> tuple[Array, Array]:
     """The logits x W + b and their row softmax, both. [L, d] -> [L, V], [L, V]
 
-    With model.logit_softcap c, x W + b is logits_raw and the logits c · tanh(logits_raw / c)."""
+    With model.logit_softcap c or model.logit_scale s, x W + b is logits_raw and the logits
+    c · tanh(logits_raw / c), s · logits_raw, or with both c · tanh(s · logits_raw / c)."""
     W, b = output_weights(cfg)
     tied = ""
     if cfg.model.tie_embeddings:
         tied = " (W = embeddingsᵀ, tied)"
         tr.name(W, TIED_OUTPUT)
-    cap = cfg.model.logit_softcap
-    product = "logits" if cap is None else "logits_raw"
+    cap, scale = cfg.model.logit_softcap, cfg.model.logit_scale
+    product = "logits" if cap is None and scale is None else "logits_raw"
     with tr.scope(None, rows=rows.labels if rows is not None else None):
         logits = tr.rec(
             product,
@@ -1349,16 +1350,26 @@ def output_layer(
             *_operands(x, W, b),
             cols=cfg.vocab,
         )
-        if cap is not None:  # Gemma 2's final_logit_softcapping: what probs and generate read
-            logits = tr.rec(
-                "logits",
-                ops.softcap(logits, cap),
-                f"logits = c · tanh(logits_raw / c),  c = {exact(cap)} (soft cap)",
-                logits,
-                cols=cfg.vocab,
-            )
+        if product == "logits_raw":  # what probs and generate read
+            logits = tr.rec("logits", *scaled_logits(logits, cap, scale), logits, cols=cfg.vocab)
         probs = tr.rec("probs", ops.softmax(logits), "P = softmax(logits)", logits, cols=cfg.vocab)
         return logits, probs
+
+
+def scaled_logits(raw: Array, cap: float | None, scale: float | None) -> tuple[Array, str]:
+    """The logits of logits_raw and their formula: Cohere's logit_scale s multiplies them,
+    Gemma 2's final_logit_softcapping c caps them, and with both the scaled ones are capped
+    (the scale belongs to the output layer; the cap bounds what the softmax reads)."""
+    s = 1.0 if scale is None else scale
+    scaled = raw * raw.dtype.type(s) if scale is not None else raw
+    said = f"s = {exact(s)} (logit scale)"
+    if cap is None:
+        return scaled, f"logits = s · logits_raw,  {said}"
+    capped = ops.softcap(scaled, cap)
+    c = f"c = {exact(cap)} (soft cap)"
+    if scale is None:
+        return capped, f"logits = c · tanh(logits_raw / c),  {c}"
+    return capped, f"logits = c · tanh(s · logits_raw / c),  {said}, {c}"
 
 
 # ---------------------------------------------------------------------------

@@ -180,11 +180,17 @@ def rope_layers_text(m: ModelConfig, over: str) -> str:
     scaled, linear ... in layer 2`: each decoder layer's base and scaling (model.pe_base.<l>,
     model.rope_scaling.<l>), the layers of the same RoPE together (Gemma 3's local and
     global ones)."""
-    layers: dict[tuple[float, ops.RopeScaling | None], list[int]] = {}
+    layers: dict[tuple[float | None, ops.RopeScaling | None], list[int]] = {}
     for l, key in enumerate(zip(m.layer_pe_bases, m.layer_rope_scalings, strict=True)):
         layers.setdefault(key, []).append(l)
     said = []
     for (base, scaling), ls in layers.items():
+        if base is None:  # (model.pe_base.<l> null: Cohere 2's full layers)
+            said.append(
+                f"no RoPE (model.pe_base.<l> null: q and k as projected) in {'layer' if len(ls) == 1 else 'layers'} "
+                + ", ".join(map(str, ls))
+            )
+            continue
         scaled = ""
         if scaling is not None:
             scaled = " scaled, " + model.rope_scaling_text(scaling, m.rotary_dims, base)
@@ -308,6 +314,7 @@ def conventions(cfg: Config | OpConfig) -> list[tuple[str, str]]:
             + "; stable row softmax",
         ),
         *([("soft caps", softcaps_text(m))] if m.attn_softcap or m.logit_softcap else []),
+        *([("logit scale", logit_scale_text(m))] if m.logit_scale is not None else []),
         *([("sinks", SINKS_TEXT)] if m.attn_sinks else []),
         ("positions", pos),
         *([("token types", types_text(cfg))] if m.token_types else []),
@@ -480,6 +487,14 @@ def softcap_text(cap: float, capped: str, of: str) -> str:
     return f"{capped} = c · tanh({of} / c), c = {exact(cap)}, each in (−c, c)"
 
 
+def logit_scale_text(m: ModelConfig) -> str:
+    """model.logit_scale (Cohere's), for the header: the logits' multiplier, and its order
+    beside a logit soft cap (the cap bounds the scaled logits)."""
+    return f"logits = s · logits_raw (out W + b), s = {exact(m.logit_scale or 0)}" + (
+        ", then soft-capped (soft caps)" if m.logit_softcap else ", what probs and generate read"
+    )
+
+
 def softcaps_text(m: ModelConfig) -> str:
     """model.attn_softcap and model.logit_softcap (Gemma 2, Grok-1), each on or off."""
     attn, logits = m.attn_softcap, m.logit_softcap
@@ -493,7 +508,8 @@ def softcaps_text(m: ModelConfig) -> str:
         )
         + "; logits: "
         + (
-            softcap_text(logits, "logits", "logits_raw") + ", what probs and generate read"
+            softcap_text(logits, "logits", "s · logits_raw" if m.logit_scale else "logits_raw")
+            + ", what probs and generate read"
             if logits
             else "off"
         )

@@ -124,8 +124,8 @@ STAGES: tuple[Stage, ...] = (
         "X [W_q,0 | … | W_q,H−1])",
         "L × d_k  (the block's: L × H·d_k)",
         "rope: the queries before their rotation; qk_norm: before their norm",
-        "with model.positional: rope (self-attention) or model.qk_norm: head (per head), "
-        "or model.qk_norm: projection (the block's)",
+        "with model.positional: rope (self-attention; not a layer whose model.pe_base entry "
+        "is null) or model.qk_norm: head (per head), or model.qk_norm: projection (the block's)",
     ),
     Stage(
         "k_raw",
@@ -134,8 +134,8 @@ STAGES: tuple[Stage, ...] = (
         "every K/V head's columns side by side)",
         "L × d_k  (the block's: L × H_kv·d_k)",
         "rope: the keys before their rotation; qk_norm: before their norm",
-        "with model.positional: rope (self-attention) or model.qk_norm: head (per head), "
-        "or model.qk_norm: projection (the block's)",
+        "with model.positional: rope (self-attention; not a layer whose model.pe_base entry "
+        "is null) or model.qk_norm: head (per head), or model.qk_norm: projection (the block's)",
     ),
     Stage(
         "q_norm",
@@ -167,7 +167,8 @@ STAGES: tuple[Stage, ...] = (
         "X W_q + b_q  (rope: RoPE(q_raw, pos), pair (2i, 2i+1), or (i, i+d_k/2) with rope_pairs "
         "halves, turned by pos · base^(−2i/d_k), or by pos · that frequency as the model's "
         "rope_scaling rescales it: linear, llama3 or yarn (model.pe_base or rope_scaling a "
-        "list: the decoder layer's own base and scaling); with rope_dims r only columns "
+        "list: the decoder layer's own base and scaling, a null base none: X W_q + b_q); with "
+        "rope_dims r only columns "
         "0..r−1 turn, pairs and frequencies over r; qk_norm: Norm(q_raw), or "
         "RoPE(q_norm, pos); qk_norm projection: the head's columns of the block's q_norm, "
         "turned by RoPE)",
@@ -531,13 +532,14 @@ STAGES: tuple[Stage, ...] = (
         ("logits_raw",),
         "out W + b  (tied: W = embeddingsᵀ)",
         "L × V",
-        "the logits before their soft cap",
-        "with the model's logit_softcap",
+        "the logits before their soft cap or scale",
+        "with the model's logit_softcap or logit_scale",
     ),
     Stage(
         "logits",
         ("logits",),
-        "out W + b  (tied: W = embeddingsᵀ); soft-capped: c · tanh(logits_raw / c)",
+        "out W + b  (tied: W = embeddingsᵀ); soft-capped: c · tanh(logits_raw / c); scaled: "
+        "s · logits_raw; both: c · tanh(s · logits_raw / c)",
         "L × V",
         "a score for every vocabulary word, at every position: what probs and generate read",
     ),
