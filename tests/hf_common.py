@@ -2,7 +2,8 @@
 tests/test_hf_bert.py, tests/test_hf_mistral.py, tests/test_hf_gemma.py,
 tests/test_hf_gemma2.py, tests/test_hf_gemma3.py, tests/test_hf_qwen3.py,
 tests/test_hf_qwen2.py, tests/test_hf_olmo2.py, tests/test_hf_mixtral.py,
-tests/test_hf_qwen3_moe.py, tests/test_hf_olmoe.py, tests/test_hf_gpt_oss.py) share: how a
+tests/test_hf_qwen3_moe.py, tests/test_hf_olmoe.py, tests/test_hf_gpt_oss.py,
+tests/test_hf_cohere.py) share: how a
 model's values are compared with trace-tf's, and how each is run; for the LLaMA-shaped
 decoders (LLaMA, Mistral, Gemma, Qwen2, Qwen3, Mixtral, Qwen3-MoE, OLMoE, GPT-OSS), their
 values by trace-tf step and the
