@@ -77,7 +77,7 @@ def random_config(
     logit_softcap: float | None = None,
     logit_scale: float | None = None,
     attn_sinks: bool = False,
-    experts: int | None = None,
+    experts: int | list[int | None] | None = None,
     experts_top_k: int | None = None,
     experts_normalize: bool | None = None,
     router_bias: bool = False,
@@ -115,7 +115,8 @@ def random_config(
     `experts` E: each FFN a mixture of experts (model.experts, experts_top_k, and
     experts_normalize when given), its router [d_model, E] and then each expert's
     weights, as a dense FFN's, drawn in place of the dense FFN's (then its norms);
-    `router_bias`: GPT-OSS's ffn.router_bias [E], drawn after the experts.
+    `router_bias`: GPT-OSS's ffn.router_bias [E], drawn after the experts. A list of
+    experts: each decoder layer's E, or None for a dense FFN (Qwen-MoE's mlp_only_layers).
     `swiglu_limit`: model.swiglu_limit (activation swiglu_oss; small, so that it clamps).
     """
     if d_k is None and d_model % n_heads:
@@ -224,25 +225,25 @@ def random_config(
                 ffn["b_3"] = vector(dff)
         return ffn
 
-    def ffn_block() -> dict[str, Any]:
-        if experts is None:
+    def ffn_block(E: int | None) -> dict[str, Any]:
+        if E is None:
             ffn = dense_ffn()
         else:  # (a router of larger logits, so that the choice is clear-cut)
-            ffn = {"router": (2 * np.array(matrix(d_model, experts))).tolist()}
-            ffn["experts"] = [dense_ffn() for _ in range(experts)]
+            ffn = {"router": (2 * np.array(matrix(d_model, E))).tolist()}
+            ffn["experts"] = [dense_ffn() for _ in range(E)]
             if router_bias:  # GPT-OSS's
-                ffn["router_bias"] = vector(experts)
+                ffn["router_bias"] = vector(E)
         if parallel != "shared":
             ffn["norm"] = norm_params()
         if norm_position == "sandwich":
             ffn["post_norm"] = norm_params()
         return ffn
 
-    def layer(cross: bool) -> dict[str, Any]:
+    def layer(cross: bool, l: int) -> dict[str, Any]:
         block = {"self_attn": attention_block(positional == "relative", attn_sinks)}
         if cross:
             block["cross_attn"] = attention_block()
-        block["ffn"] = ffn_block()
+        block["ffn"] = ffn_block(experts[l] if isinstance(experts, list) else experts)
         return block
 
     def sequence(length: int, first: str | None = None) -> list[str]:
@@ -296,9 +297,9 @@ def random_config(
 
     weights: dict[str, Any] = {}
     if encoder_layers:
-        weights["encoder"] = [layer(cross=False) for _ in range(encoder_layers)]
+        weights["encoder"] = [layer(cross=False, l=l) for l in range(encoder_layers)]
     if decoder_layers:
-        weights["decoder"] = [layer(cross=encoder_layers > 0) for _ in range(decoder_layers)]
+        weights["decoder"] = [layer(cross=encoder_layers > 0, l=l) for l in range(decoder_layers)]
     if final_on:
         for stack, n_layers in (("encoder", encoder_layers), ("decoder", decoder_layers)):
             if n_layers:

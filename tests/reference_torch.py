@@ -75,8 +75,9 @@ class Hyper:
     qk_norm: str  # "head": each head's q and k normalised over d_k before RoPE (Qwen3);
     # "projection": all of q_proj(x) normalised over H·d_k, k_proj(x) over H_kv·d_k (OLMo 2)
     # a mixture of experts (Mixtral): E experts (0: a dense FFN), each token to its top k,
-    # their probabilities renormalised to sum to 1 when experts_normalize
-    experts: int = 0
+    # their probabilities renormalised to sum to 1 when experts_normalize; a list, each
+    # decoder layer's (0, null in the config: that layer's FFN dense)
+    experts: int | tuple[int, ...] = 0
     experts_top_k: int = 0
     experts_normalize: bool = True
     # GPT-OSS's clamped SwiGLU (activation swiglu_oss): its limit and gain
@@ -144,7 +145,9 @@ def hyper(model: dict[str, Any]) -> Hyper:
         rope_dims=int(model.get("rope_dims") or d_k),
         parallel=model.get("parallel", "none"),
         qk_norm=model.get("qk_norm", "none"),
-        experts=int(model.get("experts") or 0),
+        experts=tuple(int(e or 0) for e in experts)
+        if isinstance(experts := model.get("experts"), list)
+        else int(experts or 0),
         experts_top_k=int(model.get("experts_top_k") or 0),
         experts_normalize=bool(model.get("experts_normalize", True)),
         swiglu_limit=float(model.get("swiglu_limit", 7.0)),
@@ -685,9 +688,11 @@ def ffn_sublayer(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
     written as Hugging Face writes it): router logits x W_r, softmax, torch.topk, the k
     weights renormalised (experts_normalize), each expert on its tokens' rows only, their
     weighted outputs added with index_add_ in expert order. [n, d_model] -> [n, d_model]"""
-    if not hp.experts:
+    # (a list: the layer's own, `decoder.<l>.ffn`'s entry)
+    E = hp.experts[int(path.split(".")[1])] if isinstance(hp.experts, tuple) else hp.experts
+    if not E:
         return feed_forward(x, ffn, hp, tr, path)
-    E, k = hp.experts, hp.experts_top_k
+    k = hp.experts_top_k
     logits = tr.rec(
         f"{path}.router",
         x @ param(ffn, "router", (hp.d_model, E)) + param(ffn, "router_bias", (E,), 0.0),

@@ -3030,6 +3030,10 @@ SINKS = [
 
 # A mixture of experts (model.experts, experts_top_k, experts_normalize; ffn.router, experts)
 MOE_DEC = NEOX_DEC.replace("rope\n", "rope\n  experts: 2\n  experts_top_k: 1\n")
+# two decoder layers, a mixture of 2 experts then a dense FFN
+MOE_L2 = NEOX_DEC.replace("decoder_layers: 1", "decoder_layers: 2").replace(
+    "rope\n", "rope\n  experts: [2, null]\n  experts_top_k: 1\n"
+)
 MOE = [
     case(
         "experts-top-k-missing",
@@ -3149,6 +3153,78 @@ MOE = [
         "experts_top_k",
         "model.experts is not given (a dense FFN) (model.experts set by --set)",
         args=("decode", "{file}", "--set", "model.experts=null"),
+    ),
+    # model.experts as a list: each decoder layer's (null: a dense FFN), as model.window's
+    case(
+        "experts-list-length",
+        NEOX_DEC.replace("rope\n", "rope\n  experts: [2, null]\n  experts_top_k: 1\n"),
+        "model.experts",
+        "experts: [",
+        "a list of experts has one entry per decoder layer, and decoder_layers is 1",
+        "expected a list of 1 (each a whole number >= 1 of experts, or null: a dense FFN)",
+        "found a list of 2",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-entry",
+        MOE_L2.replace("[2, null]", "[2, 0]"),
+        "model.experts.1",
+        "experts: [",
+        "must be at least 1",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-entry-text",
+        MOE_L2.replace("[2, null]", "[two, null]"),
+        "model.experts.0",
+        "experts: [",
+        "not a whole number",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-beside-an-encoder",
+        ENC_DEC.replace("decoder_layers: 1\n", "decoder_layers: 1\n  experts: [2]\n  experts_top_k: 1\n"),
+        "model.experts",
+        "experts: [",
+        "a list of experts has one entry per decoder layer, for a decoder-only model, and "
+        "encoder_layers is 1",
+        "expected model.encoder_layers: 0 beside a list of experts",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-top-k-above-the-fewest",
+        MOE_L2.replace("[2, null]", "[4, 2]").replace("top_k: 1", "top_k: 3"),
+        "model.experts_top_k",
+        "experts_top_k",
+        "more experts per token than model.experts.1 (2)",
+        "expected a whole number from 1 to 2, found 3",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-all-dense-top-k",
+        MOE_L2.replace("[2, null]", "[null, null]"),
+        "model.experts_top_k",
+        "experts_top_k",
+        "a setting of a mixture of experts, and model.experts gives no layer experts",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-router-in-the-dense-layer",
+        MOE_L2 + "weights:\n  decoder:\n    - {}\n    - ffn:\n        router: [[1]]\n",
+        "weights.decoder.1.ffn.router",
+        "router",
+        "router belongs to a mixture of experts, and model.experts.1 is null (a dense FFN)",
+        "expected model.experts.1 and model.experts_top_k beside router",
+        args=("decode", "{file}"),
+    ),
+    case(
+        "experts-list-W-1-in-the-sparse-layer",
+        MOE_L2 + "weights:\n  decoder:\n    - ffn:\n        W_1: [[1]]\n",
+        "weights.decoder.0.ffn.W_1",
+        "W_1",
+        "with model.experts.0 (2) each expert has its own W_1",
+        "or no model.experts.0 (a dense FFN)",
+        args=("decode", "{file}"),
     ),
     # GPT-OSS's router bias and clamped SwiGLU (model.activation swiglu_oss)
     case(

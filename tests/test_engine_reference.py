@@ -579,6 +579,19 @@ SHAPES = [
         experts=3,
         experts_top_k=1,
     ),
+    # experts by layer (a list, Qwen-MoE's mlp_only_layers): a dense layer between
+    # mixtures of 4 and 3 experts, top 2 not renormalised
+    dict(
+        d_model=6,
+        n_heads=2,
+        encoder_layers=0,
+        decoder_layers=3,
+        **LLAMA,
+        tgt_len=5,
+        experts=[4, None, 3],
+        experts_top_k=2,
+        experts_normalize=False,
+    ),
     # GPT-OSS's shape: LLaMA's with q/k/v/o biases, sinks, alternating windows, a router
     # bias and the clamped SwiGLU, its limit small enough to clamp both the gate and U
     dict(

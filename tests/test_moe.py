@@ -329,3 +329,92 @@ def test_json_npz_and_diff_carry_the_mixture(tmp_path: Path) -> None:
     rows = {r["path"]: r for r in json.loads(result.stdout)["steps"]}
     assert rows["decoder.0.ffn.route_prob"]["status"] == "same"
     assert rows["decoder.0.ffn.routed"]["status"] == "differs"
+
+
+# model.experts as a list (Qwen-MoE's mlp_only_layers): each decoder layer's number of
+# experts, null for a dense FFN. Every step against tests/reference_torch.py:
+# tests/test_engine_reference.py; against Hugging Face: tests/test_hf_qwen2_moe.py.
+
+
+def _by_layer(experts: list[int | None], k: int = 2) -> dict[str, Any]:
+    """Mixtral's shape with each decoder layer's own experts, every array given."""
+    return random_config(
+        np.random.default_rng(9),
+        d_model=6,
+        n_heads=2,
+        d_ff=5,
+        encoder_layers=0,
+        decoder_layers=len(experts),
+        **LLAMA,
+        biases=False,
+        tgt_len=6,
+        experts=experts,
+        experts_top_k=k,
+    )
+
+
+def test_a_list_of_equal_entries_is_the_single_value_step_for_step() -> None:
+    from trace_tf.runner import conventions
+
+    listed = config_from(_by_layer([3, 3]))
+    single = copy.deepcopy(_by_layer([3, 3]))
+    single["model"]["experts"] = 3
+    one = config_from(single)
+    assert isinstance(listed, Config) and isinstance(one, Config)
+    assert listed.model == one.model and conventions(listed) == conventions(one)
+    a, b = run(listed, "full"), run(one, "full")
+    assert list(a.steps) == list(b.steps)
+    for path in a.steps:
+        assert np.array_equal(a.value(path), b.value(path)), path
+    dense = copy.deepcopy(single)
+    dense["model"] |= {"experts": [None, None], "experts_top_k": None}
+    for layer in dense["weights"]["decoder"]:
+        layer["ffn"] = {"norm": layer["ffn"]["norm"]} | layer["ffn"]["experts"][0]
+    cfg = config_from(dense)
+    assert isinstance(cfg, Config) and cfg.model.experts == 0 and not cfg.model.layer_experts
+
+
+def test_a_dense_layer_among_mixtures_computes_its_ffn_by_hand() -> None:
+    raw = _by_layer([4, None, 3])
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    assert [cfg.model.experts_of(l) for l in range(3)] == [4, 0, 3]
+    trace = run(cfg, "full")
+    assert "decoder.1.ffn.router" not in trace and "decoder.1.ffn.e0.x" not in trace.paths()
+    assert trace.value("decoder.0.ffn.router").shape == (6, 4)
+    assert trace.value("decoder.2.ffn.router").shape == (6, 3)
+    # layer 1's FFN: the dense SwiGLU of its own W_1, W_3, W_2 on its normalised input
+    ffn = raw["weights"]["decoder"][1]["ffn"]
+    X = trace.value(trace["decoder.1.ffn.hidden"].inputs[0])
+    W_1, W_3, W_2 = (np.array(ffn[k]) for k in ("W_1", "W_3", "W_2"))
+    want = (_silu(X @ W_1) * (X @ W_3)) @ W_2
+    np.testing.assert_allclose(trace.value("decoder.1.ffn.out"), want, rtol=1e-12, atol=1e-12)
+    # the sparse layers by hand, as Mixtral's
+    for l in (0, 2):
+        X = trace.value(trace[f"decoder.{l}.ffn.router"].inputs[0])
+        hand = _by_hand(X, raw["weights"]["decoder"][l]["ffn"], 2, True)
+        np.testing.assert_allclose(trace.value(f"decoder.{l}.ffn.out"), hand["out"], atol=1e-12)
+
+
+def test_experts_by_layer_in_header_explain_cost_and_size_bound() -> None:
+    from trace_tf.config import OBJECT_COST, trace_size
+    from trace_tf.runner import conventions
+
+    cfg = config_from(_by_layer([4, None, 3]))
+    assert isinstance(cfg, Config)
+    text = dict(conventions(cfg))["experts"]
+    assert "by layer: layer 0 4 experts, layer 1 dense (one FFN), layer 2 3 experts" in text
+    trace = run(cfg, "full")
+    for step in trace:
+        if ".ffn." not in step.path or step.stage in ("norm", "rms", "residual"):
+            continue
+        for cell in [(0, 0), (step.shape[0] - 1, step.shape[1] - 1)]:
+            e = explain(cfg, trace, step, cell)
+            assert e.agrees, (step.path, cell, e.value, e.result)
+    # the dense layer's out is a product, the sparse layers' the weighted sum
+    ledger = {c.path: c for c in cost.ledger(cfg)}
+    L, d, dff = 6, 6, 5
+    assert ledger["decoder.1.ffn.out"].macs == L * dff * d
+    assert ledger["decoder.0.ffn.out"].macs == ledger["decoder.2.ffn.out"].macs == L * 2 * d
+    recorded = sum(trace.value(p).size for p in trace.steps)
+    assert recorded + OBJECT_COST * len(trace.steps) <= trace_size(cfg.model, 6, len(cfg.vocab))

@@ -300,8 +300,13 @@ class ModelConfig:
     attn_sinks: bool = False
     # a mixture of experts (Mixtral): each FFN is `experts` expert FFNs and a router that
     # sends each token to the experts_top_k of largest probability, their probabilities
-    # renormalised to sum to 1 when experts_normalize; 0 (not given): one dense FFN
+    # renormalised to sum to 1 when experts_normalize; 0 (not given): one dense FFN; with
+    # a list (layer_experts), the most any decoder layer has (use experts_of for a layer's)
     experts: int = 0
+    # model.experts as a list (Qwen-MoE's mlp_only_layers): each decoder layer's experts,
+    # 0 for a dense FFN; () when model.experts is one number (or null, or a list of equal
+    # entries) for every layer
+    layer_experts: tuple[int, ...] = ()
     experts_top_k: int = 0
     experts_normalize: bool = True
     # activation swiglu_oss (GPT-OSS): the gate clamped above at swiglu_limit and the up
@@ -371,6 +376,17 @@ class ModelConfig:
     def nope_layers(self) -> tuple[int, ...]:
         """The decoder layers without RoPE in a RoPE model (model.pe_base's null entries)."""
         return tuple(l for l, base in enumerate(self.layer_pe_bases) if base is None)
+
+    def experts_of(self, layer: int) -> int:
+        """Layer `layer`'s number of experts (0: a dense FFN); an encoder layer's is
+        model.experts (a list is for a decoder-only model)."""
+        return self.layer_experts[layer] if self.layer_experts else self.experts
+
+    def experts_at(self, path: str) -> int:
+        """The experts of the FFN a step's `path` is under (`decoder.1.ffn.out`: layer 1's)."""
+        parts = path.split(".")
+        layer = parts[1] if len(parts) > 1 else ""
+        return self.experts_of(int(layer)) if layer.isdigit() else self.experts
 
     @property
     def mixed_windows(self) -> bool:
@@ -2592,7 +2608,7 @@ class _Validator:
             logit_softcap=self.softcap(m.get("logit_softcap"), p + "logit_softcap"),
             logit_scale=self.logit_scale(m.get("logit_scale"), p + "logit_scale"),
             attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
-            **self.experts(m),
+            **self.experts(m, enc, dec),
             **self.swiglu_oss(m, p),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
@@ -2970,44 +2986,87 @@ class _Validator:
             )
         return tuple(float(x) for x in slopes)
 
-    def experts(self, m: dict[str, Any]) -> dict[str, Any]:
-        """model.experts E (null or absent: a dense FFN), experts_top_k k, 1 <= k <= E,
-        required beside it, and experts_normalize (default true, Mixtral's); the two are
-        refused without experts. -> ModelConfig's experts, experts_top_k, experts_normalize"""
-        if m.get("experts") is None:
+    def experts(
+        self, m: dict[str, Any], encoder_layers: int, decoder_layers: int
+    ) -> dict[str, Any]:
+        """model.experts E (null or absent: a dense FFN), or a list of one such per decoder
+        layer (Qwen-MoE's dense mlp_only_layers among sparse ones); experts_top_k k, 1 <= k
+        <= every E, required beside it, and experts_normalize (default true, Mixtral's);
+        the two are refused without experts. -> ModelConfig's experts, layer_experts,
+        experts_top_k, experts_normalize"""
+        value = m.get("experts")
+        layers = self.layer_experts(value, encoder_layers, decoder_layers)
+        if not any(layers):
             for key in ("experts_top_k", "experts_normalize"):
                 if m.get(key) is not None:
                     raise self.ctx.err(
                         f"model.{key}",
-                        f"{key} is a setting of a mixture of experts, and model.experts is "
-                        "not given (a dense FFN)" + self.ctx.set_by("model.experts"),
+                        f"{key} is a setting of a mixture of experts, and model.experts "
+                        + (
+                            "is not given (a dense FFN)"
+                            if value is None
+                            else "gives no layer experts"
+                        )
+                        + self.ctx.set_by("model.experts"),
                         expected=f"model.experts: the number of experts beside model.{key}, "
                         f"or no {key}",
                         found_text=f"{key} without experts",
                     )
             return {}
-        E = self.integer(m["experts"], "model.experts", 1)
+        E = min(e for e in layers if e)  # (the fewest of a sparse layer bounds k)
+        where = "model.experts" + (f".{layers.index(E)}" if isinstance(value, list) else "")
         if m.get("experts_top_k") is None:
             raise self.ctx.err(
                 "model.experts_top_k",
                 "missing required key experts_top_k (how many experts each token is sent to)",
-                expected=f"a whole number from 1 to model.experts ({E})",
+                expected=f"a whole number from 1 to {where} ({E})",
             )
         k = self.integer(m["experts_top_k"], "model.experts_top_k", 1)
         if k > E:
             raise self.ctx.err(
                 "model.experts_top_k",
-                f"more experts per token than model.experts ({E})"
-                + self.ctx.set_by("model.experts"),
+                f"more experts per token than {where} ({E})" + self.ctx.set_by("model.experts"),
                 expected=f"a whole number from 1 to {E}",
                 found_text=str(k),
             )
         normalize = m.get("experts_normalize", True)
         return {
-            "experts": E,
+            "experts": max(layers),
+            "layer_experts": layers if len(set(layers)) > 1 else (),
             "experts_top_k": k,
             "experts_normalize": self.boolean(normalize, "model.experts_normalize"),
         }
+
+    def layer_experts(
+        self, value: Any, encoder_layers: int, decoder_layers: int
+    ) -> tuple[int, ...]:
+        """model.experts as each layer's experts (0: a dense FFN): one number (or null) for
+        every layer, or a list of one per decoder layer, only for a decoder-only model (as
+        model.window's list)."""
+        path = "model.experts"
+        if not isinstance(value, list):
+            return (0 if value is None else self.integer(value, path, 1),)
+        if encoder_layers:
+            raise self.ctx.err(
+                path,
+                "a list of experts has one entry per decoder layer, for a decoder-only model, "
+                f"and encoder_layers is {encoder_layers}" + self.ctx.set_by("model.encoder_layers"),
+                expected="model.encoder_layers: 0 beside a list of experts, or one number for "
+                "every layer",
+                found_text=f"a list of {len(value)}",
+            )
+        if len(value) != decoder_layers:
+            raise self.ctx.err(
+                path,
+                f"a list of experts has one entry per decoder layer, and decoder_layers is "
+                f"{decoder_layers}" + self.ctx.set_by("model.decoder_layers"),
+                expected=f"a list of {decoder_layers} (each a whole number >= 1 of experts, "
+                "or null: a dense FFN), or one number for every layer",
+                found_text=f"a list of {len(value)}",
+            )
+        return tuple(
+            0 if e is None else self.integer(e, f"{path}.{l}", 1) for l, e in enumerate(value)
+        )
 
     def swiglu_oss(self, m: dict[str, Any], p: str) -> dict[str, Any]:
         """model.swiglu_limit (> 0) and model.swiglu_alpha (> 0), GPT-OSS's defaults 7 and
@@ -3883,12 +3942,19 @@ class _Validator:
         )
 
     def ffn(
-        self, value: Any, path: str, m: ModelConfig, shared: NormWeights | None = None
+        self,
+        value: Any,
+        path: str,
+        m: ModelConfig,
+        shared: NormWeights | None = None,
+        layer: int | None = None,
     ) -> FFNWeights | MoEWeights:
-        """An FFN's weights (a mixture of experts' with model.experts); with a `shared`
-        norm (model.parallel: shared, the attention's), it has none of its own, and giving
-        one is refused."""
+        """An FFN's weights (a mixture of experts' where its layer has experts: decoder
+        layer `layer`'s entry of model.experts' list); with a `shared` norm (model.parallel:
+        shared, the attention's), it has none of its own, and giving one is refused."""
         p = f"weights.{path}"
+        E = m.experts if layer is None else m.experts_of(layer)
+        setting = "model.experts" + (f".{layer}" if m.layer_experts and layer is not None else "")
         keys = ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2")
         moe = ("router", "router_bias", "experts")
         f = self.mapping(value, p, (*keys, *moe, "norm", "post_norm"))
@@ -3901,34 +3967,34 @@ class _Validator:
                 "self_attn.norm), or model.parallel: separate",
                 found_text="model.parallel: shared",
             )
-        own = [k for k in (moe if not m.experts else keys) if f.get(k) is not None]
-        if own and m.experts:
+        own = [k for k in (moe if not E else keys) if f.get(k) is not None]
+        if own and E:
             raise self.ctx.err(
                 f"{p}.{own[0]}",
-                f"with model.experts ({m.experts}) each expert has its own {own[0]}"
+                f"with {setting} ({E}) each expert has its own {own[0]}"
                 + self.ctx.set_by("model.experts"),
-                expected=f"{p}.experts.<e>.{own[0]} (e from 0 to {m.experts - 1}), or no "
-                "model.experts (a dense FFN)",
+                expected=f"{p}.experts.<e>.{own[0]} (e from 0 to {E - 1}), or no "
+                f"{setting} (a dense FFN)",
                 found_text=f"{own[0]} of the whole FFN",
             )
         if own:
+            given = "is null (a dense FFN)" if setting != "model.experts" else "is not given"
             raise self.ctx.err(
                 f"{p}.{own[0]}",
-                f"{own[0]} belongs to a mixture of experts, and model.experts is not given"
+                f"{own[0]} belongs to a mixture of experts, and {setting} {given}"
                 + self.ctx.set_by("model.experts"),
-                expected=f"model.experts and model.experts_top_k beside {own[0]}, or no {own[0]}",
+                expected=f"{setting} and model.experts_top_k beside {own[0]}, or no {own[0]}",
                 found_text=f"{own[0]} in a dense FFN",
             )
         norm = self.norm(f.get("norm"), f"{p}.norm", m.d_model) if shared is None else shared
         post_norm = self.post_norm(f.get("post_norm"), f"{p}.post_norm", m)
-        if not m.experts:
+        if not E:
             return self.dense_ffn(f, path, m, norm, post_norm)
-        E = m.experts
         router = self.weight(
             f, "router", f"{p}.router", f"{path}.router", (m.d_model, E), "d_model x experts"
         )
         entries = self.bounded_list(
-            f.get("experts"), f"{p}.experts", E, "expert", "experts", "model.experts"
+            f.get("experts"), f"{p}.experts", E, "expert", "experts", setting
         )
         experts = tuple(
             self.dense_ffn(
@@ -4021,7 +4087,7 @@ class _Validator:
                 else None
             )
             shared = self_attn.norm if m.parallel == "shared" else None
-            ffn = self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m, shared)
+            ffn = self.ffn(layer.get("ffn"), f"{stack}.{l}.ffn", m, shared, l)
             out.append(LayerWeights(self_attn=self_attn, ffn=ffn, cross_attn=cross_attn))
         return tuple(out)
 

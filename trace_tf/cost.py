@@ -323,9 +323,10 @@ def ledger(cfg: Config) -> list[Cost]:
     tr = ShapeTracer()
     with np.errstate(all="ignore"):  # the numbers are not shown: their overflow is no news
         model.run_full(cfg, tr)
-    experts = cfg.model.experts > 0
+    m = cfg.model
     return [
-        cost_of(path, shape, inputs, again, experts) for path, shape, inputs, again in tr.shapes
+        cost_of(path, shape, inputs, again, m.experts_at(path) > 0)
+        for path, shape, inputs, again in tr.shapes
     ]
 
 
@@ -334,7 +335,7 @@ def classify(
 ) -> tuple[Product | Free | Normed | Columns, tuple[int, ...]]:
     """How a recorded step is computed (its entry in COSTS) and its terms; an error
     (a bug, not bad input) when no way, or more than one, fits. `experts`: whether the
-    model's FFNs are mixtures, whose ffn.out alone is a weighted sum (its shapes can be
+    step's FFN (its layer's) is a mixture, whose ffn.out alone is a weighted sum (its shapes can be
     those of a product too: one expert for all L = E tokens)."""
     entry = stage_of(path)
     ways = COSTS.get(entry.key, ()) if entry is not None else ()

@@ -1708,7 +1708,7 @@ def _ffn_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     """A dense FFN's (or an expert's) out, a product; a mixture of experts' ffn.out, the
     sum of its chosen experts' outs, weighted."""
     assert isinstance(ctx.cfg, Config)
-    if not ctx.cfg.model.experts or not step.path.endswith(".ffn.out"):
+    if not step.path.endswith(".ffn.out") or not ctx.cfg.model.experts_at(step.path):
         return _linear(ctx, step, cell)
     f = ctx.f
     i, j = cell

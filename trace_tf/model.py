@@ -928,7 +928,7 @@ def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NU
     of model.activation, runs on the rows of the tokens sent to it only, and out[i] =
     Σ_e routed[i,e] · expert e's out for token i, the experts in index order. An expert
     no token chose computes and records nothing. [L, d] -> [L, E] -> [L, d]"""
-    labels = expert_labels(m.experts)
+    labels = expert_labels(len(mw.experts))
     logits = tr.rec(
         "router",
         ops.linear(x, mw.router, mw.router_bias),

@@ -386,14 +386,22 @@ NORM_POSITION_TEXT = {
 
 def experts_text(m: ModelConfig) -> str:
     """A mixture of experts' conventions: the router, top-k and its ties, the weights."""
-    E, k = m.experts, m.experts_top_k
+    k = m.experts_top_k
+    if m.layer_experts:  # (model.experts a list: some layers dense, or of other numbers)
+        each = ", ".join(
+            f"layer {l} " + (f"{e} experts" if e else "dense (one FFN)")
+            for l, e in enumerate(m.layer_experts)
+        )
+        mixture = f"by layer: {each}; a mixture's experts"
+    else:
+        mixture = f"mixture of {m.experts} experts"
     weights = (
         "their probabilities renormalised to sum to 1 (experts_normalize)"
         if m.experts_normalize
         else "their probabilities as they are, not renormalised (experts_normalize false)"
     )
     return (
-        f"mixture of {E} experts, each an FFN of the activation above: router logits X W_r "
+        f"{mixture}, each an FFN of the activation above: router logits X W_r "
         f"(+ b_r where ffn.router_bias is given), softmax over the experts, each token sent to the {k} of largest "
         f"probability (ties: the lowest index), {weights}; out = Σ of the weight times each "
         "chosen expert's out, the experts in index order; an expert computes only its "

@@ -55,7 +55,7 @@ class Stage:
 
 
 _HEAD = "<stack>.<l>.<block>.h<n>"
-_MOE = "with model.experts (a mixture of experts)"
+_MOE = "with model.experts (a mixture of experts; a list's: in the layers of experts only)"
 _BLOCK = "<stack>.<l>.<block>"  # model.qk_norm projection's steps: the block's, all heads'
 
 STAGES: tuple[Stage, ...] = (
