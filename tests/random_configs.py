@@ -81,6 +81,8 @@ def random_config(
     experts_top_k: int | None = None,
     experts_normalize: bool | None = None,
     router_bias: bool = False,
+    shared_expert: str | None = None,
+    shared_expert_d_ff: int | None = None,
     swiglu_limit: float | None = None,
 ) -> dict[str, Any]:
     """A config for the model described by the arguments, every array drawn from `rng`.
@@ -117,6 +119,8 @@ def random_config(
     weights, as a dense FFN's, drawn in place of the dense FFN's (then its norms);
     `router_bias`: GPT-OSS's ffn.router_bias [E], drawn after the experts. A list of
     experts: each decoder layer's E, or None for a dense FFN (Qwen-MoE's mlp_only_layers).
+    `shared_expert` gated or plain: each mixture's shared FFN (of `shared_expert_d_ff`,
+    else d_ff) drawn after its experts, then (gated) its shared_gate [d_model, 1].
     `swiglu_limit`: model.swiglu_limit (activation swiglu_oss; small, so that it clamps).
     """
     if d_k is None and d_model % n_heads:
@@ -215,14 +219,15 @@ def random_config(
                 block["sinks"] = logits
         return block
 
-    def dense_ffn() -> dict[str, Any]:
-        ffn: dict[str, Any] = {"W_1": matrix(d_model, dff), "W_2": matrix(dff, d_model)}
+    def dense_ffn(width: int | None = None) -> dict[str, Any]:
+        ff = width or dff
+        ffn: dict[str, Any] = {"W_1": matrix(d_model, ff), "W_2": matrix(ff, d_model)}
         if biases:
-            ffn["b_1"], ffn["b_2"] = vector(dff), vector(d_model)
+            ffn["b_1"], ffn["b_2"] = vector(ff), vector(d_model)
         if activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_oss"):  # an up projection
-            ffn["W_3"] = matrix(d_model, dff)
+            ffn["W_3"] = matrix(d_model, ff)
             if biases:
-                ffn["b_3"] = vector(dff)
+                ffn["b_3"] = vector(ff)
         return ffn
 
     def ffn_block(E: int | None) -> dict[str, Any]:
@@ -233,6 +238,10 @@ def random_config(
             ffn["experts"] = [dense_ffn() for _ in range(E)]
             if router_bias:  # GPT-OSS's
                 ffn["router_bias"] = vector(E)
+            if shared_expert is not None:  # Qwen2-MoE's, DeepSeek's
+                ffn["shared"] = dense_ffn(shared_expert_d_ff)
+                if shared_expert == "gated":
+                    ffn["shared_gate"] = matrix(d_model, 1)
         if parallel != "shared":
             ffn["norm"] = norm_params()
         if norm_position == "sandwich":
@@ -279,6 +288,8 @@ def random_config(
         "experts": experts,
         "experts_top_k": experts_top_k,
         "experts_normalize": experts_normalize,
+        "shared_expert": shared_expert,
+        "shared_expert_d_ff": shared_expert_d_ff,
         "swiglu_limit": swiglu_limit,
     }
     model.update({key: value for key, value in given.items() if value is not None})

@@ -80,6 +80,10 @@ class Hyper:
     experts: int | tuple[int, ...] = 0
     experts_top_k: int = 0
     experts_normalize: bool = True
+    # a shared expert (Qwen2-MoE's, "gated": sigmoid(x w_g) times it; DeepSeek's "plain"),
+    # of width shared_expert_d_ff, on every token, added to the routed sum
+    shared_expert: str = "none"
+    shared_expert_d_ff: int = 0
     # GPT-OSS's clamped SwiGLU (activation swiglu_oss): its limit and gain
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
@@ -150,6 +154,8 @@ def hyper(model: dict[str, Any]) -> Hyper:
         else int(experts or 0),
         experts_top_k=int(model.get("experts_top_k") or 0),
         experts_normalize=bool(model.get("experts_normalize", True)),
+        shared_expert=model.get("shared_expert", "none"),
+        shared_expert_d_ff=int(model.get("shared_expert_d_ff") or model.get("d_ff", 4 * d_model)),
         swiglu_limit=float(model.get("swiglu_limit", 7.0)),
         swiglu_alpha=float(model.get("swiglu_alpha", 1.702)),
     )
@@ -655,11 +661,13 @@ def multi_head_attention(
 # ---------------------------------------------------------------- layers and stacks
 
 
-def feed_forward(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str) -> Tensor:
+def feed_forward(
+    x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str, d_ff: int | None = None
+) -> Tensor:
     """act(x W_1 + b_1) W_2 + b_2 (paper 3.3); gated, as Meta's llama
-    w2(silu(w1(x)) * w3(x)): (act(x W_1 + b_1) * (x W_3 + b_3)) W_2 + b_2.
-    [n, d_model] -> [n, d_model]"""
-    d, d_ff = hp.d_model, hp.d_ff
+    w2(silu(w1(x)) * w3(x)): (act(x W_1 + b_1) * (x W_3 + b_3)) W_2 + b_2; of width d_ff
+    (a shared expert's), else hp.d_ff. [n, d_model] -> [n, d_model]"""
+    d, d_ff = hp.d_model, d_ff or hp.d_ff
     hidden = tr.rec(
         f"{path}.hidden", x @ param(ffn, "W_1", (d, d_ff)) + param(ffn, "b_1", (d_ff,), 0.0)
     )
@@ -712,6 +720,12 @@ def ffn_sublayer(x: Tensor, ffn: dict[str, Any], hp: Hyper, tr: Trace, path: str
         x_e = tr.rec(f"{path}.e{e}.x", x[token])
         y = feed_forward(x_e, ffn["experts"][e], hp, tr, f"{path}.e{e}")
         out.index_add_(0, token, y * top[token, slot, None])
+    if hp.shared_expert != "none":  # as Qwen2MoeSparseMoeBlock: expert_output + shared
+        shared = feed_forward(x, ffn["shared"], hp, tr, f"{path}.shared", hp.shared_expert_d_ff)
+        if hp.shared_expert == "gated":
+            w_g = param(ffn, "shared_gate", (hp.d_model, 1))
+            shared = tr.rec(f"{path}.shared.gate", torch.sigmoid(x @ w_g)) * shared
+        out = out + shared
     return tr.rec(f"{path}.out", out)
 
 

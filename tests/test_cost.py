@@ -443,11 +443,12 @@ def _symbols(cfg: Config, path: str, rows: int) -> dict[str, int]:
         L_q = L_k = L_tgt
     if re.search(r"\.ffn\.e\d+\.", path):
         L_q = rows
+    d_ff = m.shared_expert_d_ff if ".ffn.shared." in path else m.d_ff  # a shared expert's own
     return {
-        "E": m.experts, "k": m.experts_top_k,
+        "E": m.experts_at(path), "k": m.experts_top_k, "k+1": m.experts_top_k + 1, "1": 1,
         "L_q": L_q, "L_k": L_k, "L": L_q, "H": m.n_heads, "H_kv": m.n_kv_heads,
         "d_model": m.d_model, "d_k": m.d_k,
-        "d_v": m.d_v, "d_a": m.d_a or m.d_k, "d_ff": m.d_ff, "V": len(cfg.vocab),
+        "d_v": m.d_v, "d_a": m.d_a or m.d_k, "d_ff": d_ff, "V": len(cfg.vocab),
     }  # fmt: skip
 
 
@@ -466,27 +467,27 @@ def _expected_by_kind(cfg: Config) -> dict[str, int]:
         inner = da if m.score == "additive" else dk
         kinds["attention"] += H * (Lq * inner * Lk + Lq * Lk * dv)  # scores, A V
 
-    def ffn(L: int) -> None:  # W_1 and W_2, and a gated FFN's W_3
-        # a mixture of experts: the router, the L·k token-expert pairs, the weighted sum
-        pairs = L * m.experts_top_k if m.experts else L
-        kinds["ffn"] += (
-            (3 if m.activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_oss") else 2)
-            * pairs
-            * d
-            * dff
-        )
-        kinds["ffn"] += (L * d * m.experts + pairs * d) if m.experts else 0
+    def ffn(L: int, E: int) -> None:  # W_1 and W_2, and a gated FFN's W_3
+        # a mixture of experts (of the layer's E): the router, the L·k token-expert pairs,
+        # the weighted sum; its shared expert on the L tokens, its gate and g ⊙ S
+        pairs = L * m.experts_top_k if E else L
+        products = 3 if m.activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_oss") else 2
+        kinds["ffn"] += products * pairs * d * dff
+        kinds["ffn"] += (L * d * E + pairs * d) if E else 0
+        if E and m.shared_expert != "none":
+            kinds["ffn"] += products * L * d * m.shared_expert_d_ff
+            kinds["ffn"] += 2 * L * d if m.shared_expert == "gated" else 0
 
     L_src = len(cfg.source) if m.encoder_layers and cfg.source is not None else 0
     L_tgt = (len(cfg.target) if cfg.target is not None else 1) if m.decoder_layers else 0
     for _ in range(m.encoder_layers):
         attention(L_src, L_src)
-        ffn(L_src)
-    for _ in range(m.decoder_layers):
+        ffn(L_src, m.experts)
+    for l in range(m.decoder_layers):
         attention(L_tgt, L_tgt)
         if m.encoder_layers:
             attention(L_tgt, L_src)
-        ffn(L_tgt)
+        ffn(L_tgt, m.experts_of(l))
     kinds["output"] = (L_tgt or L_src) * d * V
     return kinds
 
@@ -524,7 +525,7 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
     array an earlier step holds (grouped-query attention: a K/V head's K and V, recorded
     in each query head of its group, are computed once)."""
     products = {"q", "q_raw", "k", "k_raw", "v", "q_a", "k_a", "q_b", "scores", "context",
-                "wo", "hidden", "up", "out", "logits_raw", "logits", "router"}  # fmt: skip
+                "wo", "hidden", "up", "out", "logits_raw", "logits", "router", "gate"}  # fmt: skip
     for name, cfg in EVERY_OPTION.items():
         trace = run(cfg)
         ledger = cost.ledger(cfg)
@@ -553,8 +554,10 @@ def test_the_ledger_agrees_with_the_arrays_of_a_traced_run() -> None:
             if step.stage in products and not (rotated or normed or columns or again or capped):
                 first = trace[step.inputs[0]].value  # Q, K, X, concat, A, tanh(…)
                 want = math.prod(step.shape) * first.shape[-1]
-                if step.path.endswith(".ffn.out") and cfg.model.experts:  # Σ of k outs each
+                m = cfg.model
+                if step.path.endswith(".ffn.out") and m.experts_at(step.path):  # Σ of k outs
                     want = math.prod(step.shape) * int((first > 0).sum()) // len(first)
+                    want += math.prod(step.shape) * (m.shared_expert == "gated")  # g ⊙ S
             assert c.shape == step.shape and c.macs == want, (name, c.path, c.macs, want)
 
 
@@ -563,15 +566,20 @@ def test_every_stage_a_model_records_has_its_ways_listed_and_each_is_used() -> N
     registry = {s.key for s in STAGES}
     assert set(cost.COSTS) | calculator_only == registry
     assert not set(cost.COSTS) & calculator_only
-    tracer = cost.ShapeTracer()
-    for cfg in EVERY_OPTION.values():
-        model.run_full(cfg, tracer)
     used = set()
-    for path, shape, inputs, _ in tracer.shapes:
-        entry = stage_of(path)
-        assert entry is not None and entry.key in cost.COSTS, path
-        way, _ = cost.classify(path, shape, inputs)  # exactly one way fits
-        used.add((entry.key, cost.COSTS[entry.key].index(way)))
+    for cfg in EVERY_OPTION.values():
+        tracer = cost.ShapeTracer()
+        model.run_full(cfg, tracer)
+        m = cfg.model
+        # (a shared expert's out adds an L × d_model of its own to the experts' outs: which
+        # sum it is, the ledger says as here, from the model)
+        shared = {"none": 0, "plain": 1, "gated": 2}[m.shared_expert]
+        for path, shape, inputs, _ in tracer.shapes:
+            entry = stage_of(path)
+            assert entry is not None and entry.key in cost.COSTS, path
+            flags = (m.experts_at(path) > 0, shared) if shared else ()
+            way, _ = cost.classify(path, shape, inputs, *flags)  # exactly one way fits
+            used.add((entry.key, cost.COSTS[entry.key].index(way)))
     listed = {(key, i) for key, ways in cost.COSTS.items() for i in range(len(ways))}
     assert used == listed  # every stage and every way of it is exercised above
 

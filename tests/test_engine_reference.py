@@ -592,6 +592,34 @@ SHAPES = [
         experts_top_k=2,
         experts_normalize=False,
     ),
+    # shared experts: Qwen2-MoE's gated one (σ(X w_g)), wider than the experts, in
+    # LLaMA's shape, and DeepSeek's plain one in a padded encoder-decoder, top 1 of 3
+    dict(
+        d_model=6,
+        n_heads=2,
+        d_ff=4,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        tgt_len=5,
+        experts=4,
+        experts_top_k=2,
+        experts_normalize=False,
+        shared_expert="gated",
+        shared_expert_d_ff=7,
+    ),
+    dict(
+        d_model=6,
+        n_heads=2,
+        d_ff=5,
+        decoder_layers=1,
+        pad=True,
+        src_len=5,
+        tgt_len=4,
+        experts=3,
+        experts_top_k=1,
+        shared_expert="plain",
+    ),
     # GPT-OSS's shape: LLaMA's with q/k/v/o biases, sinks, alternating windows, a router
     # bias and the clamped SwiGLU, its limit small enough to clamp both the gate and U
     dict(

@@ -175,6 +175,17 @@ MODEL_CASES: dict[str, dict[str, Any]] = {
         norm="rms", positional="rope", rope_pairs="halves", activation="swiglu_oss",
         swiglu_limit=0.5, tgt_len=5, experts=4, experts_top_k=2, router_bias=True,
     ),
+    # experts by layer (a dense layer after a mixture) with Qwen2-MoE's gated shared
+    # expert of its own width; DeepSeek's plain one in an encoder-decoder
+    "experts_by_layer_shared_gated": _model(
+        d_model=6, n_heads=2, d_ff=3, encoder_layers=0, decoder_layers=2, norm_position="pre",
+        norm="rms", positional="rope", rope_pairs="halves", activation="swiglu", tgt_len=5,
+        experts=[3, None], experts_top_k=2, shared_expert="gated", shared_expert_d_ff=5,
+    ),
+    "experts_shared_plain_cross": _model(
+        d_model=4, n_heads=2, d_ff=3, decoder_layers=1, src_len=4, tgt_len=3, experts=3,
+        experts_top_k=1, shared_expert="plain",
+    ),
 }  # fmt: skip
 
 FILE_CASES = [

@@ -418,3 +418,89 @@ def test_experts_by_layer_in_header_explain_cost_and_size_bound() -> None:
     assert ledger["decoder.0.ffn.out"].macs == ledger["decoder.2.ffn.out"].macs == L * 2 * d
     recorded = sum(trace.value(p).size for p in trace.steps)
     assert recorded + OBJECT_COST * len(trace.steps) <= trace_size(cfg.model, 6, len(cfg.vocab))
+
+
+# A shared expert (model.shared_expert: Qwen2-MoE's gated one, DeepSeek's plain one):
+# an FFN of shared_expert_d_ff on every token, added to the routed sum (times σ(X w_g)).
+
+
+def _shared(kind: str, width: int | None = 7) -> dict[str, Any]:
+    return random_config(
+        np.random.default_rng(4),
+        d_model=6,
+        n_heads=2,
+        d_ff=5,
+        encoder_layers=0,
+        decoder_layers=2,
+        **LLAMA,
+        biases=False,
+        tgt_len=6,
+        experts=[4, None],
+        experts_top_k=2,
+        shared_expert=kind,
+        shared_expert_d_ff=width,
+    )
+
+
+@pytest.mark.parametrize("kind", ["gated", "plain"])
+def test_the_shared_expert_by_hand(kind: str) -> None:
+    raw = _shared(kind)
+    cfg = config_from(raw)
+    assert isinstance(cfg, Config)
+    trace = run(cfg, "full")
+    ffn = raw["weights"]["decoder"][0]["ffn"]
+    X = trace.value(trace["decoder.0.ffn.router"].inputs[0])
+    hand = _by_hand(X, ffn, 2, True)
+    s = ffn["shared"]
+    assert np.array(s["W_1"]).shape == (6, 7)  # its own width, shared_expert_d_ff
+    S = (_silu(X @ np.array(s["W_1"])) * (X @ np.array(s["W_3"]))) @ np.array(s["W_2"])
+    np.testing.assert_allclose(trace.value("decoder.0.ffn.shared.out"), S, atol=1e-12)
+    if kind == "gated":
+        g = 1 / (1 + np.exp(-(X @ np.array(ffn["shared_gate"]))))
+        np.testing.assert_allclose(trace.value("decoder.0.ffn.shared.gate"), g, atol=1e-12)
+        want = hand["out"] + g * S
+    else:
+        assert "decoder.0.ffn.shared.gate" not in trace.paths()
+        want = hand["out"] + S
+    np.testing.assert_allclose(trace.value("decoder.0.ffn.out"), want, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(hand["out"], want)  # (the shared expert is not negligible)
+    # the dense layer of the list has no shared expert
+    assert not any(p.startswith("decoder.1.ffn.shared") for p in trace.paths())
+
+
+def test_the_shared_expert_in_header_explain_cost_and_size_bound() -> None:
+    from trace_tf.config import OBJECT_COST, trace_size
+    from trace_tf.runner import conventions
+
+    cfg = config_from(_shared("gated"))
+    assert isinstance(cfg, Config)
+    text = dict(conventions(cfg))["experts"]
+    assert "a shared expert, an FFN of width 7 (shared_expert_d_ff) on every token" in text
+    assert "g = σ(X w_g)" in text
+    trace = run(cfg, "full")
+    for step in trace:
+        if ".ffn." not in step.path or step.stage in ("norm", "rms", "residual"):
+            continue
+        for cell in [
+            (0, 0),
+            (step.shape[0] - 1, step.shape[1] - 1),
+            (min(2, step.shape[0] - 1), 0),
+        ]:
+            e = explain(cfg, trace, step, cell)
+            assert e.agrees, (step.path, cell, e.value, e.result)
+    out = explain(cfg, trace, trace["decoder.0.ffn.out"], (2, 3))
+    assert out.chain[0].endswith(" + g[2] · S[2,3]")
+    gate = explain(cfg, trace, trace["decoder.0.ffn.shared.gate"], (2, 0))
+    assert gate.chain[0] == "σ(x2 · shared_gate[:,0])"
+    ledger = {c.path: c.macs for c in cost.ledger(cfg)}
+    L, d, ff = 6, 6, 7
+    assert ledger["decoder.0.ffn.shared.hidden"] == ledger["decoder.0.ffn.shared.up"] == L * d * ff
+    assert ledger["decoder.0.ffn.shared.gate"] == L * d
+    assert ledger["decoder.0.ffn.out"] == L * (2 + 1) * d  # k weighted outs and g ⊙ S
+    plain = config_from(_shared("plain"))
+    assert isinstance(plain, Config)
+    assert {c.path: c.macs for c in cost.ledger(plain)}["decoder.0.ffn.out"] == L * 2 * d
+    for c in (cfg, plain):
+        tr = run(c, "full")
+        recorded = sum(tr.value(p).size for p in tr.steps)
+        assert recorded + OBJECT_COST * len(tr.steps) <= trace_size(c.model, 6, len(c.vocab))

@@ -129,6 +129,15 @@ def test_the_config_reference_gives_the_defaults_the_code_has() -> None:
             (0.0, 7.0),
             (base.swiglu_limit, model(d_model=8, activation="swiglu_oss").swiglu_limit),
         ),
+        "`d_ff` (with a shared expert)": (
+            (0, m.d_ff),
+            (
+                base.shared_expert_d_ff,
+                model(
+                    d_model=8, n_heads=2, experts=2, experts_top_k=1, shared_expert="plain"
+                ).shared_expert_d_ff,
+            ),
+        ),
         "1.702 (with `swiglu_oss`)": (
             (0.0, 1.702),
             (base.swiglu_alpha, model(d_model=8, activation="swiglu_oss").swiglu_alpha),

@@ -87,6 +87,8 @@ MODEL_KEYS = [
     "experts",
     "experts_top_k",
     "experts_normalize",
+    "shared_expert",
+    "shared_expert_d_ff",
     "swiglu_limit",
     "swiglu_alpha",
 ]
@@ -189,6 +191,7 @@ SINK_SCORES = QK_NORM_SCORES
 # A per-head weight's fused form under another name: a head's `sink` is entry h of `sinks`
 FUSED_NAMES = {"sink": "sinks"}
 DTYPES = ("float64", "float32")
+SHARED_EXPERTS = ("none", "gated", "plain")  # model.shared_expert
 # Attention score functions (003, 004) and the per-head weights each one reads.
 SCORES = ("scaled_dot", "dot", "additive", "bilinear", "gaussian")
 SCORE_WEIGHTS: dict[str, tuple[str, ...]] = {
@@ -309,6 +312,11 @@ class ModelConfig:
     layer_experts: tuple[int, ...] = ()
     experts_top_k: int = 0
     experts_normalize: bool = True
+    # a shared expert beside the routed ones (Qwen2-MoE, DeepSeek): an FFN of width
+    # shared_expert_d_ff every token goes through, added to the routed sum, "gated" by
+    # σ(X w_g) (Qwen2-MoE's shared_expert_gate) or "plain" (DeepSeek's); "none" without
+    shared_expert: str = "none"
+    shared_expert_d_ff: int = 0
     # activation swiglu_oss (GPT-OSS): the gate clamped above at swiglu_limit and the up
     # projection to ±swiglu_limit, the gate's Swish gain swiglu_alpha; else unused (0)
     swiglu_limit: float = 0.0
@@ -479,6 +487,8 @@ class MoEWeights:
     norm: NormWeights
     post_norm: NormWeights | None = None
     router_bias: np.ndarray | None = None  # [E]: b_r (GPT-OSS's router has one)
+    shared: FFNWeights | None = None  # model.shared_expert: the FFN every token goes through
+    shared_gate: np.ndarray | None = None  # [d_model, 1]: w_g of its gate σ(X w_g) (gated)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The router and each expert's weights that are set, by their key below the FFN."""
@@ -487,6 +497,10 @@ class MoEWeights:
             out["router_bias"] = self.router_bias
         for e, fw in enumerate(self.experts):
             out |= {f"experts.{e}.{k}": v for k, v in ffn_arrays(fw).items()}
+        if self.shared is not None:
+            out |= {f"shared.{k}": v for k, v in ffn_arrays(self.shared).items()}
+        if self.shared_gate is not None:
+            out["shared_gate"] = self.shared_gate
         return out
 
 
@@ -1743,6 +1757,10 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
     ffn += L * (3 * m.experts + m.experts_top_k * (4 * dff + 2 * d))
     oss = m.activation == "swiglu_oss"  # gate_clamp and up_clamp, each FFN and expert pair
     ffn += oss * 2 * L * dff * (1 + m.experts_top_k)
+    # a shared expert (model.shared_expert): its FFN's steps on every token (hidden, act,
+    # up, gated, out; gate_clamp, up_clamp) and its gate
+    shared = m.shared_expert != "none"
+    ffn += shared * (L * (4 + 2 * oss) * m.shared_expert_d_ff + L * d + L)
     sandwich = m.norm_position == "sandwich"  # post_norm and its statistics, each sublayer
     attn += L * (d + 2) if sandwich else 0
     ffn += L * (d + 2) if sandwich else 0
@@ -1765,6 +1783,7 @@ def trace_size(m: ModelConfig, L: int, n_vocab: int) -> int:
         + blocks * 12 * (m.qk_norm == "projection")
         + (enc + dec) * (7 + 3 * sandwich + (3 + 6 * m.experts) * (m.experts > 0))
         + (enc + dec) * 2 * oss * (1 + m.experts)
+        + (enc + dec) * shared * (6 + 2 * oss)
         + stacks * (9 + typed)
         + 3
         + blocks * H * capped
@@ -2609,6 +2628,7 @@ class _Validator:
             logit_scale=self.logit_scale(m.get("logit_scale"), p + "logit_scale"),
             attn_sinks=self.attn_sinks(m.get("attn_sinks", False), p + "attn_sinks", score),
             **self.experts(m, enc, dec),
+            **self.shared_expert(m, p, d_ff),
             **self.swiglu_oss(m, p),
         )
         if config.dtype == "float32":  # a given number float32 cannot hold is refused
@@ -3037,6 +3057,40 @@ class _Validator:
             "experts_normalize": self.boolean(normalize, "model.experts_normalize"),
         }
 
+    def shared_expert(self, m: dict[str, Any], p: str, d_ff: int) -> dict[str, Any]:
+        """model.shared_expert: none (default), gated (Qwen2-MoE's σ(X w_g) times the
+        shared FFN) or plain (DeepSeek's, added as it is), only beside model.experts; and
+        model.shared_expert_d_ff, its width (default d_ff), only beside a shared expert.
+        -> ModelConfig's shared_expert and shared_expert_d_ff"""
+        kind = self.choice(m.get("shared_expert", "none"), p + "shared_expert", SHARED_EXPERTS)
+        if kind == "none":
+            if m.get("shared_expert_d_ff") is not None:
+                raise self.ctx.err(
+                    p + "shared_expert_d_ff",
+                    "shared_expert_d_ff is the width of a shared expert, and "
+                    "model.shared_expert is none" + self.ctx.set_by("model.shared_expert"),
+                    expected="model.shared_expert: gated or plain beside it, or no "
+                    "shared_expert_d_ff",
+                    found_text="shared_expert_d_ff without a shared expert",
+                )
+            return {}
+        experts = m.get("experts")  # (checked before: a number, or a list of numbers and nulls)
+        if experts is None or (isinstance(experts, list) and all(e is None for e in experts)):
+            raise self.ctx.err(
+                p + "shared_expert",
+                "a shared expert is beside a mixture's routed experts, and model.experts is "
+                "not given (a dense FFN)" + self.ctx.set_by("model.experts"),
+                expected="model.experts beside model.shared_expert, or shared_expert: none",
+                found_text=f"shared_expert: {kind}",
+            )
+        width = m.get("shared_expert_d_ff")
+        return {
+            "shared_expert": kind,
+            "shared_expert_d_ff": d_ff
+            if width is None
+            else self.integer(width, p + "shared_expert_d_ff", 1),
+        }
+
     def layer_experts(
         self, value: Any, encoder_layers: int, decoder_layers: int
     ) -> tuple[int, ...]:
@@ -3185,6 +3239,8 @@ class _Validator:
         attn += H * (dk * dk + 2 * dk * m.d_a + m.d_a + dk)  # score weights, at most
         ffn = 2 * d * dff + dff + (5 if m.norm_position == "sandwich" else 3) * d
         ffn += m.experts * (3 * d * dff + 2 * dff + d) + (d + 1) * m.experts  # experts, router
+        shared = m.shared_expert != "none"  # the shared expert's FFN and shared_gate
+        ffn += shared * (3 * d * m.shared_expert_d_ff + 2 * m.shared_expert_d_ff + 2 * d)
         blocks = enc + dec * (2 if enc else 1)  # attention blocks
         total = blocks * attn + (enc + dec) * ffn + 8 * d  # + the final and embedding norms
         total += 2 * V * d + V + (m.max_len * d if m.positional == "learned" else 0)
@@ -3194,7 +3250,9 @@ class _Validator:
         total += trace_size(m, max(lengths, default=1), V)
         # The weight arrays, at most: per head 6, 3 score weights, a rel_bias and a sink; per block W_o,
         # b_o, gamma, beta and QK-norm's 4; per FFN 6; an embedding per token; a few more.
-        total += OBJECT_COST * (blocks * (11 * H + 8) + (enc + dec) * 6 * (1 + m.experts) + V + 8)
+        total += OBJECT_COST * (
+            blocks * (11 * H + 8) + (enc + dec) * (6 * (1 + m.experts) + 7 * shared) + V + 8
+        )
         if total > self.max_elements:
             # every size the bound grows with, so that the one at fault is in sight
             extra = f", d_a {m.d_a}" if m.score in ("bilinear", "additive") else ""
@@ -3956,7 +4014,7 @@ class _Validator:
         E = m.experts if layer is None else m.experts_of(layer)
         setting = "model.experts" + (f".{layer}" if m.layer_experts and layer is not None else "")
         keys = ("W_1", "b_1", "W_3", "b_3", "W_2", "b_2")
-        moe = ("router", "router_bias", "experts")
+        moe = ("router", "router_bias", "experts", "shared", "shared_gate")
         f = self.mapping(value, p, (*keys, *moe, "norm", "post_norm"))
         if shared is not None and f.get("norm") is not None:
             raise self.ctx.err(
@@ -4007,12 +4065,48 @@ class _Validator:
             for e in range(E)
         )
         router_bias = self.bias(f, "router_bias", f"{p}.router_bias", E, "experts")
+        for key, needs in (("shared", ("gated", "plain")), ("shared_gate", ("gated",))):
+            if f.get(key) is not None and m.shared_expert not in needs:
+                raise self.ctx.err(
+                    f"{p}.{key}",
+                    f"{key} belongs to a {' or '.join(needs)} shared expert, and "
+                    f"model.shared_expert is {m.shared_expert}"
+                    + self.ctx.set_by("model.shared_expert"),
+                    expected=f"model.shared_expert: {' or '.join(needs)} beside {key}, or no {key}",
+                    found_text=f"model.shared_expert: {m.shared_expert}",
+                )
+        common = (  # the shared expert (a name apart from `shared`, the shared norm)
+            self.dense_ffn(
+                self.mapping(f.get("shared"), f"{p}.shared", keys),
+                f"{path}.shared",
+                m,
+                norm,
+                None,
+                m.shared_expert_d_ff,
+            )
+            if m.shared_expert != "none"
+            else None
+        )
+        gate = (
+            self.weight(
+                f,
+                "shared_gate",
+                f"{p}.shared_gate",
+                f"{path}.shared_gate",
+                (m.d_model, 1),
+                "d_model x 1",
+            )
+            if m.shared_expert == "gated"
+            else None
+        )
         return MoEWeights(
             router=router,
             experts=experts,
             norm=norm,
             post_norm=post_norm,
             router_bias=router_bias,
+            shared=common,
+            shared_gate=gate,
         )
 
     def dense_ffn(
@@ -4022,27 +4116,30 @@ class _Validator:
         m: ModelConfig,
         norm: NormWeights,
         post_norm: NormWeights | None,
+        d_ff: int | None = None,
     ) -> FFNWeights:
         """A dense FFN's W_1, b_1, (gated: W_3, b_3), W_2, b_2 under `path` (a mixture's
-        expert: `decoder.0.ffn.experts.1`), drawn by the SPEC's rule where not given."""
+        expert: `decoder.0.ffn.experts.1`; its shared expert, of width `d_ff`:
+        `decoder.0.ffn.shared`), drawn by the SPEC's rule where not given."""
         p = f"weights.{path}"
+        ff, ff_name = (m.d_ff, "d_ff") if d_ff is None else (d_ff, "shared_expert_d_ff")
         if not m.gated:
             for key in ("W_3", "b_3"):
                 if f.get(key) is not None:
                     self.refuse_up(f"{p}.{key}", key, m)
         return FFNWeights(
             W_1=self.weight(
-                f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, m.d_ff), "d_model x d_ff"
+                f, "W_1", f"{p}.W_1", f"{path}.W_1", (m.d_model, ff), f"d_model x {ff_name}"
             ),
-            b_1=self.bias(f, "b_1", f"{p}.b_1", m.d_ff, "d_ff"),
+            b_1=self.bias(f, "b_1", f"{p}.b_1", ff, ff_name),
             W_3=self.weight(
-                f, "W_3", f"{p}.W_3", f"{path}.W_3", (m.d_model, m.d_ff), "d_model x d_ff"
+                f, "W_3", f"{p}.W_3", f"{path}.W_3", (m.d_model, ff), f"d_model x {ff_name}"
             )
             if m.gated
             else None,
-            b_3=self.bias(f, "b_3", f"{p}.b_3", m.d_ff, "d_ff"),
+            b_3=self.bias(f, "b_3", f"{p}.b_3", ff, ff_name),
             W_2=self.weight(
-                f, "W_2", f"{p}.W_2", f"{path}.W_2", (m.d_ff, m.d_model), "d_ff x d_model"
+                f, "W_2", f"{p}.W_2", f"{path}.W_2", (ff, m.d_model), f"{ff_name} x d_model"
             ),
             b_2=self.bias(f, "b_2", f"{p}.b_2", m.d_model, "d_model"),
             norm=norm,

@@ -110,6 +110,26 @@ def routed_sum(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
     return None
 
 
+def gated_shared_sum(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """routed_sum, then + g ⊙ S (model.shared_expert gated): g is L × 1, the shared
+    expert's out S is L × d, one multiply-add more per entry: L·(k+1)·d."""
+    if len(inputs) > 3 and inputs[-2] == (shape[0], 1) and inputs[-1] == shape:
+        terms = routed_sum(shape, inputs[:-2])
+        return None if terms is None else (terms[0], terms[1] + 1, terms[2])
+    return None
+
+
+def plain_shared_sum(shape: Shape, inputs: Sequence[Shape]) -> Terms | None:
+    """routed_sum, then + S (model.shared_expert plain): additions, no multiply-adds."""
+    if len(inputs) > 2 and inputs[-1] == shape:
+        return routed_sum(shape, inputs[:-1])
+    return None
+
+
+# a mixture's ffn.out by the shared expert's inputs it records after the experts' outs
+SUMS = {0: routed_sum, 1: plain_shared_sum, 2: gated_shared_sum}
+
+
 @dataclass(frozen=True)
 class Product:
     """A step made by a matrix product: its kind, its multiply-adds in symbols (rows ·
@@ -256,7 +276,10 @@ COSTS: dict[str, tuple[Product | Free | Normed | Columns, ...]] = {
     "out": (
         Product("ffn", "L·d_ff·d_model", x_w),
         Product("ffn", "L·k·d_model", routed_sum),  # each token's k outs, weighted
+        Product("ffn", "L·k·d_model", plain_shared_sum),  # and the shared expert's, added
+        Product("ffn", "L·(k+1)·d_model", gated_shared_sum),  # and g ⊙ S
     ),
+    "gate": (Product("ffn", "L·d_model·1", x_w),),  # a shared expert's σ(X w_g): the product
     "embed_norm": (FREE,),
     "final_norm": (FREE,),
     "output": (FREE,),
@@ -324,25 +347,35 @@ def ledger(cfg: Config) -> list[Cost]:
     with np.errstate(all="ignore"):  # the numbers are not shown: their overflow is no news
         model.run_full(cfg, tr)
     m = cfg.model
+    shared = {"none": 0, "plain": 1, "gated": 2}[m.shared_expert]
     return [
-        cost_of(path, shape, inputs, again, m.experts_at(path) > 0)
+        cost_of(path, shape, inputs, again, m.experts_at(path) > 0, shared)
         for path, shape, inputs, again in tr.shapes
     ]
 
 
 def classify(
-    path: str, shape: Shape, inputs: Sequence[Shape], experts: bool | None = None
+    path: str,
+    shape: Shape,
+    inputs: Sequence[Shape],
+    experts: bool | None = None,
+    shared: int = 0,
 ) -> tuple[Product | Free | Normed | Columns, tuple[int, ...]]:
     """How a recorded step is computed (its entry in COSTS) and its terms; an error
     (a bug, not bad input) when no way, or more than one, fits. `experts`: whether the
     step's FFN (its layer's) is a mixture, whose ffn.out alone is a weighted sum (its shapes can be
-    those of a product too: one expert for all L = E tokens)."""
+    those of a product too: one expert for all L = E tokens); `shared`: the shared
+    expert's inputs that ffn.out records after the experts' (SUMS: 0 none, 1 plain, 2
+    gated)."""
     entry = stage_of(path)
     ways = COSTS.get(entry.key, ()) if entry is not None else ()
     if experts is not None and entry is not None and entry.key == "out":
         summed = experts and path.endswith(".ffn.out")
         ways = tuple(
-            w for w in ways if (isinstance(w, Product) and w.layout is routed_sum) == summed
+            w
+            for w in ways
+            if isinstance(w, Product)
+            and (w.layout is SUMS[shared] if summed else w.layout not in SUMS.values())
         )
     fits = [(way, terms) for way in ways if (terms := way.fit(shape, inputs)) is not None]
     if len(fits) != 1:
@@ -359,11 +392,12 @@ def cost_of(
     inputs: Sequence[Shape],
     again: bool = False,
     experts: bool | None = None,
+    shared: int = 0,
 ) -> Cost:
     """The step's cost; `again`: its array was recorded before (a K/V head's K or V in
     another query head of its group), and a product is not made twice; `experts`: as
-    `classify`."""
-    way, terms = classify(path, shape, inputs, experts)
+    `classify`, and `shared`."""
+    way, terms = classify(path, shape, inputs, experts, shared)
     stage = path.rsplit(".", 1)[-1]
     if again and (isinstance(way, Product) or way.of is not None):  # (a rotation, norm neither)
         return Cost(path, stage, "elementwise", shape, SHARED, (), 0)

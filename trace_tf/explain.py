@@ -1733,6 +1733,24 @@ def _ffn_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         f"{f.fac(w) if k else f.num(w)}×{f.fac(y)}"
         for k, (w, y) in enumerate(zip(ws, ys, strict=True))
     )
+    operands = {f"W[{i},·]": ws, f"Y[·][{j}]": ys}
+    s_name = scope + "shared.out"  # a shared expert's (model.shared_expert), every token's
+    if s_name in step.inputs:
+        s = float(ctx.get(s_name)[i, j])
+        g_name = scope + "shared.gate"
+        where.append(f"S = {s_name}, the shared expert's out")
+        operands[f"S[{i},{j}]"] = [s]
+        if g_name in step.inputs:  # gated: g ⊙ S, added to the routed sum
+            g = float(ctx.get(g_name)[i, 0])
+            symbols.append(f"g[{i}] · S[{i},{j}]")
+            text += f" + {f.fac(g)}×{f.fac(s)}"
+            total += g * s
+            where.append(f"g = {g_name}, σ(X w_g) of token {i}")
+            operands[f"g[{i}]"] = [g]
+        else:
+            symbols.append(f"S[{i},{j}]")
+            text += f" + {f.fac(s)}"
+            total += s
     return _Parts(
         [" + ".join(symbols), text],
         total,
@@ -1741,8 +1759,26 @@ def _ffn_out(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
             + f.vec([W[i, e] for e in experts]),
             *where,
         ],
-        {f"W[{i},·]": ws, f"Y[·][{j}]": ys},
-        inputs=tuple(read),
+        operands,
+        inputs=tuple(read) + tuple(n for n in step.inputs if n.startswith(scope + "shared")),
+    )
+
+
+def _shared_gate(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
+    """A gated shared expert's weight of a token: σ of the product X_i · w_g."""
+    f = ctx.f
+    z = _linear(ctx, step, cell)
+    e = _exp(-z.result)
+    return _Parts(
+        [
+            f"σ({z.chain[0]})",
+            f"1 / (1 + e^(−({z.chain[-1]})))",
+            f"1 / (1 + e^({f.num(-z.result)}))",
+            f"1 / (1 + {f.num(e)})",
+        ],
+        _div(1.0, 1.0 + e),
+        z.where,
+        z.operands,
     )
 
 
@@ -1988,6 +2024,7 @@ EXPLAINERS: dict[str, Explainer] = {
     "centered": _centered,
     "norm_out": _norm_out,
     "router": _linear,
+    "gate": _shared_gate,
     "route_prob": _softmax,
     "routed": _routed,
     "x": _expert_input,

@@ -968,13 +968,27 @@ def mixture_of_experts(x: Array, mw: MoEWeights, m: ModelConfig, tr: Tracer = NU
             ye = feed_forward(xe, fw, m, tr)
         out[rows] += weights[rows, e, None] * ye
         outs.append(ye)
-    return tr.rec(
-        "out",
-        out,
-        "Σ_e routed[i,e] · e<e>.out (the row of token i; each token's k experts, in index order)",
-        weights,
-        *outs,
+    formula = (
+        "Σ_e routed[i,e] · e<e>.out (the row of token i; each token's k experts, in index order)"
     )
+    shared: list[Array] = []
+    if mw.shared is not None:  # Qwen2-MoE's, DeepSeek's: every token, added to the routed sum
+        with tr.scope("shared"):
+            ys = feed_forward(x, mw.shared, m, tr)
+            shared = [ys]
+            if mw.shared_gate is not None:
+                gate = tr.rec(
+                    "gate",
+                    ops.sigmoid(ops.linear(x, mw.shared_gate)),
+                    "g = σ(X w_g) (a weight per token; w_g: ffn.shared_gate)",
+                    *_operands(x, mw.shared_gate, None),
+                )
+                ys, shared = gate * ys, [gate, ys]
+        out = out + ys
+        formula += " + " + (
+            "shared.gate ⊙ shared.out" if mw.shared_gate is not None else "shared.out"
+        )
+    return tr.rec("out", out, formula, weights, *outs, *shared)
 
 
 # ---------------------------------------------------------------------------

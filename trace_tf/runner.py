@@ -405,7 +405,22 @@ def experts_text(m: ModelConfig) -> str:
         f"(+ b_r where ffn.router_bias is given), softmax over the experts, each token sent to the {k} of largest "
         f"probability (ties: the lowest index), {weights}; out = Σ of the weight times each "
         "chosen expert's out, the experts in index order; an expert computes only its "
-        "tokens' rows (e<e>.*), and one no token chose records nothing"
+        "tokens' rows (e<e>.*), and one no token chose records nothing" + shared_text(m)
+    )
+
+
+def shared_text(m: ModelConfig) -> str:
+    """A mixture's shared expert (model.shared_expert), after experts_text's conventions."""
+    if m.shared_expert == "none":
+        return ""
+    added = (
+        "g ⊙ its out added, g = σ(X w_g) a weight per token (shared.gate)"
+        if m.shared_expert == "gated"
+        else "its out added as it is (no gate)"
+    )
+    return (
+        f"; a shared expert, an FFN of width {m.shared_expert_d_ff} (shared_expert_d_ff) on "
+        f"every token (shared.*), {added} to the routed sum"
     )
 
 

@@ -456,14 +456,18 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "hidden",
-        ("<stack>.<l>.ffn.hidden", "<stack>.<l>.ffn.e<n>.hidden"),
+        ("<stack>.<l>.ffn.hidden", "<stack>.<l>.ffn.e<n>.hidden", "<stack>.<l>.ffn.shared.hidden"),
         "H = X W_1 + b_1",
         "L × d_ff",
         "the feed-forward layer's widened features",
     ),
     Stage(
         "gate_clamp",
-        ("<stack>.<l>.ffn.gate_clamp", "<stack>.<l>.ffn.e<n>.gate_clamp"),
+        (
+            "<stack>.<l>.ffn.gate_clamp",
+            "<stack>.<l>.ffn.e<n>.gate_clamp",
+            "<stack>.<l>.ffn.shared.gate_clamp",
+        ),
         "G = min(H, limit)",
         "L × d_ff",
         "GPT-OSS's gate, clamped from above at the model key swiglu_limit (default 7)",
@@ -471,7 +475,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "act",
-        ("<stack>.<l>.ffn.act", "<stack>.<l>.ffn.e<n>.act"),
+        ("<stack>.<l>.ffn.act", "<stack>.<l>.ffn.e<n>.act", "<stack>.<l>.ffn.shared.act"),
         "ReLU(H) = max(0, H)  |  GELU(H) = H Φ(H)  |  GELU tanh approximation  |  SiLU(H) = H σ(H)"
         "  |  swiglu_oss: G σ(α G)",
         "L × d_ff",
@@ -481,7 +485,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "up",
-        ("<stack>.<l>.ffn.up", "<stack>.<l>.ffn.e<n>.up"),
+        ("<stack>.<l>.ffn.up", "<stack>.<l>.ffn.e<n>.up", "<stack>.<l>.ffn.shared.up"),
         "U = X W_3 + b_3",
         "L × d_ff",
         "a gated FFN's up projection, the features the gate scales",
@@ -489,7 +493,11 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "up_clamp",
-        ("<stack>.<l>.ffn.up_clamp", "<stack>.<l>.ffn.e<n>.up_clamp"),
+        (
+            "<stack>.<l>.ffn.up_clamp",
+            "<stack>.<l>.ffn.e<n>.up_clamp",
+            "<stack>.<l>.ffn.shared.up_clamp",
+        ),
         "U' = clamp(U, −limit, limit) + 1",
         "L × d_ff",
         "GPT-OSS's up projection clamped to [−limit, limit], limit the model key "
@@ -498,7 +506,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "gated",
-        ("<stack>.<l>.ffn.gated", "<stack>.<l>.ffn.e<n>.gated"),
+        ("<stack>.<l>.ffn.gated", "<stack>.<l>.ffn.e<n>.gated", "<stack>.<l>.ffn.shared.gated"),
         "act ⊙ U  (swiglu_oss: act ⊙ U')",
         "L × d_ff",
         "a gated FFN's gate times its up projection, entry by entry",
@@ -506,11 +514,21 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "out",
-        ("<stack>.<l>.ffn.out", "<stack>.<l>.ffn.e<n>.out"),
+        ("<stack>.<l>.ffn.out", "<stack>.<l>.ffn.e<n>.out", "<stack>.<l>.ffn.shared.out"),
         "act W_2 + b_2  (gated: gated W_2 + b_2); a mixture of experts' ffn.out: Σ_e "
-        "routed[i,e] · e<e>.out",
+        "routed[i,e] · e<e>.out (+ shared.gate ⊙ shared.out, or + shared.out)",
         "L × d_model",
-        "the feed-forward output, back in d_model (an expert's: of its L_e tokens' rows)",
+        "the feed-forward output, back in d_model (an expert's: of its L_e tokens' rows; "
+        "the shared expert's, ffn.shared.out, of every token)",
+    ),
+    Stage(
+        "gate",
+        ("<stack>.<l>.ffn.shared.gate",),
+        "g = σ(X w_g)  (w_g: the weight shared_gate)",
+        "L × 1",
+        "a gated shared expert's weight of each token (Qwen2-MoE's): ffn.out adds g ⊙ "
+        "shared.out to the routed sum",
+        "with model.shared_expert: gated",
     ),
     Stage(
         "final_norm",
