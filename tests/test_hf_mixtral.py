@@ -120,10 +120,12 @@ def float64_mixtral() -> Iterator[None]:
 
 @torch.no_grad()
 def router_logits(model: Any, prompt: list[int]) -> dict[str, np.ndarray]:
-    """Each layer's router logits (HF's `output_router_logits`), by trace-tf step."""
+    """Each sparse layer's router logits (HF's `output_router_logits`, recorded by the
+    routers in layer order: a dense MLP has none), by trace-tf step."""
     out = model(torch.tensor([prompt]), output_router_logits=True)
-    assert len(out.router_logits) == model.config.num_hidden_layers
-    return {f"decoder.{l}.ffn.router": x.numpy() for l, x in enumerate(out.router_logits)}
+    sparse = [l for l, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+    pairs = zip(sparse, out.router_logits, strict=True)
+    return {f"decoder.{l}.ffn.router": x.numpy() for l, x in pairs}
 
 
 def outputs(model: MixtralForCausalLM, prompt: list[int]) -> dict[str, np.ndarray]:
@@ -139,15 +141,22 @@ def mixtral_config(model: Any, prompt: list[int]) -> dict[str, Any]:
     width, read off gate_up_proj (Qwen3-MoE's moe_intermediate_size)."""
     c = model.config
     raw = to_config(model, prompt)
+    p = {k: v.numpy() for k, v in model.state_dict().items()}
+    # a layer without a router is a dense MLP (Qwen-MoE's mlp_only_layers), LLaMA's mapping
+    experts = [
+        c.num_experts if f"model.layers.{l}.mlp.gate.weight" in p else None
+        for l in range(c.num_hidden_layers)
+    ]
     raw["model"] |= {
         "window": getattr(c, "sliding_window", None),  # (OLMoE's config has none)
-        "experts": c.num_experts,
+        "experts": experts if None in experts else c.num_experts,
         "experts_top_k": c.num_experts_per_tok,
         "experts_normalize": True,
     }
-    p = {k: v.numpy() for k, v in model.state_dict().items()}
     for l, layer in enumerate(raw["weights"]["decoder"]):
         mlp = f"model.layers.{l}.mlp"
+        if experts[l] is None:
+            continue
         gate_up, down = p[f"{mlp}.experts.gate_up_proj"], p[f"{mlp}.experts.down_proj"]
         ff = down.shape[2]
         assert gate_up.shape == (c.num_experts, 2 * ff, c.hidden_size)

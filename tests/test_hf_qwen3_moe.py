@@ -11,8 +11,9 @@ Qwen3-30B-A3B's config says True); Qwen3MoeExperts: MixtralExperts' layout to th
 `gate_up_proj` [E, 2·moe_intermediate_size, d] (chunk(2): the gate, then up) and
 `down_proj` [E, d, moe_intermediate_size]. A layer l gets Qwen3MoeSparseMoeBlock unless
 l is in `mlp_only_layers` or (l + 1) % `decoder_sparse_step` != 0 (or num_experts is 0):
-a dense Qwen3MoeMLP of `intermediate_size` instead, which trace-tf's `model.experts`
-(every layer or none) cannot mix in, so the conversion refuses it. Its sliding window,
+a dense Qwen3MoeMLP of `intermediate_size` instead: `model.experts` a list, None for
+each dense layer, where intermediate_size is moe_intermediate_size (trace-tf has one
+d_ff), and refused otherwise. Its sliding window,
 unlike Qwen3's, is Mistral's: `sliding_window` (None unless use_sliding_window) on every
 layer, no layer_types. HF's float32 norm, angles, softmax and router softmax are done in
 float64 (test_hf_mixtral's router_float64 honours norm_topk_prob): every hidden state,
@@ -148,12 +149,19 @@ def dense_layers(c: Qwen3MoeConfig) -> list[int]:
 
 
 def qwen3_moe_config(model: Qwen3MoeForCausalLM, prompt: list[int]) -> dict[str, Any]:
-    """Mixtral's mapping (LLaMA's, the window, the experts), Qwen3's QK-norm, the
-    experts' width and norm_topk_prob; a dense layer refused."""
+    """Mixtral's mapping (LLaMA's, the window, the experts; a dense layer's MLP as
+    LLaMA's, None in model.experts), Qwen3's QK-norm, the experts' width and
+    norm_topk_prob; a dense layer of another width than the experts' refused."""
     c = model.config
-    if dense := dense_layers(c):
-        raise ValueError(f"layers {dense} have a dense MLP: model.experts is for every layer")
+    dense = dense_layers(c)
+    if dense and c.intermediate_size != c.moe_intermediate_size:
+        raise ValueError(f"layers {dense} have a dense MLP of another width than the experts'")
     raw = with_qk_norm(mixtral_config(model, prompt), model)
+    assert raw["model"]["experts"] == (
+        [None if l in dense else c.num_experts for l in range(c.num_hidden_layers)]
+        if dense
+        else c.num_experts
+    )
     raw["model"] |= {"d_ff": c.moe_intermediate_size, "experts_normalize": c.norm_topk_prob}
     return raw
 
@@ -213,21 +221,46 @@ def test_the_window_bites_on_every_layer() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [dict(decoder_sparse_step=2), dict(mlp_only_layers=[1]), dict(num_experts=0)],
+    [dict(decoder_sparse_step=2), dict(mlp_only_layers=[1]), dict(mlp_only_layers=[0, 2])],
     ids=shape_id,
 )
-def test_a_dense_layer_is_refused(options: dict[str, Any]) -> None:
-    """decoder_sparse_step 2 (layers 0 and 2 dense), mlp_only_layers or no experts: the
-    layers dense_layers names are those HF builds with a Qwen3MoeMLP, and refused."""
-    shape = {**SHAPES[1], "num_hidden_layers": 3, **options}
-    model = Qwen3MoeForCausalLM(rotary_config(Qwen3MoeConfig, shape)).double().eval()
+def test_dense_layers_among_sparse_ones_match_qwen3_moe(options: dict[str, Any]) -> None:
+    """decoder_sparse_step 2 (layers 0 and 2 dense) or mlp_only_layers: the layers
+    dense_layers names are those HF builds with a Qwen3MoeMLP, each mapped as LLaMA's MLP
+    (intermediate_size the experts' width), and every value matches; the FFNs put in the
+    wrong layers (model.experts and the weights turned by one layer) fail it."""
+    shape = {**SHAPES[1], "num_hidden_layers": 3, "intermediate_size": 5, **options}
+    model = qwen3_moe(shape, 2)
     dense = [
         l
         for l, layer in enumerate(model.model.layers)
         if isinstance(layer.mlp, modeling_qwen3_moe.Qwen3MoeMLP)
     ]
     assert dense and dense_layers(model.config) == dense
-    with pytest.raises(ValueError, match=re.escape(f"layers {dense} have a dense MLP")):
+    prompt = prompt_for(model, 2, PROMPT)
+    with float64_qwen3_moe():
+        expected = outputs(model, prompt)
+    assert sum(k.endswith(".ffn.router") for k in expected) == 3 - len(dense)
+    raw = qwen3_moe_config(model, prompt)
+    assert [l for l, e in enumerate(raw["model"]["experts"]) if e is None] == dense
+    assert_matches(expected, traced(raw).value)
+    for layer in raw["weights"]["decoder"]:
+        assert ("W_1" in layer["ffn"]) != ("router" in layer["ffn"])
+    ffns = [layer["ffn"] for layer in raw["weights"]["decoder"]]
+    for layer, ffn in zip(raw["weights"]["decoder"], ffns[1:] + ffns[:1], strict=True):
+        layer["ffn"] = ffn
+    experts = raw["model"]["experts"]
+    raw["model"]["experts"] = experts[1:] + experts[:1]
+    assert raw["model"]["experts"] != experts
+    shared = {k: v for k, v in expected.items() if not k.endswith(".ffn.router")}
+    assert largest_error(shared, traced(raw).value) > 1e-3
+
+
+def test_a_dense_layer_of_another_width_is_refused() -> None:
+    """intermediate_size (a dense MLP's) not moe_intermediate_size: trace-tf has one d_ff."""
+    model = qwen3_moe({**SHAPES[1], "num_hidden_layers": 3, "decoder_sparse_step": 2}, 0)
+    assert model.config.intermediate_size != model.config.moe_intermediate_size
+    with pytest.raises(ValueError, match=re.escape("layers [0, 2] have a dense MLP")):
         qwen3_moe_config(model, [1, 2])
 
 
@@ -281,7 +314,7 @@ def test_greedy_generate_matches_qwen3_moe_generate(shape: dict[str, Any], tmp_p
 def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """README's Qwen3-MoE code, after LLaMA's, Mixtral's and Qwen3's, as printed; then its
     functions on drawn Qwen3-MoEs (renormalised or not, a window), and its refusal of a
-    dense layer."""
+    dense layer of another width than the experts', its mapping of one of theirs."""
     monkeypatch.chdir(tmp_path)
     scope = run_readme("From Hugging Face LLaMA")
     scope = run_readme("From Hugging Face Mixtral", scope=scope)
@@ -300,8 +333,19 @@ def test_the_readme_recipe_runs_as_printed(tmp_path: Path, monkeypatch: pytest.M
         Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
         with float64_qwen3_moe():
             assert_matches(outputs(model, prompt), decode_json("m.yaml"))
+    # a dense layer (mlp_only_layers) of the experts' width: mapped; of another: refused
+    model = qwen3_moe(
+        {**SHAPES[1], "num_hidden_layers": 3, "intermediate_size": 5, "mlp_only_layers": [1]}, 8
+    )
+    prompt, vocab = prompt_for(model, 8, PROMPT), vocab_of(model)  # type: ignore[arg-type]
+    np.savez("m.npz", **scope["qwen3_moe_arrays"](model, vocab))
+    config = scope["qwen3_moe_config"](model, vocab, [vocab[i] for i in prompt], "m.npz")
+    assert config["model"]["experts"] == [5, None, 5]
+    Path("m.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with float64_qwen3_moe():
+        assert_matches(outputs(model, prompt), decode_json("m.yaml"))
     dense = Qwen3MoeForCausalLM(
         rotary_config(Qwen3MoeConfig, {**SHAPES[1], "decoder_sparse_step": 2})
     )
-    with pytest.raises(ValueError, match=r"\[0\]"):
+    with pytest.raises(ValueError, match=r"layers \[0\] have a dense MLP of intermediate_size"):
         scope["qwen3_moe_config"](dense, vocab_of(dense), ["t1"], "m.npz")
