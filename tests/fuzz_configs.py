@@ -146,6 +146,12 @@ def random_model(rng: np.random.Generator) -> dict[str, Any]:
         kw["experts"] = int(rng.integers(1, 4))
         kw["experts_top_k"] = int(rng.integers(1, kw["experts"] + 1))
         kw["experts_normalize"] = bool(rng.integers(2))
+        if enc == 0 and rng.integers(2) == 0:  # by layer: some dense (Qwen-MoE's)
+            kw["experts"] = [[kw["experts"], None][int(rng.integers(2))] for _ in range(dec)]
+            kw["experts"][0] = int(rng.integers(kw["experts_top_k"], 4))  # (one sparse)
+        if rng.integers(2) == 0:  # a shared expert (Qwen2-MoE's gated, DeepSeek's plain)
+            kw["shared_expert"] = str(rng.choice(["gated", "plain"]))
+            kw["shared_expert_d_ff"] = int(rng.integers(1, 6))
     return random_config(rng, **kw)
 
 
@@ -334,9 +340,11 @@ MODEL_VALUES: dict[str, list[Any]] = {
     "attn_sinks": [True, False, 1, "yes", None, [True]],
     "score": ["dot", "additive", "bilinear", "gaussian", "cosine"],
     "dtype": ["float32", "float16", "float64"],
-    "experts": [0, -1, 1, 2, 3, 2.5, None, "x", 10**7],
+    "experts": [0, -1, 1, 2, 3, 2.5, None, "x", 10**7, [2, None], [None], [3, 0], []],
     "experts_top_k": [0, -1, 1, 2, 9, None, True],
     "experts_normalize": [True, False, "yes", None, 1],
+    "shared_expert": ["gated", "plain", "none", None, "x", True],
+    "shared_expert_d_ff": [0, -1, 1, 3, 2.5, None, "x", 10**7],
     "causal": [True],
 }
 
