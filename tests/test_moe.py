@@ -504,3 +504,23 @@ def test_the_shared_expert_in_header_explain_cost_and_size_bound() -> None:
         tr = run(c, "full")
         recorded = sum(tr.value(p).size for p in tr.steps)
         assert recorded + OBJECT_COST * len(tr.steps) <= trace_size(c.model, 6, len(c.vocab))
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_generate_explain_reads_each_layers_own_ffn_under_the_iteration_prefix(
+    layer: int, tmp_path: Path
+) -> None:
+    """Under generate's prefix (`t1.decoder.1.ffn.out`) a layer's FFN is its own: the dense
+    layer's out a product, a mixture's the weighted sum of its experts (the layer was read
+    from the path's second part, `decoder`, and every layer taken for a mixture); each
+    entry's arithmetic agrees with the value the generation recorded."""
+    path = tmp_path / "by_layer.yaml"
+    path.write_text(json.dumps(_by_layer([4, None, 3])), encoding="utf-8")
+    step = f"t1.decoder.{layer}.ffn.out"
+    e = _invoke(
+        "generate", str(path), "--greedy", "--max-tokens", "2", "--explain", step,
+        "--cell", "0,1", "--format", "json",
+    )  # fmt: skip
+    dense = layer == 1
+    assert ("W_2[:,1]" in e["lines"][0]) == dense and ("W[0," in e["lines"][0]) != dense
+    assert e["agrees"]

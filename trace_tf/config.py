@@ -391,10 +391,10 @@ class ModelConfig:
         return self.layer_experts[layer] if self.layer_experts else self.experts
 
     def experts_at(self, path: str) -> int:
-        """The experts of the FFN a step's `path` is under (`decoder.1.ffn.out`: layer 1's)."""
-        parts = path.split(".")
-        layer = parts[1] if len(parts) > 1 else ""
-        return self.experts_of(int(layer)) if layer.isdigit() else self.experts
+        """The experts of the FFN a step's `path` is under (`decoder.1.ffn.out`, and under
+        generate's iteration prefix `t2.decoder.1.ffn.out`: layer 1's)."""
+        layer = re.search(r"(?:^|\.)decoder\.(\d+)\.", path)
+        return self.experts_of(int(layer.group(1))) if layer else self.experts
 
     @property
     def mixed_windows(self) -> bool:
