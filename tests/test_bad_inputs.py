@@ -3161,8 +3161,8 @@ MOE = [
         "model.experts",
         "experts: [",
         "a list of experts has one entry per decoder layer, and decoder_layers is 1",
-        "expected a list of 1 (each a whole number >= 1 of experts, or null: a dense FFN)",
-        "found a list of 2",
+        "expected 1 expert count (each a whole number >= 1 of experts, or null: a dense FFN)",
+        "found 2 expert counts",
         args=("decode", "{file}"),
     ),
     case(
@@ -3186,9 +3186,9 @@ MOE = [
         ENC_DEC.replace("decoder_layers: 1\n", "decoder_layers: 1\n  experts: [2]\n  experts_top_k: 1\n"),
         "model.experts",
         "experts: [",
-        "a list of experts has one entry per decoder layer, for a decoder-only model, and "
+        "a list of experts is for a decoder-only model (one entry per decoder layer), and "
         "encoder_layers is 1",
-        "expected model.encoder_layers: 0 beside a list of experts",
+        "expected model.encoder_layers: 0 beside a list, or one value for model.experts",
         args=("decode", "{file}"),
     ),
     case(

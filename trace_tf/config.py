@@ -2741,6 +2741,14 @@ class _Validator:
                 expected=f"model.positional: rope beside a list, or one value for {path}",
                 found_text=f"a list of {counted(len(value), noun)}",
             )
+        self.per_layer(value, path, what, noun, "", enc, dec)
+
+    def per_layer(
+        self, value: list[Any], path: str, what: str, noun: str, each: str, enc: int, dec: int
+    ) -> None:
+        """Refuse a list of `what` at `path` (model.window, pe_base, rope_scaling, experts)
+        but one entry per decoder layer of a decoder-only model (`enc` 0): `noun` counts its
+        entries, `each` says what one is (` (each ...)`)."""
         if enc:
             raise self.ctx.err(
                 path,
@@ -2754,7 +2762,7 @@ class _Validator:
                 path,
                 f"a list of {what} has one entry per decoder layer, and decoder_layers is "
                 f"{dec}" + self.ctx.set_by("model.decoder_layers"),
-                expected=f"{counted(dec, noun)}, or one value for every layer",
+                expected=f"{counted(dec, noun)}{each}, or one value for every layer",
                 found_text=counted(len(value), noun),
             )
 
@@ -3100,24 +3108,8 @@ class _Validator:
         path = "model.experts"
         if not isinstance(value, list):
             return (0 if value is None else self.integer(value, path, 1),)
-        if encoder_layers:
-            raise self.ctx.err(
-                path,
-                "a list of experts has one entry per decoder layer, for a decoder-only model, "
-                f"and encoder_layers is {encoder_layers}" + self.ctx.set_by("model.encoder_layers"),
-                expected="model.encoder_layers: 0 beside a list of experts, or one number for "
-                "every layer",
-                found_text=f"a list of {len(value)}",
-            )
-        if len(value) != decoder_layers:
-            raise self.ctx.err(
-                path,
-                f"a list of experts has one entry per decoder layer, and decoder_layers is "
-                f"{decoder_layers}" + self.ctx.set_by("model.decoder_layers"),
-                expected=f"a list of {decoder_layers} (each a whole number >= 1 of experts, "
-                "or null: a dense FFN), or one number for every layer",
-                found_text=f"a list of {len(value)}",
-            )
+        each = " (each a whole number >= 1 of experts, or null: a dense FFN)"
+        self.per_layer(value, path, "experts", "expert count", each, encoder_layers, decoder_layers)
         return tuple(
             0 if e is None else self.integer(e, f"{path}.{l}", 1) for l, e in enumerate(value)
         )
@@ -3153,15 +3145,9 @@ class _Validator:
         is settled. -> ModelConfig's window and layer_windows"""
         if not isinstance(value, list):
             return {"window": self.window(value, path, encoder_layers)}
-        if len(value) != decoder_layers:
-            raise self.ctx.err(
-                path,
-                f"a list of windows has one entry per decoder layer, and decoder_layers is "
-                f"{decoder_layers}" + self.ctx.set_by("model.decoder_layers"),
-                expected=f"{counted(decoder_layers, 'window')} (each a whole number >= 1, or "
-                "null: full attention), or one number for every layer",
-                found_text=counted(len(value), "window"),
-            )
+        each = " (each a whole number >= 1, or null: full attention)"
+        # (beside an encoder each entry is refused as a window is: `window`)
+        self.per_layer(value, path, "windows", "window", each, 0, decoder_layers)
         layers = tuple(self.window(w, f"{path}.{l}", encoder_layers) for l, w in enumerate(value))
         return {"window": layers[0] if len(set(layers)) == 1 else 0, "layer_windows": layers}
 
