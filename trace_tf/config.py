@@ -393,8 +393,8 @@ class ModelConfig:
     def experts_at(self, path: str) -> int:
         """The experts of the FFN a step's `path` is under (`decoder.1.ffn.out`, and under
         generate's iteration prefix `t2.decoder.1.ffn.out`: layer 1's)."""
-        layer = re.search(r"(?:^|\.)decoder\.(\d+)\.", path)
-        return self.experts_of(int(layer.group(1))) if layer else self.experts
+        layer = decoder_layer_of(path)
+        return self.experts_of(layer) if layer is not None else self.experts
 
     @property
     def mixed_windows(self) -> bool:
@@ -411,6 +411,13 @@ class ModelConfig:
     def act(self) -> str:
         """The activation applied to H = X W_1 + b_1 (a gated FFN's gate: silu, gelu or gelu_tanh)."""
         return GATES.get(self.activation, self.activation)
+
+
+def decoder_layer_of(path: str) -> int | None:
+    """The decoder layer a step's `path` is under (`decoder.1.ffn.out`, and under generate's
+    prefixes `t2.decoder.1.ffn.out`, `t4.b2.decoder.1...`: 1), None outside the layers."""
+    found = re.search(r"(?:^|\.)decoder\.(\d+)\.", path)
+    return int(found.group(1)) if found else None
 
 
 @dataclass(frozen=True, eq=False)

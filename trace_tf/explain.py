@@ -25,7 +25,16 @@ from rich.text import Text
 
 from trace_tf import ops
 from trace_tf.calc import NORM_AXES
-from trace_tf.config import QK_KEYS, TIED_OUTPUT, Config, OpConfig, Sequence_, Source, head_part
+from trace_tf.config import (
+    QK_KEYS,
+    TIED_OUTPUT,
+    Config,
+    OpConfig,
+    Sequence_,
+    Source,
+    decoder_layer_of,
+    head_part,
+)
 from trace_tf.errors import InputError, quoted, suggest_path
 from trace_tf.model import RESIDUAL_ADDS, alibi_slope_text, alibi_slopes, decoder_types, target_of
 from trace_tf.runner import named_arrays
@@ -559,9 +568,9 @@ def _projection(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     qk_norm projection, the head's columns of the block's q_norm / k_norm, perhaps turned."""
     assert isinstance(ctx.cfg, Config)
     if len(step.inputs) == 1:
-        layer = re.search(r"decoder\.(\d+)\.self_attn\.", step.path)
+        layer = decoder_layer_of(step.path)
         m = ctx.cfg.model  # (a decoder layer of a null base has no RoPE)
-        rotary = m.layer_turns(int(layer.group(1))) if layer else m.positional == "rope"
+        rotary = m.layer_turns(layer) if layer is not None else m.positional == "rope"
         rotary = rotary and ".cross_attn." not in f".{step.path}"
         if not rotary:  # (only qk_norm projection records a q or k of one input, unturned)
             return _columns(ctx, step, cell)
@@ -656,9 +665,9 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
     i = _new_row(step, cell[0], raw, raw_name)  # a cached K: raw holds its new rows only
     j = cell[1]
     pos = _first_position(ctx, raw_name) + i  # (row i of raw; new rows sit after the cache)
-    m, layer = ctx.cfg.model, re.search(r"decoder\.(\d+)\.", step.path)
+    m, layer = ctx.cfg.model, decoder_layer_of(step.path)
     if m.mixed_rope and layer is not None:  # a RoPE by layer: this layer's base and scaling
-        m = m.layer_rope(int(layer.group(1)))
+        m = m.layer_rope(layer)
     d, dk = m.rotary_dims, raw.shape[1]  # the columns turned, as a RoPE of width d
     r = _symbol(raw_name)
     raw_text = raw_name if not off else f"{raw_name}[:, {off}..{off + dk - 1}] (this head's)"
@@ -705,9 +714,8 @@ def _rope(ctx: _Ctx, step: Step, cell: tuple[int, ...]) -> _Parts:
         total = a * s + b * c
     where = [angle, f"{r} = {raw_text}"]
     if m.mixed_rope and layer is not None:
-        l = layer.group(1)
-        scaled = f", model.rope_scaling.{l}: {scaling.type}" if scaling is not None else ""
-        where.insert(1, f"base {exact(m.pe_base)}: layer {l}'s (model.pe_base.{l}){scaled}")
+        scaled = f", model.rope_scaling.{layer}: {scaling.type}" if scaling is not None else ""
+        where.insert(1, f"base {exact(m.pe_base)}: layer {layer}'s (model.pe_base.{layer}){scaled}")
     if factor != 1:
         where.insert(1, f"s = {exact(factor)}, yarn's attention factor on cos and sin")
     return _Parts([sym, nums], total, where, {lhs[0]: [a], lhs[1]: [b], "θ": [theta]})

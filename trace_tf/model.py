@@ -836,13 +836,14 @@ def feed_forward(x: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRA
         "H = X W_1" + _plus(fw.b_1, "b_1"),
         *_operands(x, fw.W_1, fw.b_1),
     )
-    if m.activation == "swiglu_oss":
-        return clamped_swiglu(x, hidden, fw, m, tr)
-    act = tr.rec("act", ops.ACTIVATIONS[m.act](hidden), ACTIVATION_FORMULAS[m.act], hidden)
-    down, name = act, "act"  # what W_2 projects back to d_model
-    if fw.W_3 is not None:  # gated: the activation gates an up projection of x
-        up = up_projection(x, fw, tr)
-        down, name = tr.rec("gated", act * up, "act ⊙ U", act, up), "gated"
+    if m.activation == "swiglu_oss":  # what W_2 projects back to d_model
+        down, name = clamped_swiglu(x, hidden, fw, m, tr), "gated"
+    else:
+        act = tr.rec("act", ops.ACTIVATIONS[m.act](hidden), ACTIVATION_FORMULAS[m.act], hidden)
+        down, name = act, "act"
+        if fw.W_3 is not None:  # gated: the activation gates an up projection of x
+            up = up_projection(x, fw, tr)
+            down, name = tr.rec("gated", act * up, "act ⊙ U", act, up), "gated"
     return tr.rec(
         "out",
         ops.linear(down, fw.W_2, fw.b_2),
@@ -866,8 +867,9 @@ def clamped_swiglu(
     x: Array, hidden: Array, fw: FFNWeights, m: ModelConfig, tr: Tracer = NULL_TRACER
 ) -> Array:
     """GPT-OSS's clamped SwiGLU (activation swiglu_oss), from the gate H = X W_1 + b_1:
-    G = min(H, limit), act = G σ(α G), U' = clamp(X W_3 + b_3, ±limit) + 1, then
-    (act ⊙ U') W_2 + b_2 (Hugging Face's GptOssExperts._apply_gate). [L, d_ff] -> [L, d]"""
+    G = min(H, limit), act = G σ(α G), U' = clamp(X W_3 + b_3, ±limit) + 1, and act ⊙ U',
+    which feed_forward projects by W_2 (Hugging Face's GptOssExperts._apply_gate).
+    [L, d_ff] -> [L, d_ff]"""
     limit, alpha = exact(m.swiglu_limit), exact(m.swiglu_alpha)
     gate = tr.rec(
         "gate_clamp",
@@ -888,13 +890,7 @@ def clamped_swiglu(
         f"U' = clamp(U, −{limit}, {limit}) + 1 (swiglu_limit)",
         up,
     )
-    gated = tr.rec("gated", act * up1, "act ⊙ U'", act, up1)
-    return tr.rec(
-        "out",
-        ops.linear(gated, fw.W_2, fw.b_2),
-        "gated W_2" + _plus(fw.b_2, "b_2"),
-        *_operands(gated, fw.W_2, fw.b_2),
-    )
+    return tr.rec("gated", act * up1, "act ⊙ U'", act, up1)
 
 
 def ffn_sublayer(

@@ -185,19 +185,14 @@ def rope_layers_text(m: ModelConfig, over: str) -> str:
         layers.setdefault(key, []).append(l)
     said = []
     for (base, scaling), ls in layers.items():
+        where = f" in {'layer' if len(ls) == 1 else 'layers'} " + ", ".join(map(str, ls))
         if base is None:  # (model.pe_base.<l> null: Cohere 2's full layers)
-            said.append(
-                f"no RoPE (model.pe_base.<l> null: q and k as projected) in {'layer' if len(ls) == 1 else 'layers'} "
-                + ", ".join(map(str, ls))
-            )
+            said.append("no RoPE (model.pe_base.<l> null: q and k as projected)" + where)
             continue
         scaled = ""
         if scaling is not None:
             scaled = " scaled, " + model.rope_scaling_text(scaling, m.rotary_dims, base)
-        said.append(
-            f"base {exact(base)}{scaled} in {'layer' if len(ls) == 1 else 'layers'} "
-            + ", ".join(map(str, ls))
-        )
+        said.append(f"base {exact(base)}{scaled}{where}")
     by = "by layer (model.pe_base.<l>, model.rope_scaling.<l>)"
     return f"; θ_i = base^(−2i/{over}), {by}: " + "; ".join(said)
 
